@@ -1,0 +1,214 @@
+"""Configuration: one frozen, validated dataclass per concern.
+
+Nothing here reads the environment or probes devices at import time. "auto" values are
+resolved in exactly one function, `resolve_runner_config`, at start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmgate.server.presets import MODEL_PRESETS, preset_names
+
+
+class ConfigError(ValueError):
+    """A setting is out of range or contradicts another; the message names the setting."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field_name = field_name
+        self.message = message
+
+
+def _require(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(field_name, message)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "tiny"
+    vocab_size: int = 512
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    intermediate_size: int = 128
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    max_model_len: int = 512
+    tie_word_embeddings: bool = False
+    # A pooling (embedding) model returns pooled hidden states instead of sampling tokens.
+    is_pooling_model: bool = False
+    # A local Hugging Face-style directory (config.json + *.safetensors); None means random init.
+    weights_path: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "intermediate_size", "max_model_len"):
+            _require(getattr(self, name) >= 1, f"model.{name}", "must be >= 1")
+        _require(self.num_heads % self.num_kv_heads == 0, "model.num_kv_heads",
+                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                 f"({self.num_kv_heads}) for grouped-query attention")
+        _require(self.head_dim % 2 == 0, "model.head_dim", "must be even for rotary embeddings")
+        _require(self.rope_theta > 0, "model.rope_theta", "must be > 0")
+        _require(self.rms_norm_eps > 0, "model.rms_norm_eps", "must be > 0")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        if name not in MODEL_PRESETS:
+            raise ConfigError("model", f"unknown preset {name!r}; choose one of {preset_names()}")
+        return cls(name=name, **{**MODEL_PRESETS[name], **overrides})
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    # None means auto: enough blocks for max_num_seqs requests of max_model_len tokens, plus
+    # the null block 0.
+    num_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.block_size >= 1, "cache.block_size", "must be >= 1")
+        _require(self.num_blocks is None or self.num_blocks >= 1, "cache.num_blocks",
+                 "must be >= 1 (block 0 is reserved as the null block)")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs >= 1, "scheduler.max_num_seqs", "must be >= 1")
+        _require(self.max_num_batched_tokens >= 1, "scheduler.max_num_batched_tokens",
+                 "must be >= 1")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    num_speculative_steps: int = 0
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.num_speculative_steps <= 64, "speculative.num_speculative_steps",
+                 "must be between 0 and 64")
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    attention_backend: str = "auto"  # auto | torch | triton | flashinfer
+
+    def __post_init__(self) -> None:
+        _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+                 "device.device", f"{self.device!r} is not one of auto, cpu, cuda, cuda:N")
+        _require(self.dtype in ("auto", "float32", "bfloat16", "float16"), "device.dtype",
+                 f"{self.dtype!r} is not one of auto, float32, bfloat16, float16")
+
+
+@dataclass(frozen=True)
+class CompilationConfig:
+    # Uniform-decode batch sizes (in requests) to capture CUDA graphs for; None means auto.
+    cuda_graph_sizes: tuple[int, ...] | None = None
+    enable_cuda_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.cuda_graph_sizes is not None:
+            _require(all(s >= 1 for s in self.cuda_graph_sizes), "compilation.cuda_graph_sizes",
+                     "every size must be >= 1")
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    compilation: CompilationConfig = field(default_factory=CompilationConfig)
+
+    @property
+    def decode_query_len(self) -> int:
+        return 1 + self.speculative.num_speculative_steps
+
+    @property
+    def max_blocks_per_req(self) -> int:
+        return cdiv(self.model.max_model_len, self.cache.block_size)
+
+    @property
+    def is_resolved(self) -> bool:
+        return (self.device.device != "auto" and self.device.dtype != "auto"
+                and self.device.attention_backend != "auto" and self.cache.num_blocks is not None
+                and self.compilation.cuda_graph_sizes is not None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def config_hash(self) -> str:
+        """A stable digest of everything that shapes compiled code."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def default_cuda_graph_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, then every multiple of 8 up to max_num_seqs (vLLM's default pattern)."""
+    sizes = [s for s in (1, 2, 4) if s <= max_num_seqs]
+    sizes += list(range(8, max_num_seqs + 1, 8))
+    if max_num_seqs not in sizes:
+        sizes.append(max_num_seqs)
+    return tuple(sorted(set(sizes)))
+
+
+def resolve_runner_config(config: RunnerConfig, *, cuda_available: bool | None = None,
+                          flashinfer_available: bool | None = None,
+                          triton_available: bool | None = None) -> RunnerConfig:
+    """Resolve every "auto" into a concrete value. The only place that probes the machine."""
+    from warmgate.server.runner.attention import backend_available  # lazy: keeps imports cheap
+
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    dev = config.device
+    device = dev.device
+    if device == "auto":
+        device = "cuda" if cuda_available else "cpu"
+    if device.startswith("cuda") and not cuda_available:
+        raise ConfigError("device.device", f"{device!r} was asked for but CUDA is not available")
+    on_cuda = device.startswith("cuda")
+    dtype = dev.dtype if dev.dtype != "auto" else ("bfloat16" if on_cuda else "float32")
+    backend = dev.attention_backend
+    if backend == "auto":
+        if flashinfer_available is None:
+            flashinfer_available = on_cuda and backend_available("flashinfer")
+        if triton_available is None:
+            triton_available = on_cuda and backend_available("triton")
+        if on_cuda and flashinfer_available:
+            backend = "flashinfer"
+        elif on_cuda and triton_available:
+            backend = "triton"
+        else:
+            backend = "torch"
+    num_blocks = config.cache.num_blocks
+    if num_blocks is None:
+        num_blocks = config.scheduler.max_num_seqs * config.max_blocks_per_req + 1
+    sizes = config.compilation.cuda_graph_sizes
+    if sizes is None:
+        sizes = default_cuda_graph_sizes(config.scheduler.max_num_seqs)
+    return dataclasses.replace(
+        config,
+        device=dataclasses.replace(dev, device=device, dtype=dtype, attention_backend=backend),
+        cache=dataclasses.replace(config.cache, num_blocks=num_blocks),
+        compilation=dataclasses.replace(config.compilation, cuda_graph_sizes=tuple(sizes)),
+    )

@@ -1,0 +1,90 @@
+"""The attention backend interface and the per-batch metadata every backend reads."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    num_blocks: int
+    # Blocks a request can hold at most: the block table's width.
+    max_blocks_per_req: int
+    max_num_reqs: int
+    max_num_tokens: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim ** -0.5
+
+
+@dataclass
+class AttentionMetadata:
+    """One step's batch layout. Tensors live on the runner's device.
+
+    Tokens are laid out request after request; request i owns tokens
+    query_start_loc[i]:query_start_loc[i+1], at positions seq_lens[i]-query_len_i .. seq_lens[i]-1.
+    On the CUDA-graph path these tensors are views of static buffers padded to the captured
+    size: padded requests have query length 0 (or the decode length with seq_len 0 blocks
+    pointing at the null block) and padded tokens write to slot 0 of the null block.
+    """
+
+    num_reqs: int
+    num_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor  # [num_reqs + 1] int32
+    seq_lens: torch.Tensor  # [num_reqs] int32, tokens in the KV cache after this step
+    block_table: torch.Tensor  # [num_reqs, max_blocks_per_req] int32, 0-padded (null block)
+    slot_mapping: torch.Tensor  # [num_tokens] int64, block_id * block_size + offset
+    positions: torch.Tensor  # [num_tokens] int64
+    # Host copies, for backends that plan on the CPU (FlashInfer) and for the torch reference.
+    query_start_loc_cpu: torch.Tensor  # [num_reqs + 1] int32
+    seq_lens_cpu: torch.Tensor  # [num_reqs] int32
+    is_uniform_decode: bool
+    # True while a CUDA graph is being captured or replayed: no host syncs, no allocations
+    # that depend on values.
+    for_cuda_graph: bool = False
+
+
+class AttentionBackend(abc.ABC):
+    """One instance per runner; it serves every layer.
+
+    The KV cache of a layer is a tensor [2, num_blocks, block_size, num_kv_heads, head_dim]:
+    index 0 holds keys, 1 values (FlashInfer's NHD layout when split in two).
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        self.spec = spec
+
+    def plan(self, meta: AttentionMetadata) -> None:  # noqa: B027 - optional hook
+        """Per-batch preparation shared by every layer (FlashInfer's plan). Default: nothing."""
+
+    @abc.abstractmethod
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Write k, v into kv_cache at meta.slot_mapping, then attend causally over the cache.
+
+        q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim].
+        Returns [num_tokens, num_heads, head_dim].
+        """
+
+    # CUDA-graph hooks: backends that keep per-batch device state (FlashInfer's wrappers)
+    # override these so captured graphs read buffers that stay alive between replays.
+    def begin_graph_capture(self, num_reqs: int) -> None:  # noqa: B027
+        """Called before capturing a uniform-decode graph for num_reqs requests."""
+
+    def end_graph_capture(self) -> None:  # noqa: B027
+        """Called after every graph has been captured."""

@@ -1,0 +1,96 @@
+"""What a scheduler hands the runner each step (vLLM's SchedulerOutput, trimmed to what we use).
+
+Warmup builds these by hand and feeds them through `worker_execute_model`, exactly as vLLM's
+MRV2 warmup does, so the runner cannot tell a warmup batch from a real one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    # temperature 0 means greedy; top_k 0 and top_p 1.0 mean disabled.
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    # A seed makes this request's samples reproducible whatever else shares the batch.
+    seed: int | None = None
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def is_seeded(self) -> bool:
+        return self.seed is not None and not self.is_greedy
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@dataclass
+class NewRequestData:
+    """A request scheduled for the first time."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    # One list of block ids per KV cache group; ids index the paged KV cache (0 is the null block).
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int = 0
+    # None for a pooling model.
+    sampling_params: SamplingParams | None = None
+
+
+@dataclass
+class CachedRequestData:
+    """Requests the runner already holds, scheduled again (decode, or a later prefill chunk)."""
+
+    req_ids: list[str] = field(default_factory=list)
+    # Blocks appended this step, per request, per KV cache group; None means no new blocks.
+    new_block_ids: list[tuple[list[int], ...] | None] = field(default_factory=list)
+    # Tokens the request had in its KV cache before this step.
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+    @classmethod
+    def make_empty(cls) -> CachedRequestData:
+        return cls()
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
+    scheduled_cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
+    # Tokens scheduled per request this step, draft tokens included.
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    total_num_scheduled_tokens: int = 0
+    # Draft tokens to verify this step, per request (speculative decoding).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # Requests to drop before this step runs; their blocks go back to the scheduler.
+    finished_req_ids: set[str] = field(default_factory=set)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.num_scheduled_tokens)
+
+
+@dataclass
+class GrammarOutput:
+    """Structured-output bitmasks (vLLM passes these to sample_tokens); we accept and ignore."""
+
+    structured_output_request_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ModelRunnerOutput:
+    req_ids: list[str]
+    # Tokens appended per request this step: the accepted drafts plus one sampled token. Empty
+    # for a request still in the middle of a chunked prefill, and for pooling models.
+    sampled_token_ids: list[list[int]]
+    # Draft tokens accepted per request (0 without speculation).
+    num_accepted_draft_tokens: list[int] = field(default_factory=list)
+    # Pooling models: one embedding per request that finished its prompt this step.
+    pooler_output: list[object] | None = None
