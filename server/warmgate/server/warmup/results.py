@@ -24,7 +24,12 @@ class SkipReason(enum.Enum):
     UNSUPPORTED_DEVICE = "UNSUPPORTED_DEVICE"
     NO_CAPTURE_SIZES = "NO_CAPTURE_SIZES"
     DISABLED = "DISABLED"
-    ALREADY_LOADED = "ALREADY_LOADED"
+    # The token budget (max_num_batched_tokens) cannot hold the warmup's batch.
+    TOKEN_BUDGET_TOO_SMALL = "TOKEN_BUDGET_TOO_SMALL"
+    # An earlier phase failed, so the plan stopped before this one.
+    EARLIER_PHASE_FAILED = "EARLIER_PHASE_FAILED"
+    # Graphs were captured by an earlier plan and `force` was not set.
+    ALREADY_CAPTURED = "ALREADY_CAPTURED"
 
 
 @dataclass

@@ -81,6 +81,13 @@ class AttentionBackend(abc.ABC):
         Returns [num_tokens, num_heads, head_dim].
         """
 
+    def jit_warmup(self) -> dict[str, object] | None:
+        """Compile this backend's own JIT modules up front (the warmup's `flashinfer` phase).
+
+        Returns what was compiled (names, shapes) or None when the backend has nothing to JIT.
+        """
+        return None
+
     # CUDA-graph hooks: backends that keep per-batch device state (FlashInfer's wrappers)
     # override these so captured graphs read buffers that stay alive between replays.
     def begin_graph_capture(self, num_reqs: int) -> None:  # noqa: B027

@@ -1,0 +1,222 @@
+"""The warmup plan: every phase of DESIGN.md, in order, each RAN, SKIPPED or FAILED.
+
+Order: load, flashinfer, kernels.prefill, kernels.decode, kernels.sampler, mixed, cuda_graphs.
+FlashInfer's JIT runs before the kernel warmups (as vLLM runs its FlashInfer autotune before
+`warmup_kernels`) so its compile cost shows in its own phase rather than inside prefill. Graph
+capture comes last: a warmup after capture can grow a workspace that captured graphs still
+point at (vLLM 55336).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from warmgate.server.config import RunnerConfig, resolve_runner_config
+from warmgate.server.warmup.failures import describe_failure
+from warmgate.server.warmup.kernels import DECODE, PREFILL, SAMPLER, warmup_kernels
+from warmgate.server.warmup.mixed import MIXED, run_mixed_prefill_decode_warmup
+from warmgate.server.warmup.progress import PhaseProgress, ProgressCallback, ProgressEvent
+from warmgate.server.warmup.results import (
+    PhaseResult,
+    PhaseStatus,
+    SkipReason,
+    WarmupOutcome,
+    WarmupReport,
+)
+from warmgate.server.warmup.steps import synced_timer
+
+logger = logging.getLogger(__name__)
+
+LOAD, FLASHINFER, CUDA_GRAPHS = "load", "flashinfer", "cuda_graphs"
+PHASES = (LOAD, FLASHINFER, PREFILL, DECODE, SAMPLER, MIXED, CUDA_GRAPHS)
+DEFAULT_MIXED_NUM_TOKENS = 16  # vLLM's mixed FlashInfer attention warmup uses 16 tokens
+
+
+def log_phase(p: PhaseResult) -> None:
+    reason = p.skip_reason.value if p.skip_reason else "-"
+    level = logging.ERROR if p.status is PhaseStatus.FAILED else logging.INFO
+    logger.log(level, "phase=%s status=%s seconds=%.3f reason=%s num_reqs=%d num_tokens=%d "
+               "steps=%d detail=%s", p.name, p.status.value, p.duration_s, reason, p.num_reqs,
+               p.num_tokens, p.num_steps, p.detail)
+
+
+def load_runner(config: RunnerConfig) -> tuple[Any, PhaseResult]:
+    """Resolve the config, build the runner (weights, KV cache, backend) and time it."""
+    from warmgate.server.runner import ModelRunner  # lazy: torch-heavy
+
+    start = time.perf_counter()
+    resolved = resolve_runner_config(config)
+    runner = ModelRunner(resolved)
+    seconds = time.perf_counter() - start
+    stats = dict(getattr(runner, "load_stats", {}) or {})
+    shapes = {"num_blocks": runner.kv_cache_config.num_blocks, **stats}
+    phase = PhaseResult(name=LOAD, status=PhaseStatus.RAN, duration_s=seconds, shapes=shapes,
+                        detail=f"model {resolved.model.name} on {resolved.device.device} "
+                               f"({resolved.device.dtype}, {resolved.device.attention_backend} "
+                               "attention)")
+    log_phase(phase)
+    return runner, phase
+
+
+def _flashinfer_phase(runner: Any) -> PhaseResult:
+    backend = runner.config.device.attention_backend
+    if backend != "flashinfer":
+        return PhaseResult.skipped(FLASHINFER, SkipReason.BACKEND_NOT_SELECTED,
+                                   f"attention backend is {backend}, not flashinfer")
+    with synced_timer(runner) as t:
+        info = runner.attention_backend.jit_warmup() or {}
+    return PhaseResult(name=FLASHINFER, status=PhaseStatus.RAN, duration_s=t[0],
+                       num_steps=int(info.get("num_steps", 1)), shapes=info,
+                       detail="planned and JIT-compiled the prefill and decode wrappers")
+
+
+def _cuda_graphs_phase(runner: Any, force: bool) -> PhaseResult:
+    cfg = runner.config
+    if runner.device.type != "cuda":
+        return PhaseResult.skipped(CUDA_GRAPHS, SkipReason.NO_CUDA,
+                                   "CUDA graphs need a CUDA device; this runner is on "
+                                   f"{runner.device.type}")
+    if runner.is_pooling_model:
+        return PhaseResult.skipped(CUDA_GRAPHS, SkipReason.POOLING_MODEL,
+                                   "a pooling model never runs uniform decode batches")
+    if not cfg.compilation.enable_cuda_graphs:
+        return PhaseResult.skipped(CUDA_GRAPHS, SkipReason.DISABLED,
+                                   "CUDA graphs are disabled by configuration")
+    if not cfg.compilation.cuda_graph_sizes:
+        return PhaseResult.skipped(CUDA_GRAPHS, SkipReason.NO_CAPTURE_SIZES,
+                                   "no capture sizes are configured")
+    if getattr(runner, "cuda_graphs_captured", False) and not force:
+        return PhaseResult.skipped(CUDA_GRAPHS, SkipReason.ALREADY_CAPTURED,
+                                   "graphs were captured by an earlier warmup; set force")
+    with synced_timer(runner) as t:
+        info = runner.capture_cuda_graphs()
+    sizes = info.get("sizes", [])
+    return PhaseResult(name=CUDA_GRAPHS, status=PhaseStatus.RAN, duration_s=t[0],
+                       num_steps=len(sizes), num_reqs=max(sizes, default=0), shapes=info,
+                       detail=f"captured {len(sizes)} uniform-decode graphs")
+
+
+Step = tuple[tuple[str, ...], Callable[[], list[PhaseResult]]]
+
+
+def _run_phases(steps: list[Step], progress: ProgressCallback | None,
+                num_phases: int) -> list[PhaseResult]:
+    """Run each step, which yields the phases it names; after a failure the rest are skipped."""
+    results: list[PhaseResult] = []
+    failed = False
+    for names, step in steps:
+        if failed:
+            results += [PhaseResult.skipped(n, SkipReason.EARLIER_PHASE_FAILED,
+                                            "not run: an earlier phase failed") for n in names]
+            continue
+        start = time.perf_counter()
+        try:
+            produced = step()
+        except Exception as exc:  # a phase failure is data; the caller decides what is fatal
+            logger.exception("phase %s failed", names[0])
+            # Which sub-phase raised is not known; blame the first that did not report.
+            produced = [PhaseResult(name=names[0], status=PhaseStatus.FAILED,
+                                    duration_s=time.perf_counter() - start,
+                                    detail=describe_failure(names[0], exc))]
+            produced += [PhaseResult.skipped(n, SkipReason.EARLIER_PHASE_FAILED,
+                                             "not run: an earlier phase failed")
+                         for n in names[1:]]
+            failed = True
+        for p in produced:
+            log_phase(p)
+            if progress is not None and p.status is not PhaseStatus.FAILED:
+                done = max(p.num_steps, 1)
+                index = PHASES.index(p.name) if num_phases == len(PHASES) else 0
+                progress(ProgressEvent(p.name, done, done, index, num_phases))
+        results += produced
+    return results
+
+
+def run_warmup_plan(runner: Any, *, load_phase: PhaseResult | None = None,
+                    mixed_num_tokens: int | None = None,
+                    progress: ProgressCallback | None = None,
+                    force: bool = False) -> WarmupReport:
+    """Run every phase after `load` (whose result, if given, heads the report).
+
+    `force` re-captures CUDA graphs that an earlier plan captured; without it that phase
+    comes back SKIPPED (ALREADY_CAPTURED).
+    """
+    start = time.perf_counter()
+    num_phases = len(PHASES)
+    budget = runner.scheduler_config.max_num_batched_tokens
+    num_tokens = mixed_num_tokens or min(DEFAULT_MIXED_NUM_TOKENS, budget)
+
+    indexed = _plan_indexed(progress)
+
+    def kernels() -> list[PhaseResult]:
+        result = warmup_kernels(runner, runner.execute_model, runner.sample_tokens,
+                                progress=indexed)
+        return _with_skipped_tail(result.phases)
+
+    def mixed() -> list[PhaseResult]:
+        return run_mixed_prefill_decode_warmup(
+            runner, runner.execute_model, runner.sample_tokens, num_tokens,
+            progress=indexed).phases
+
+    steps: list[Step] = [
+        ((FLASHINFER,), lambda: [_flashinfer_phase(runner)]),
+        ((PREFILL, DECODE, SAMPLER), kernels),
+        ((MIXED,), mixed),
+        ((CUDA_GRAPHS,), lambda: [_cuda_graphs_phase(runner, force)]),
+    ]
+    phases = [load_phase] if load_phase is not None else []
+    phases += _run_phases(steps, progress, num_phases)
+    return _report(runner, phases, time.perf_counter() - start
+                   + (load_phase.duration_s if load_phase else 0.0))
+
+
+def _plan_indexed(progress: ProgressCallback | None) -> ProgressCallback | None:
+    """Stamp step events from inside a phase with that phase's place in the plan."""
+    if progress is None:
+        return None
+    callback = progress
+
+    def emit(e: ProgressEvent) -> None:
+        index = PHASES.index(e.phase) if e.phase in PHASES else 0
+        callback(ProgressEvent(e.phase, e.steps_done, e.steps_total, index, len(PHASES)))
+
+    return emit
+
+
+def _with_skipped_tail(phases: list[PhaseResult]) -> list[PhaseResult]:
+    """warmup_kernels returns only the phases it reached when it skips up front."""
+    names = [p.name for p in phases]
+    out = list(phases)
+    first = phases[0] if phases else None
+    for name in (PREFILL, DECODE, SAMPLER):
+        if name not in names and first is not None and first.skip_reason is not None:
+            out.append(PhaseResult.skipped(name, first.skip_reason, first.detail))
+    return out
+
+
+def run_mixed_warmup(runner: Any, num_tokens: int, *,
+                     progress: ProgressCallback | None = None) -> WarmupReport:
+    """The MixedWarmup RPC's work: a report with the one `mixed` phase."""
+    start = time.perf_counter()
+    phases = _run_phases([((MIXED,), lambda: run_mixed_prefill_decode_warmup(
+        runner, runner.execute_model, runner.sample_tokens, num_tokens,
+        progress=progress).phases)], progress, 1)
+    return _report(runner, phases, time.perf_counter() - start)
+
+
+def _report(runner: Any, phases: list[PhaseResult], seconds: float) -> WarmupReport:
+    failed = any(p.status is PhaseStatus.FAILED for p in phases)
+    cfg = runner.config
+    report = WarmupReport(
+        outcome=WarmupOutcome.FAILED if failed else WarmupOutcome.SUCCEEDED, phases=phases,
+        total_duration_s=seconds, config_hash=cfg.config_hash(), device=cfg.device.device,
+        attention_backend=cfg.device.attention_backend, model=cfg.model.name)
+    logger.info("warmup outcome=%s seconds=%.3f phases=%d", report.outcome.value, seconds,
+                len(phases))
+    return report
+
+
+__all__ = ["PHASES", "PhaseProgress", "load_runner", "run_mixed_warmup", "run_warmup_plan"]
