@@ -52,6 +52,9 @@ class AttentionMetadata:
     query_start_loc_cpu: torch.Tensor  # [num_reqs + 1] int32
     seq_lens_cpu: torch.Tensor  # [num_reqs] int32
     is_uniform_decode: bool
+    # [num_reqs, max_blocks_per_req] int32 host copy of block_table, for backends that plan
+    # on the CPU (FlashInfer); None when the runner does not provide one.
+    block_table_cpu: torch.Tensor | None = None
     # True while a CUDA graph is being captured or replayed: no host syncs, no allocations
     # that depend on values.
     for_cuda_graph: bool = False
