@@ -22,6 +22,8 @@ class AttentionSpec:
     max_num_tokens: int
     dtype: torch.dtype
     device: torch.device
+    # 1 + num_speculative_steps: the query length of every request in a uniform decode.
+    decode_query_len: int = 1
 
     @property
     def scale(self) -> float:

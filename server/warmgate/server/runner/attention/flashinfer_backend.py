@@ -1,0 +1,178 @@
+"""FlashInfer attention: paged prefill and decode wrappers, planned once per batch.
+
+Only imported when the `flashinfer` backend is chosen, so the CPU path never imports it.
+The per-layer KV cache [2, num_blocks, block_size, num_kv_heads, head_dim] splits into the
+(k_cache, v_cache) pair of NHD tensors FlashInfer takes.
+
+A uniform decode with one query token per request runs the decode wrapper; everything else,
+speculative decodes (1 + k query tokens) included, runs the causal prefill wrapper. Graph
+capture gets a wrapper per captured batch size with its own persistent index buffers, so a
+replay only needs a fresh `plan` on the host.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from warmgate.server.runner.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    AttentionSpec,
+)
+
+logger = logging.getLogger(__name__)
+
+WORKSPACE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class PagedLayout:
+    """FlashInfer's CSR page table for one batch (host tensors, indices on the device)."""
+
+    qo_indptr: torch.Tensor  # [num_reqs + 1] int32, host
+    kv_indptr: torch.Tensor  # [num_reqs + 1] int32, host
+    kv_indices: torch.Tensor  # [total_pages] int32, device
+    kv_last_page_len: torch.Tensor  # [num_reqs] int32, host
+
+
+def paged_layout(meta: AttentionMetadata, block_size: int, device: torch.device) -> PagedLayout:
+    seq_lens = meta.seq_lens_cpu[:meta.num_reqs].to(torch.int64)
+    # Padded graph rows may have seq_len 0: give them one page (the null block) of one token
+    # so the kernels see a well-formed, if meaningless, request.
+    num_pages = torch.clamp((seq_lens + block_size - 1) // block_size, min=1)
+    table = meta.block_table_cpu
+    if table is None:
+        table = meta.block_table.cpu()  # a host sync, only when the runner gave no host copy
+    table = table[:meta.num_reqs]
+    mask = torch.arange(table.shape[1])[None, :] < num_pages[:, None]
+    kv_indptr = torch.zeros(meta.num_reqs + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(num_pages, 0)
+    last = torch.clamp(seq_lens - (num_pages - 1) * block_size, min=1).to(torch.int32)
+    return PagedLayout(qo_indptr=meta.query_start_loc_cpu[:meta.num_reqs + 1].to(torch.int32),
+                       kv_indptr=kv_indptr, kv_indices=table[mask].to(torch.int32).to(device),
+                       kv_last_page_len=last)
+
+
+class FlashInferAttentionBackend(AttentionBackend):
+    name = "flashinfer"
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__(spec)
+        if spec.device.type != "cuda":
+            raise RuntimeError("the flashinfer attention backend needs a CUDA device; use "
+                               "--attention-backend torch on CPU")
+        import flashinfer
+
+        self._fi = flashinfer
+        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=spec.device)
+        # Tensor-core decode kernels pay off once several query heads share a KV head.
+        self.use_tensor_cores = spec.num_heads // spec.num_kv_heads >= 4
+        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores)
+        self._graph_wrappers: dict[int, Any] = {}
+        self._active: Any = None
+
+    # -- planning -----------------------------------------------------------------------
+    def _uses_decode_kernel(self, meta: AttentionMetadata) -> bool:
+        return meta.is_uniform_decode and meta.max_query_len == 1
+
+    def _plan_decode(self, wrapper: Any, layout: PagedLayout) -> None:
+        s = self.spec
+        wrapper.plan(layout.kv_indptr, layout.kv_indices, layout.kv_last_page_len, s.num_heads,
+                     s.num_kv_heads, s.head_dim, s.block_size, q_data_type=s.dtype,
+                     kv_data_type=s.dtype, sm_scale=s.scale)
+
+    def _plan_prefill(self, wrapper: Any, layout: PagedLayout) -> None:
+        s = self.spec
+        wrapper.plan(layout.qo_indptr, layout.kv_indptr, layout.kv_indices,
+                     layout.kv_last_page_len, s.num_heads, s.num_kv_heads, s.head_dim,
+                     s.block_size, causal=True, q_data_type=s.dtype, kv_data_type=s.dtype,
+                     sm_scale=s.scale)
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        layout = paged_layout(meta, self.spec.block_size, self.spec.device)
+        if meta.for_cuda_graph:
+            wrapper = self._graph_wrappers.get(meta.num_reqs)
+            if wrapper is None:
+                raise RuntimeError(f"no FlashInfer graph wrapper for {meta.num_reqs} requests; "
+                                   "begin_graph_capture was not called for that size")
+        else:
+            wrapper = self.decode if self._uses_decode_kernel(meta) else self.prefill
+        if self._uses_decode_kernel(meta):
+            self._plan_decode(wrapper, layout)
+        else:
+            self._plan_prefill(wrapper, layout)
+        self._active = wrapper
+
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        flat = (-1, self.spec.num_kv_heads, self.spec.head_dim)
+        k_cache.view(flat).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+        v_cache.view(flat).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+        if self._active is None:
+            raise RuntimeError("FlashInfer backend used before plan(); the runner must plan "
+                               "each batch")
+        return self._active.run(q.contiguous(), (k_cache, v_cache))
+
+    # -- CUDA graphs ----------------------------------------------------------------------
+    def begin_graph_capture(self, num_reqs: int) -> None:
+        """A wrapper with persistent buffers for this batch size; plan() picks it in graphs."""
+        if num_reqs in self._graph_wrappers:
+            return
+        s, dev, fi = self.spec, self.spec.device, self._fi
+        indptr = torch.zeros(num_reqs + 1, dtype=torch.int32, device=dev)
+        indices = torch.zeros(num_reqs * s.max_blocks_per_req, dtype=torch.int32, device=dev)
+        last = torch.zeros(num_reqs, dtype=torch.int32, device=dev)
+        if s.decode_query_len == 1:
+            wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True,
+                use_tensor_cores=self.use_tensor_cores, paged_kv_indptr_buffer=indptr,
+                paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last)
+        else:
+            qo = torch.zeros(num_reqs + 1, dtype=torch.int32, device=dev)
+            wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo,
+                paged_kv_indptr_buf=indptr, paged_kv_indices_buf=indices,
+                paged_kv_last_page_len_buf=last)
+        self._graph_wrappers[num_reqs] = wrapper
+
+    # -- JIT warmup -----------------------------------------------------------------------
+    def jit_warmup(self) -> dict[str, object]:
+        """Plan and run one decode and one causal prefill on a scratch cache: FlashInfer
+        JIT-compiles (or loads from its cache) the modules for these head shapes and dtype."""
+        s = self.spec
+        cache = torch.randn(2, 2, s.block_size, s.num_kv_heads, s.head_dim, dtype=s.dtype,
+                            device=s.device)
+        kv = (cache[0], cache[1])
+        indptr = torch.tensor([0, 1], dtype=torch.int32)
+        indices = torch.tensor([1], dtype=torch.int32, device=s.device)
+        last = torch.tensor([s.block_size], dtype=torch.int32)
+        timings: dict[str, float] = {}
+
+        start = time.perf_counter()
+        decode = self._fi.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores)
+        self._plan_decode(decode, PagedLayout(indptr, indptr, indices, last))
+        decode.run(torch.randn(1, s.num_heads, s.head_dim, dtype=s.dtype, device=s.device), kv)
+        torch.cuda.synchronize(s.device)
+        timings["decode_s"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        q_len = 2
+        prefill = self._fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        qo = torch.tensor([0, q_len], dtype=torch.int32)
+        self._plan_prefill(prefill, PagedLayout(qo, indptr, indices, last))
+        prefill.run(torch.randn(q_len, s.num_heads, s.head_dim, dtype=s.dtype,
+                                device=s.device), kv)
+        torch.cuda.synchronize(s.device)
+        timings["prefill_s"] = time.perf_counter() - start
+        logger.info("flashinfer JIT warmup: decode %.2f s, prefill %.2f s (tensor-core decode=%s)",
+                    timings["decode_s"], timings["prefill_s"], self.use_tensor_cores)
+        return {"num_steps": 2, "use_tensor_cores": self.use_tensor_cores,
+                **{k: round(v, 4) for k, v in timings.items()}}
