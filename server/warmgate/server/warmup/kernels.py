@@ -140,7 +140,7 @@ def _decode(execute: ExecuteModel, sample: SampleTokens, reqs: Sequence[WarmupRe
 
 def _phase(name: str, seconds: float, num_reqs: int, num_tokens: int, steps: int,
            shapes: dict[str, Any], detail: str) -> PhaseResult:
-    logger.info("warmup phase=%s status=RAN seconds=%.3f num_reqs=%d num_tokens=%d steps=%d",
+    logger.debug("warmup phase=%s status=RAN seconds=%.3f num_reqs=%d num_tokens=%d steps=%d",
                 name, seconds, num_reqs, num_tokens, steps)
     return PhaseResult(name=name, status=PhaseStatus.RAN, duration_s=seconds, num_reqs=num_reqs,
                        num_tokens=num_tokens, num_steps=steps, shapes=dict(shapes), detail=detail)

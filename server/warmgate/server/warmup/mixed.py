@@ -67,7 +67,7 @@ def run_mixed_prefill_decode_warmup(
     if skipped is None:
         skipped = _check_capacity(model_runner, num_tokens)
     if skipped is not None:
-        logger.info("warmup phase=%s status=SKIPPED reason=%s: %s", MIXED,
+        logger.debug("warmup phase=%s status=SKIPPED reason=%s: %s", MIXED,
                     skipped.skip_reason.value if skipped.skip_reason else "", skipped.detail)
         return skipped
 
@@ -97,7 +97,7 @@ def run_mixed_prefill_decode_warmup(
             tracker.step()
     finally:
         finish(execute, [decode_id, prefill_id])
-    logger.info("warmup phase=%s status=RAN seconds=%.3f num_tokens=%d (1 decode + %d prefill)",
+    logger.debug("warmup phase=%s status=RAN seconds=%.3f num_tokens=%d (1 decode + %d prefill)",
                 MIXED, t[0], num_tokens, prefill_len)
     phase = PhaseResult(name=MIXED, status=PhaseStatus.RAN, duration_s=t[0], num_reqs=2,
                         num_tokens=num_tokens, num_steps=2,

@@ -9,6 +9,7 @@ point at (vLLM 55336).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -51,7 +52,7 @@ def load_runner(config: RunnerConfig) -> tuple[Any, PhaseResult]:
     resolved = resolve_runner_config(config)
     runner = ModelRunner(resolved)
     seconds = time.perf_counter() - start
-    stats = dict(getattr(runner, "load_stats", {}) or {})
+    stats = dataclasses.asdict(runner.load_stats)
     shapes = {"num_blocks": runner.kv_cache_config.num_blocks, **stats}
     phase = PhaseResult(name=LOAD, status=PhaseStatus.RAN, duration_s=seconds, shapes=shapes,
                         detail=f"model {resolved.model.name} on {resolved.device.device} "
@@ -99,38 +100,64 @@ def _cuda_graphs_phase(runner: Any, force: bool) -> PhaseResult:
                        detail=f"captured {len(sizes)} uniform-decode graphs")
 
 
-Step = tuple[tuple[str, ...], Callable[[], list[PhaseResult]]]
+# A step runs one or more named phases, reporting step progress through the callback it gets.
+Step = tuple[tuple[str, ...], Callable[[ProgressCallback], list[PhaseResult]]]
+
+
+class _PlanProgress:
+    """Stamps events with the phase's place in the plan and remembers which phases spoke."""
+
+    def __init__(self, progress: ProgressCallback | None, names: tuple[str, ...]) -> None:
+        self._progress = progress
+        self._names = names
+        self.seen: set[str] = set()
+
+    def __call__(self, e: ProgressEvent) -> None:
+        self.seen.add(e.phase)
+        if self._progress is not None:
+            index = self._names.index(e.phase) if e.phase in self._names else 0
+            self._progress(ProgressEvent(e.phase, e.steps_done, e.steps_total, index,
+                                         len(self._names)))
 
 
 def _run_phases(steps: list[Step], progress: ProgressCallback | None,
-                num_phases: int) -> list[PhaseResult]:
-    """Run each step, which yields the phases it names; after a failure the rest are skipped."""
+                names: tuple[str, ...]) -> list[PhaseResult]:
+    """Run each step, which yields the phases it names; after a failure the rest are skipped.
+
+    Phases that reported no step progress of their own (skips, single-shot phases) get one
+    completion event, so a watcher sees every phase go by in order.
+    """
+    tracker = _PlanProgress(progress, names)
     results: list[PhaseResult] = []
     failed = False
-    for names, step in steps:
+    for step_names, step in steps:
         if failed:
             results += [PhaseResult.skipped(n, SkipReason.EARLIER_PHASE_FAILED,
-                                            "not run: an earlier phase failed") for n in names]
+                                            "not run: an earlier phase failed")
+                        for n in step_names]
             continue
         start = time.perf_counter()
         try:
-            produced = step()
+            produced = step(tracker)
         except Exception as exc:  # a phase failure is data; the caller decides what is fatal
-            logger.exception("phase %s failed", names[0])
-            # Which sub-phase raised is not known; blame the first that did not report.
-            produced = [PhaseResult(name=names[0], status=PhaseStatus.FAILED,
+            logger.exception("phase %s failed", step_names[0])
+            # Blame the first sub-phase that had not finished when the exception came.
+            done = {n for n in step_names if n in tracker.seen}
+            culprit = next((n for n in step_names if n not in done), step_names[-1])
+            produced = [PhaseResult(name=n, status=PhaseStatus.RAN,
+                                    detail=f"finished before {culprit} failed")
+                        for n in step_names[:step_names.index(culprit)]]
+            produced += [PhaseResult(name=culprit, status=PhaseStatus.FAILED,
                                     duration_s=time.perf_counter() - start,
-                                    detail=describe_failure(names[0], exc))]
+                                    detail=describe_failure(culprit, exc))]
             produced += [PhaseResult.skipped(n, SkipReason.EARLIER_PHASE_FAILED,
                                              "not run: an earlier phase failed")
-                         for n in names[1:]]
+                         for n in step_names[step_names.index(culprit) + 1:]]
             failed = True
         for p in produced:
             log_phase(p)
-            if progress is not None and p.status is not PhaseStatus.FAILED:
-                done = max(p.num_steps, 1)
-                index = PHASES.index(p.name) if num_phases == len(PHASES) else 0
-                progress(ProgressEvent(p.name, done, done, index, num_phases))
+            if p.status is not PhaseStatus.FAILED and p.name not in tracker.seen:
+                tracker(ProgressEvent(p.name, 1, 1))
         results += produced
     return results
 
@@ -145,45 +172,29 @@ def run_warmup_plan(runner: Any, *, load_phase: PhaseResult | None = None,
     comes back SKIPPED (ALREADY_CAPTURED).
     """
     start = time.perf_counter()
-    num_phases = len(PHASES)
     budget = runner.scheduler_config.max_num_batched_tokens
     num_tokens = mixed_num_tokens or min(DEFAULT_MIXED_NUM_TOKENS, budget)
 
-    indexed = _plan_indexed(progress)
-
-    def kernels() -> list[PhaseResult]:
+    def kernels(report: ProgressCallback) -> list[PhaseResult]:
         result = warmup_kernels(runner, runner.execute_model, runner.sample_tokens,
-                                progress=indexed)
+                                progress=report)
         return _with_skipped_tail(result.phases)
 
-    def mixed() -> list[PhaseResult]:
+    def mixed(report: ProgressCallback) -> list[PhaseResult]:
         return run_mixed_prefill_decode_warmup(
             runner, runner.execute_model, runner.sample_tokens, num_tokens,
-            progress=indexed).phases
+            progress=report).phases
 
     steps: list[Step] = [
-        ((FLASHINFER,), lambda: [_flashinfer_phase(runner)]),
+        ((FLASHINFER,), lambda _: [_flashinfer_phase(runner)]),
         ((PREFILL, DECODE, SAMPLER), kernels),
         ((MIXED,), mixed),
-        ((CUDA_GRAPHS,), lambda: [_cuda_graphs_phase(runner, force)]),
+        ((CUDA_GRAPHS,), lambda _: [_cuda_graphs_phase(runner, force)]),
     ]
     phases = [load_phase] if load_phase is not None else []
-    phases += _run_phases(steps, progress, num_phases)
+    phases += _run_phases(steps, progress, PHASES)
     return _report(runner, phases, time.perf_counter() - start
                    + (load_phase.duration_s if load_phase else 0.0))
-
-
-def _plan_indexed(progress: ProgressCallback | None) -> ProgressCallback | None:
-    """Stamp step events from inside a phase with that phase's place in the plan."""
-    if progress is None:
-        return None
-    callback = progress
-
-    def emit(e: ProgressEvent) -> None:
-        index = PHASES.index(e.phase) if e.phase in PHASES else 0
-        callback(ProgressEvent(e.phase, e.steps_done, e.steps_total, index, len(PHASES)))
-
-    return emit
 
 
 def _with_skipped_tail(phases: list[PhaseResult]) -> list[PhaseResult]:
@@ -201,9 +212,9 @@ def run_mixed_warmup(runner: Any, num_tokens: int, *,
                      progress: ProgressCallback | None = None) -> WarmupReport:
     """The MixedWarmup RPC's work: a report with the one `mixed` phase."""
     start = time.perf_counter()
-    phases = _run_phases([((MIXED,), lambda: run_mixed_prefill_decode_warmup(
+    phases = _run_phases([((MIXED,), lambda report: run_mixed_prefill_decode_warmup(
         runner, runner.execute_model, runner.sample_tokens, num_tokens,
-        progress=progress).phases)], progress, 1)
+        progress=report).phases)], progress, (MIXED,))
     return _report(runner, phases, time.perf_counter() - start)
 
 
