@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
 from warmgate.server.runner.attention.base import AttentionBackend, AttentionMetadata
 
 logger = logging.getLogger(__name__)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from warmgate.server.runner.attention.base import (
     AttentionBackend,
     AttentionMetadata,
