@@ -1,0 +1,113 @@
+"""A compact Llama-style decoder: RMSNorm, RoPE, GQA attention, SwiGLU MLP.
+
+Projections are fused the way serving kernels want them (q/k/v in one matmul, gate/up in
+another); `weights.py` splits and fuses to and from Hugging Face tensor names. Attention is
+delegated to the backend, which owns the paged KV cache layout. Parameters are allocated with
+`torch.empty` on the target device and filled by `weights.py`: no default init runs, which
+matters for an 8B shape.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from warmgate.server.config import ModelConfig
+from warmgate.server.runner.attention.base import AttentionBackend, AttentionMetadata
+from warmgate.server.runner.ops import TorchOps, build_cos_sin_cache
+
+
+def _param(*shape: int, device: torch.device, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int, ops: TorchOps,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.ops = ops
+        self.eps = config.rms_norm_eps
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        h, inter = config.hidden_size, config.intermediate_size
+        kw = dict(device=device, dtype=dtype)
+        self.input_layernorm = _param(h, **kw)  # [H]
+        self.qkv_proj = _param(self.q_size + 2 * self.kv_size, h, **kw)  # [(Hq + 2Hk) D, H]
+        self.o_proj = _param(h, self.q_size, **kw)  # [H, Hq D]
+        self.post_attention_layernorm = _param(h, **kw)  # [H]
+        self.gate_up_proj = _param(2 * inter, h, **kw)  # [2I, H]: gate rows, then up rows
+        self.down_proj = _param(h, inter, **kw)  # [H, I]
+
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None,
+                positions: torch.Tensor, cos_sin_cache: torch.Tensor, kv_cache: torch.Tensor,
+                backend: AttentionBackend, meta: AttentionMetadata,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        num_tokens = hidden.shape[0]
+        x, residual = self.ops.rms_norm(hidden, self.input_layernorm, self.eps, residual)
+        qkv = F.linear(x, self.qkv_proj)  # [T, (Hq + 2Hk) D]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.ops.rotary(q, k, positions, cos_sin_cache)
+        attn = backend.forward(self.layer_idx, q, k, v, kv_cache, meta)  # [T, Hq, D]
+        x = F.linear(attn.reshape(num_tokens, self.q_size), self.o_proj)
+        x, residual = self.ops.rms_norm(x, self.post_attention_layernorm, self.eps, residual)
+        x = self.ops.silu_and_mul(F.linear(x, self.gate_up_proj))  # [T, I]
+        return F.linear(x, self.down_proj), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, ops: TorchOps, backend: AttentionBackend | None,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.config = config
+        self.ops = ops
+        # Attached after construction when the backend needs the KV cache's sizes first.
+        self.backend = backend
+        kw = dict(device=device, dtype=dtype)
+        self.embed_tokens = _param(config.vocab_size, config.hidden_size, **kw)  # [V, H]
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, ops, device, dtype) for i in range(config.num_layers))
+        self.norm = _param(config.hidden_size, **kw)  # [H]
+        # A pooling model never projects to the vocabulary; a tied head reads embed_tokens.
+        self.lm_head: nn.Parameter | None = None
+        if not config.is_pooling_model and not config.tie_word_embeddings:
+            self.lm_head = _param(config.vocab_size, config.hidden_size, **kw)  # [V, H]
+        self.register_buffer(  # [max_model_len, D] float32
+            "cos_sin_cache",
+            build_cos_sin_cache(config.max_model_len, config.head_dim, config.rope_theta, device),
+            persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.dtype
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions: [T] int64 -> hidden states [T, H] after the final norm."""
+        if self.backend is None:
+            raise RuntimeError("LlamaModel.forward: no attention backend attached")
+        hidden = F.embedding(input_ids, self.embed_tokens)  # [T, H]
+        residual: torch.Tensor | None = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(hidden, residual, positions, self.cos_sin_cache, kv_cache,
+                                     self.backend, meta)
+        hidden, _ = self.ops.rms_norm(hidden, self.norm, self.config.rms_norm_eps, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, H] -> float32 logits [N, V]."""
+        if self.config.is_pooling_model:
+            raise RuntimeError("compute_logits: a pooling model has no language-model head")
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return F.linear(hidden, head).float()

@@ -1,0 +1,75 @@
+"""The hot element-wise ops the model calls, behind one object.
+
+The model never calls these functions directly but through an ops object passed to its
+constructor, so a Triton implementation with the same method signatures can replace
+`TorchOps` without touching the model. Every op computes in float32 and returns the input
+dtype: bf16 rounding inside a norm or a rotation drifts more than the kernels we compare to.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def build_cos_sin_cache(max_position: int, head_dim: int, rope_theta: float,
+                        device: torch.device | str = "cpu") -> torch.Tensor:
+    """[max_position, head_dim] float32: cos of every (position, frequency) in the first half,
+    sin in the second half (the layout vLLM's rotary kernels read)."""
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even for rotary embeddings, got {head_dim}")
+    half = head_dim // 2
+    exponents = torch.arange(0, half, dtype=torch.float64, device=device) * 2.0 / head_dim
+    inv_freq = 1.0 / (rope_theta ** exponents)  # [half]
+    pos = torch.arange(max_position, dtype=torch.float64, device=device)
+    # float64 for the angles: at position 8k a float32 product loses the low bits of the phase.
+    freqs = torch.outer(pos, inv_freq)  # [max_position, half]
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(torch.float32)
+
+
+class TorchOps:
+    """Reference implementations in plain torch; correct on CPU and CUDA."""
+
+    name = "torch"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """RMSNorm with the residual add fused in front of it.
+
+        x: [T, H]; weight: [H]; residual: [T, H] or None.
+        Returns (normed [T, H], new_residual [T, H]) where new_residual = x + residual (or x
+        itself when there is no residual): the stream the next layer adds onto.
+        """
+        if residual is not None:
+            x = x + residual
+        xf = x.float()
+        variance = xf.pow(2).mean(dim=-1, keepdim=True)
+        normed = (xf * torch.rsqrt(variance + eps)).to(x.dtype)
+        return normed * weight, x
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, 2I] holding gate then up -> [T, I] = silu(gate) * up."""
+        half = x.shape[-1] // 2
+        gate, up = x[..., :half], x[..., half:]
+        return (F.silu(gate.float()) * up.float()).to(x.dtype)
+
+    def rotary(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+               cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """NeoX/Llama "rotate half" rotary embedding.
+
+        q: [T, Hq, D]; k: [T, Hk, D]; positions: [T] int64; cos_sin_cache: [max_pos, D].
+        Returns rotated (q, k) with the input shapes and dtypes.
+        """
+        cos_sin = cos_sin_cache.index_select(0, positions)  # [T, D]
+        half = cos_sin.shape[-1] // 2
+        cos = cos_sin[:, None, :half].float()  # [T, 1, D/2]
+        sin = cos_sin[:, None, half:].float()  # [T, 1, D/2]
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1 = x[..., :half].float()
+    x2 = x[..., half:].float()
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return out.to(x.dtype)
