@@ -1,0 +1,100 @@
+"""Paged attention in plain torch: the CPU path and the reference the other backends match.
+
+Two formulations. Uniform decode batches use a padded batched one that reads only device
+tensors and host ints fixed by the batch shape, so it never syncs and can be captured in a
+CUDA graph. Everything else (prefill, mixed, ragged) loops over requests using the metadata's
+host copies, which is simple and exact for any query and sequence length.
+Scores and softmax are float32 whatever the cache dtype.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from warmgate.server.config import cdiv
+from warmgate.server.runner.attention.base import AttentionBackend, AttentionMetadata
+
+# A finite fill keeps a row with no visible key (a padded request) finite instead of NaN.
+_MASKED = torch.finfo(torch.float32).min
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name: ClassVar[str] = "torch"
+
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        self._write_kv(k, v, kv_cache, meta.slot_mapping)
+        if meta.is_uniform_decode:
+            return self._uniform_decode(q, kv_cache, meta)
+        return self._varlen(q, kv_cache, meta)
+
+    def _write_kv(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor) -> None:
+        num_kv_heads, head_dim = self.spec.num_kv_heads, self.spec.head_dim
+        num_tokens = slot_mapping.shape[0]
+        # [num_blocks * block_size, Hk, D] views: a slot id indexes them directly.
+        kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(
+            0, slot_mapping, k[:num_tokens].to(kv_cache.dtype))
+        kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(
+            0, slot_mapping, v[:num_tokens].to(kv_cache.dtype))
+
+    def _uniform_decode(self, q: torch.Tensor, kv_cache: torch.Tensor,
+                        meta: AttentionMetadata) -> torch.Tensor:
+        spec = self.spec
+        num_reqs, q_len = meta.num_reqs, meta.max_query_len
+        group = spec.num_heads // spec.num_kv_heads
+        # Under a graph the width must not depend on this batch's lengths; eagerly, reading
+        # only the blocks the longest sequence uses keeps memory proportional to the batch.
+        width_blocks = (spec.max_blocks_per_req if meta.for_cuda_graph
+                        else min(cdiv(meta.max_seq_len, spec.block_size),
+                                 spec.max_blocks_per_req))
+        table = meta.block_table[:num_reqs, :width_blocks]  # [R, Wb]
+        width = width_blocks * spec.block_size
+        keys = kv_cache[0][table].reshape(num_reqs, width, spec.num_kv_heads, spec.head_dim)
+        values = kv_cache[1][table].reshape(num_reqs, width, spec.num_kv_heads, spec.head_dim)
+        qr = q[:num_reqs * q_len].reshape(num_reqs, q_len, spec.num_kv_heads, group,
+                                          spec.head_dim).float()
+        scores = torch.einsum("rqhgd,rkhd->rhgqk", qr, keys.float()) * spec.scale
+        offsets = torch.arange(q_len, device=q.device)
+        q_pos = meta.seq_lens[:num_reqs, None].long() - q_len + offsets  # [R, L]
+        k_pos = torch.arange(width, device=q.device)  # [W]
+        visible = k_pos[None, None, :] <= q_pos[:, :, None]  # [R, L, W]
+        scores = scores.masked_fill(~visible[:, None, None], _MASKED)
+        probs = torch.softmax(scores, dim=-1)
+        out = torch.einsum("rhgqk,rkhd->rqhgd", probs, values.float())
+        out = out.reshape(num_reqs * q_len, spec.num_heads, spec.head_dim).to(q.dtype)
+        if out.shape[0] == q.shape[0]:
+            return out
+        # Tokens past the batch (graph padding) get zeros rather than stale values.
+        full = q.new_zeros(q.shape)
+        full[:out.shape[0]] = out
+        return full
+
+    def _varlen(self, q: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        spec = self.spec
+        group = spec.num_heads // spec.num_kv_heads
+        starts = meta.query_start_loc_cpu.tolist()
+        seq_lens = meta.seq_lens_cpu.tolist()
+        out = q.new_zeros(q.shape)
+        for i in range(meta.num_reqs):
+            start, end, seq_len = starts[i], starts[i + 1], seq_lens[i]
+            n = end - start
+            if n == 0:
+                continue
+            blocks = meta.block_table[i, :cdiv(seq_len, spec.block_size)]
+            keys = kv_cache[0][blocks].reshape(-1, spec.num_kv_heads, spec.head_dim)[:seq_len]
+            values = kv_cache[1][blocks].reshape(-1, spec.num_kv_heads,
+                                                 spec.head_dim)[:seq_len]
+            qi = q[start:end].reshape(n, spec.num_kv_heads, group, spec.head_dim).float()
+            scores = torch.einsum("qhgd,khd->hgqk", qi, keys.float()) * spec.scale
+            q_pos = torch.arange(seq_len - n, seq_len, device=q.device)  # [n]
+            k_pos = torch.arange(seq_len, device=q.device)  # [seq_len]
+            visible = k_pos[None, :] <= q_pos[:, None]  # [n, seq_len]
+            scores = scores.masked_fill(~visible, _MASKED)
+            probs = torch.softmax(scores, dim=-1)
+            oi = torch.einsum("hgqk,khd->qhgd", probs, values.float())
+            out[start:end] = oi.reshape(n, spec.num_heads, spec.head_dim).to(q.dtype)
+        return out
