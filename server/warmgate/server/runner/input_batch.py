@@ -1,0 +1,162 @@
+"""Per-request state and the flattening of a SchedulerOutput into one step's device inputs.
+
+Inputs are assembled on the host in persistent max-size numpy-backed buffers, then copied
+with one host->device copy per tensor into persistent device buffers; the metadata tensors are
+views of those device buffers, so a CUDA-graph runner can later capture against the same
+storage and replay after padding it in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from warmgate.server.runner.attention.base import AttentionMetadata
+from warmgate.server.runner.batch import is_uniform_decode
+from warmgate.server.runner.request_state import RequestState, ScheduledRequest
+from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams, SchedulerOutput
+
+
+class StaticBuffer:
+    """A host tensor (pinned on CUDA) with a numpy view for filling, and its device twin."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+        pin = device.type == "cuda"
+        self.cpu = torch.zeros(shape, dtype=dtype, pin_memory=pin)
+        self.np = self.cpu.numpy()
+        self.gpu = torch.zeros(shape, dtype=dtype, device=device)
+
+    def copy_to_device(self, n: int) -> torch.Tensor:
+        """Copy the first n rows over and return the device view of them."""
+        return self.gpu[:n].copy_(self.cpu[:n], non_blocking=True)
+
+
+@dataclass
+class StepInputs:
+    scheduled: list[ScheduledRequest]
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [num_logits_rows] int64, rows of the step's hidden states
+    logits_req_ids: list[str]  # [num_logits_rows], the request each logits row belongs to
+
+    @property
+    def req_ids(self) -> list[str]:
+        return [s.req_id for s in self.scheduled]
+
+
+class InputBatch:
+    def __init__(self, max_num_reqs: int, max_num_tokens: int, max_blocks_per_req: int,
+                 block_size: int, decode_query_len: int, device: torch.device,
+                 default_sampling_params: SamplingParams | None = GREEDY) -> None:
+        self.block_size = block_size
+        self.decode_query_len = decode_query_len
+        self.device = device
+        self.default_sampling_params = default_sampling_params
+        self.requests: dict[str, RequestState] = {}
+        self.input_ids = StaticBuffer((max_num_tokens,), torch.int64, device)
+        self.positions = StaticBuffer((max_num_tokens,), torch.int64, device)
+        self.query_start_loc = StaticBuffer((max_num_reqs + 1,), torch.int32, device)
+        self.seq_lens = StaticBuffer((max_num_reqs,), torch.int32, device)
+        self.block_table = StaticBuffer((max_num_reqs, max_blocks_per_req), torch.int32, device)
+        self.slot_mapping = StaticBuffer((max_num_tokens,), torch.int64, device)
+        self.logits_indices = StaticBuffer((max_num_tokens,), torch.int64, device)
+        # The pinned host buffers are refilled every step: wait until the last step's
+        # non-blocking copies have left them.
+        self._copies_done = torch.cuda.Event() if device.type == "cuda" else None
+
+    def update_states(self, so: SchedulerOutput) -> list[ScheduledRequest]:
+        """Apply a validated SchedulerOutput; returns the step's requests in schedule order."""
+        for rid in so.finished_req_ids:
+            self.requests.pop(rid, None)
+        computed: dict[str, int] = {}
+        for new in so.scheduled_new_reqs:
+            params = new.sampling_params or self.default_sampling_params
+            self.requests[new.req_id] = RequestState(
+                req_id=new.req_id, prompt_token_ids=list(new.prompt_token_ids),
+                sampling_params=params, block_ids=list(new.block_ids[0]),
+                num_computed_tokens=new.num_computed_tokens)
+            computed[new.req_id] = new.num_computed_tokens
+        cached = so.scheduled_cached_reqs
+        for rid, new_blocks, num_computed in zip(cached.req_ids, cached.new_block_ids,
+                                                 cached.num_computed_tokens, strict=True):
+            state = self.requests[rid]
+            if new_blocks is not None:
+                state.block_ids.extend(new_blocks[0])
+            state.num_computed_tokens = num_computed
+            computed[rid] = num_computed
+        drafts = so.scheduled_spec_decode_tokens
+        scheduled = [ScheduledRequest(state=self.requests[rid], num_computed_tokens=computed[rid],
+                                      num_scheduled_tokens=n,
+                                      draft_token_ids=tuple(drafts.get(rid, ())))
+                     for rid, n in so.num_scheduled_tokens.items()]
+        # The runner's own count after this step; the scheduler restates it when it differs
+        # (rejected drafts), and it is what the next step starts from if it does not.
+        for s in scheduled:
+            s.state.num_computed_tokens = s.seq_len
+        return scheduled
+
+    def prepare_inputs(self, scheduled: list[ScheduledRequest]) -> StepInputs:
+        if self._copies_done is not None:
+            self._copies_done.synchronize()
+        num_reqs = len(scheduled)
+        query_lens = np.array([s.num_scheduled_tokens for s in scheduled], dtype=np.int64)
+        computed = np.array([s.num_computed_tokens for s in scheduled], dtype=np.int64)
+        num_tokens = int(query_lens.sum())
+        seq_lens = computed + query_lens
+
+        qsl = self.query_start_loc.np
+        qsl[0] = 0
+        qsl[1:num_reqs + 1] = np.cumsum(query_lens)
+        self.seq_lens.np[:num_reqs] = seq_lens
+        # Position of every token: its request's first query position plus its offset.
+        token_req = np.repeat(np.arange(num_reqs), query_lens)  # [T]
+        positions = (np.arange(num_tokens) - np.repeat(qsl[:num_reqs], query_lens)
+                     + np.repeat(computed, query_lens))
+        self.positions.np[:num_tokens] = positions
+
+        table = self.block_table.np
+        table[:num_reqs] = 0  # stale ids from an earlier step would point at live blocks
+        for i, s in enumerate(scheduled):
+            table[i, :len(s.state.block_ids)] = s.state.block_ids
+        block_idx = positions // self.block_size
+        self.slot_mapping.np[:num_tokens] = (table[token_req, block_idx].astype(np.int64)
+                                             * self.block_size + positions % self.block_size)
+
+        ids: list[int] = []
+        rows: list[int] = []
+        row_req_ids: list[str] = []
+        for i, s in enumerate(scheduled):
+            ids += s.state.input_token_ids(s.num_computed_tokens,
+                                           s.num_scheduled_tokens - s.num_draft_tokens)
+            ids += s.draft_token_ids
+            end = int(qsl[i + 1])
+            rows += range(end - s.num_logits_rows, end)
+            row_req_ids += [s.req_id] * s.num_logits_rows
+        self.input_ids.np[:num_tokens] = ids
+        self.logits_indices.np[:len(rows)] = rows
+
+        max_query_len = int(query_lens.max())
+        meta = AttentionMetadata(
+            num_reqs=num_reqs, num_tokens=num_tokens, max_query_len=max_query_len,
+            max_seq_len=int(seq_lens.max()),
+            query_start_loc=self.query_start_loc.copy_to_device(num_reqs + 1),
+            seq_lens=self.seq_lens.copy_to_device(num_reqs),
+            block_table=self.block_table.copy_to_device(num_reqs),
+            slot_mapping=self.slot_mapping.copy_to_device(num_tokens),
+            positions=self.positions.copy_to_device(num_tokens),
+            query_start_loc_cpu=self.query_start_loc.cpu[:num_reqs + 1],
+            seq_lens_cpu=self.seq_lens.cpu[:num_reqs],
+            block_table_cpu=self.block_table.cpu[:num_reqs],
+            is_uniform_decode=is_uniform_decode(num_tokens, num_reqs, max_query_len,
+                                                self.decode_query_len))
+        inputs = StepInputs(scheduled=scheduled,
+                            input_ids=self.input_ids.copy_to_device(num_tokens),
+                            positions=meta.positions, meta=meta,
+                            logits_indices=self.logits_indices.copy_to_device(len(rows)),
+                            logits_req_ids=row_req_ids)
+        if self._copies_done is not None:
+            self._copies_done.record()
+        return inputs

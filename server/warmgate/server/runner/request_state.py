@@ -1,0 +1,85 @@
+"""What the runner keeps per request between steps, and one request's slice of a step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from warmgate.server.runner.scheduler_output import SamplingParams
+
+
+@dataclass
+class RequestState:
+    req_id: str
+    prompt_token_ids: list[int]
+    # None for a pooling model's requests.
+    sampling_params: SamplingParams | None
+    # KV cache group 0's blocks, in position order; never holds the null block.
+    block_ids: list[int]
+    # Tokens in the KV cache, as the scheduler last said (or as this runner advanced it).
+    num_computed_tokens: int
+    # Tokens this runner sampled (accepted drafts included), appended in order.
+    output_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Length of the token stream the runner holds: prompt, then outputs."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def input_token_ids(self, start: int, count: int) -> list[int]:
+        """`count` tokens of the stream from position `start`.
+
+        A single decode token scheduled past the end of the stream happens when the scheduler
+        claims positions the runner never produced (warmup advances num_computed_tokens by
+        the full decode length without reading outputs, as vLLM's does): feed the latest
+        token held, which keeps shapes and positions exactly as scheduled.
+        """
+        n_prompt = len(self.prompt_token_ids)
+        if start + count <= n_prompt:
+            return self.prompt_token_ids[start:start + count]
+        if start + count <= self.num_tokens:
+            stream = self.prompt_token_ids + self.output_token_ids
+            return stream[start:start + count]
+        if count == 1:
+            return [self.output_token_ids[-1] if self.output_token_ids
+                    else self.prompt_token_ids[-1]]
+        raise ValueError(f"request {self.req_id!r}: tokens {start}..{start + count - 1} were "
+                         f"scheduled but the runner holds only {self.num_tokens}")
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's part of the current step."""
+
+    state: RequestState
+    # Tokens already in the KV cache; this step's query starts at this position.
+    num_computed_tokens: int
+    # Tokens this step, drafts included.
+    num_scheduled_tokens: int
+    draft_token_ids: tuple[int, ...] = ()
+
+    @property
+    def req_id(self) -> str:
+        return self.state.req_id
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return len(self.draft_token_ids)
+
+    @property
+    def seq_len(self) -> int:
+        return self.num_computed_tokens + self.num_scheduled_tokens
+
+    @property
+    def needs_logits(self) -> bool:
+        """Whether this step reaches the end of the prompt: mid-prefill chunks sample nothing."""
+        num_inputs = self.num_scheduled_tokens - self.num_draft_tokens
+        return self.num_computed_tokens + num_inputs >= self.state.num_prompt_tokens
+
+    @property
+    def num_logits_rows(self) -> int:
+        """The last 1 + k query rows need logits: k drafts to verify plus the bonus row."""
+        return 1 + self.num_draft_tokens if self.needs_logits else 0

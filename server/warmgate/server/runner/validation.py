@@ -1,0 +1,131 @@
+"""Cheap checks of a SchedulerOutput before the runner touches any state.
+
+Scheduler outputs will arrive over RPCs, so they are untrusted input: every check is an
+explicit ValueError naming the request and the limit (never `assert`, which `python -O`
+strips), and all of them run before anything is mutated, so a rejected step leaves the
+runner exactly as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from warmgate.server.config import cdiv
+from warmgate.server.runner.request_state import RequestState
+from warmgate.server.runner.scheduler_output import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    num_blocks: int
+    block_size: int
+    max_blocks_per_req: int
+    max_num_reqs: int
+    max_num_tokens: int
+    max_model_len: int
+    vocab_size: int
+    num_kv_cache_groups: int = 1
+
+
+def _check_blocks(req_id: str, groups: tuple[list[int], ...] | None,
+                  limits: StepLimits) -> list[int]:
+    if groups is None:
+        return []
+    if len(groups) != limits.num_kv_cache_groups:
+        raise ValueError(f"request {req_id!r}: block ids for {len(groups)} KV cache groups, "
+                         f"the runner has {limits.num_kv_cache_groups}")
+    blocks = list(groups[0])
+    bad = [b for b in blocks if not 0 < b < limits.num_blocks]
+    if bad:
+        raise ValueError(f"request {req_id!r}: block id {bad[0]} is out of range; valid ids "
+                         f"are 1..{limits.num_blocks - 1} (num_blocks={limits.num_blocks}, "
+                         f"block 0 is the null block)")
+    return blocks
+
+
+def _check_tokens(req_id: str, what: str, tokens: Iterable[int], vocab_size: int) -> None:
+    bad = [t for t in tokens if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"request {req_id!r}: {what} token id {bad[0]} is outside the "
+                         f"vocabulary [0, {vocab_size})")
+
+
+def validate_scheduler_output(so: SchedulerOutput, requests: Mapping[str, RequestState],
+                              limits: StepLimits) -> None:
+    """Raise ValueError on the first inconsistency; return None when the step can run."""
+    num_reqs = len(so.num_scheduled_tokens)
+    if num_reqs > limits.max_num_reqs:
+        raise ValueError(f"{num_reqs} requests scheduled, over max_num_reqs "
+                         f"(scheduler.max_num_seqs) = {limits.max_num_reqs}")
+    total = sum(so.num_scheduled_tokens.values())
+    if total != so.total_num_scheduled_tokens:
+        raise ValueError(f"total_num_scheduled_tokens is {so.total_num_scheduled_tokens} but "
+                         f"num_scheduled_tokens sums to {total}")
+    if total > limits.max_num_tokens:
+        raise ValueError(f"{total} tokens scheduled, over scheduler.max_num_batched_tokens "
+                         f"= {limits.max_num_tokens}")
+    # After this step's finished requests are dropped: (blocks, computed, stream length).
+    held = {rid: s for rid, s in requests.items() if rid not in so.finished_req_ids}
+    after: dict[str, tuple[int, int, int]] = {}
+    for new in so.scheduled_new_reqs:
+        rid = new.req_id
+        if rid in held or rid in after:
+            raise ValueError(f"new request {rid!r} is already held by the runner; finish it "
+                             f"(finished_req_ids) before scheduling it again")
+        if not new.prompt_token_ids:
+            raise ValueError(f"new request {rid!r}: prompt_token_ids is empty")
+        if len(new.prompt_token_ids) > limits.max_model_len:
+            raise ValueError(f"new request {rid!r}: prompt of {len(new.prompt_token_ids)} "
+                             f"tokens is over max_model_len = {limits.max_model_len}")
+        _check_tokens(rid, "prompt", new.prompt_token_ids, limits.vocab_size)
+        if new.num_computed_tokens < 0:
+            raise ValueError(f"new request {rid!r}: num_computed_tokens is negative")
+        blocks = _check_blocks(rid, new.block_ids, limits)
+        after[rid] = (len(blocks), new.num_computed_tokens, len(new.prompt_token_ids))
+    cached = so.scheduled_cached_reqs
+    if not (len(cached.req_ids) == len(cached.new_block_ids) == len(cached.num_computed_tokens)):
+        raise ValueError("scheduled_cached_reqs: req_ids, new_block_ids and "
+                         "num_computed_tokens must have the same length")
+    for rid, new_blocks, computed in zip(cached.req_ids, cached.new_block_ids,
+                                         cached.num_computed_tokens, strict=True):
+        state = held.get(rid)
+        if state is None or rid in after:
+            raise ValueError(f"cached request {rid!r} is unknown to the runner (never "
+                             f"scheduled as new, already finished, or listed twice)")
+        if computed < 0:
+            raise ValueError(f"cached request {rid!r}: num_computed_tokens is negative")
+        blocks = _check_blocks(rid, new_blocks, limits)
+        after[rid] = (len(state.block_ids) + len(blocks), computed, state.num_tokens)
+    for rid, n in so.num_scheduled_tokens.items():
+        if rid not in after:
+            raise ValueError(f"request {rid!r} has scheduled tokens but is neither in "
+                             f"scheduled_new_reqs nor in scheduled_cached_reqs")
+        num_blocks, computed, stream_len = after[rid]
+        drafts = so.scheduled_spec_decode_tokens.get(rid, [])
+        if n < 1 or n <= len(drafts):
+            raise ValueError(f"request {rid!r}: {n} tokens scheduled with {len(drafts)} draft "
+                             f"tokens; it needs at least one non-draft token")
+        _check_tokens(rid, "draft", drafts, limits.vocab_size)
+        seq_len = computed + n
+        if seq_len > limits.max_model_len:
+            raise ValueError(f"request {rid!r}: sequence reaches {seq_len} tokens, over "
+                             f"max_model_len = {limits.max_model_len}")
+        if num_blocks > limits.max_blocks_per_req:
+            raise ValueError(f"request {rid!r}: holds {num_blocks} blocks, over the "
+                             f"{limits.max_blocks_per_req} that max_model_len allows")
+        if num_blocks < cdiv(seq_len, limits.block_size):
+            raise ValueError(f"request {rid!r}: {seq_len} tokens need "
+                             f"{cdiv(seq_len, limits.block_size)} blocks of "
+                             f"{limits.block_size}, it holds {num_blocks}")
+        num_inputs = n - len(drafts)
+        if num_inputs > 1 and computed + num_inputs > stream_len:
+            raise ValueError(f"request {rid!r}: tokens {computed}..{computed + num_inputs - 1} "
+                             f"scheduled but the runner holds only {stream_len}")
+    unscheduled = sorted(set(after) - set(so.num_scheduled_tokens))
+    if unscheduled:
+        raise ValueError(f"request(s) {unscheduled} listed as scheduled but missing from "
+                         f"num_scheduled_tokens")
+    extra = set(so.scheduled_spec_decode_tokens) - set(so.num_scheduled_tokens)
+    if extra:
+        raise ValueError(f"draft tokens for unscheduled request(s) {sorted(extra)}")
