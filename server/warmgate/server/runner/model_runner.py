@@ -1,0 +1,199 @@
+"""The model runner: vLLM's execute_model / sample_tokens contract over our Llama decoder.
+
+The constructor reads as the start-up order: checked config -> model and weights -> paged KV
+cache -> attention backend. (Graph capture comes later, from warmup, over `_run_model`.)
+Attribute names are vLLM MRV2's, so warmup written against vLLM reads this runner unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from warmgate.server.config import RunnerConfig
+from warmgate.server.runner.attention import AttentionSpec, create_backend
+from warmgate.server.runner.attention.base import AttentionMetadata
+from warmgate.server.runner.input_batch import InputBatch, StepInputs
+from warmgate.server.runner.kv_cache import FullAttentionSpec, allocate_kv_cache, kv_cache_bytes
+from warmgate.server.runner.model import LlamaModel
+from warmgate.server.runner.ops import TorchOps
+from warmgate.server.runner.request_state import ScheduledRequest
+from warmgate.server.runner.sampler import Sampler, make_generator
+from warmgate.server.runner.scheduler_output import (
+    GREEDY,
+    GrammarOutput,
+    ModelRunnerOutput,
+    SchedulerOutput,
+)
+from warmgate.server.runner.validation import StepLimits, validate_scheduler_output
+from warmgate.server.runner.weights import init_random_weights, load_weights
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoadStats:
+    weights_s: float
+    weights_bytes: int
+    # "random" or the weights directory.
+    weights_source: str
+    kv_cache_s: float
+    kv_cache_bytes: int
+
+
+@dataclass
+class _PendingStep:
+    scheduled: list[ScheduledRequest]
+    logits: torch.Tensor  # [num_logits_rows, V] float32
+
+
+def _sync(device: torch.device) -> None:
+    # Timings are read after a sync, or they measure only the kernel launches.
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class ModelRunner:
+    def __init__(self, config: RunnerConfig, ops: TorchOps | None = None) -> None:
+        if not config.is_resolved:
+            raise ValueError("ModelRunner needs a resolved config (no 'auto' left in device, "
+                             "dtype, attention_backend, cache.num_blocks or cuda_graph_sizes): "
+                             "call warmgate.server.config.resolve_runner_config first, or use "
+                             "warmgate.server.runner.build_runner")
+        self.config = config
+        self.device = torch.device(config.device.device)
+        self.dtype = _DTYPES[config.device.dtype]
+        self.scheduler_config = config.scheduler
+        self.num_speculative_steps = config.speculative.num_speculative_steps
+        self.decode_query_len = config.decode_query_len
+        self.max_num_reqs = config.scheduler.max_num_seqs
+        self.max_num_tokens = config.scheduler.max_num_batched_tokens
+        self.is_pooling_model = config.model.is_pooling_model
+        self.ops = ops if ops is not None else TorchOps()
+        mc, num_blocks = config.model, config.cache.num_blocks
+        assert num_blocks is not None  # guaranteed by is_resolved; narrows the type
+
+        start = time.perf_counter()
+        self.model = LlamaModel(mc, self.ops, None, self.device, self.dtype)
+        if mc.weights_path is not None:
+            weights_bytes = load_weights(mc.weights_path, self.model)
+        else:
+            init_random_weights(self.model, mc.seed)
+            weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        _sync(self.device)
+        weights_s = time.perf_counter() - start
+        logger.info("weights: %s, %.1f MiB in %.2f s", mc.weights_path or f"random (seed "
+                    f"{mc.seed})", weights_bytes / 2**20, weights_s)
+
+        start = time.perf_counter()
+        kv_spec = FullAttentionSpec(block_size=config.cache.block_size,
+                                    num_kv_heads=mc.num_kv_heads, head_size=mc.head_dim,
+                                    dtype=self.dtype)
+        self.kv_caches, self.kv_cache_config = allocate_kv_cache(mc.num_layers, num_blocks,
+                                                                 kv_spec, self.device)
+        _sync(self.device)
+        kv_s = time.perf_counter() - start
+
+        self.attention_spec = AttentionSpec(
+            num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
+            block_size=config.cache.block_size, num_blocks=num_blocks,
+            max_blocks_per_req=config.max_blocks_per_req, max_num_reqs=self.max_num_reqs,
+            max_num_tokens=self.max_num_tokens, dtype=self.dtype, device=self.device)
+        self.attention_backend = create_backend(config.device.attention_backend,
+                                                self.attention_spec)
+        self.model.backend = self.attention_backend
+        self.sampler = Sampler()
+        self.input_batch = InputBatch(
+            max_num_reqs=self.max_num_reqs, max_num_tokens=self.max_num_tokens,
+            max_blocks_per_req=config.max_blocks_per_req, block_size=config.cache.block_size,
+            decode_query_len=self.decode_query_len, device=self.device,
+            default_sampling_params=None if self.is_pooling_model else GREEDY)
+        self.limits = StepLimits(
+            num_blocks=num_blocks, block_size=config.cache.block_size,
+            max_blocks_per_req=config.max_blocks_per_req, max_num_reqs=self.max_num_reqs,
+            max_num_tokens=self.max_num_tokens, max_model_len=mc.max_model_len,
+            vocab_size=mc.vocab_size, num_kv_cache_groups=len(self.kv_cache_config
+                                                               .kv_cache_groups))
+        self.load_stats = LoadStats(
+            weights_s=weights_s, weights_bytes=weights_bytes,
+            weights_source=mc.weights_path or "random", kv_cache_s=kv_s,
+            kv_cache_bytes=kv_cache_bytes(mc.num_layers, num_blocks, kv_spec))
+        # For tests and warmup checks: the logits of the last execute_model, row by row.
+        self.last_logits: torch.Tensor | None = None  # [rows, V] float32
+        self.last_logits_req_ids: list[str] = []
+        self._pending: _PendingStep | None = None
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+        """Run one step's forward. Generative models keep the logits pending for
+        sample_tokens and return None; pooling models return their embeddings here."""
+        if self._pending is not None:
+            raise RuntimeError("execute_model called twice without sample_tokens in between")
+        validate_scheduler_output(scheduler_output, self.input_batch.requests, self.limits)
+        scheduled = self.input_batch.update_states(scheduler_output)
+        self.last_logits, self.last_logits_req_ids = None, []
+        if not scheduled:
+            return ModelRunnerOutput([], [], [], []) if self.is_pooling_model else None
+        inputs = self.input_batch.prepare_inputs(scheduled)
+        hidden = self._run_model(inputs.input_ids, inputs.positions, inputs.meta)  # [T, H]
+        if self.is_pooling_model:
+            return self._pool(hidden, inputs)
+        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
+        self.last_logits, self.last_logits_req_ids = logits, inputs.logits_req_ids
+        self._pending = _PendingStep(scheduled=scheduled, logits=logits)
+        return None
+
+    @torch.inference_mode()
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | None:
+        """Sample (or verify drafts for) the pending step; None when nothing is pending.
+        grammar_output is accepted for vLLM's signature; structured output is not applied."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        sampling = [s for s in pending.scheduled if s.num_logits_rows]
+        params = [s.state.sampling_params or GREEDY for s in sampling]
+        generators = [make_generator(p.seed, len(s.state.output_token_ids), self.device)
+                      if p.is_seeded and p.seed is not None else None
+                      for s, p in zip(sampling, params, strict=True)]
+        drafts = [list(s.draft_token_ids) for s in sampling]
+        if any(drafts):
+            tokens, accepted = self.sampler.verify(pending.logits, drafts, params, generators)
+        else:
+            flat = self.sampler.sample(pending.logits, params, generators).tolist()
+            tokens, accepted = [[t] for t in flat], [0] * len(flat)
+        by_req = {s.req_id: (t, a) for s, t, a in zip(sampling, tokens, accepted, strict=True)}
+        for s in sampling:
+            s.state.output_token_ids.extend(by_req[s.req_id][0])
+        req_ids = [s.req_id for s in pending.scheduled]
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            sampled_token_ids=[by_req[r][0] if r in by_req else [] for r in req_ids],
+            num_accepted_draft_tokens=[by_req[r][1] if r in by_req else 0 for r in req_ids])
+
+    def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                   meta: AttentionMetadata) -> torch.Tensor:
+        """The forward pass. The hook a CUDA-graph runner overrides: for a uniform-decode
+        batch it pads to a captured size and replays; everything else runs eagerly here."""
+        self.attention_backend.plan(meta)
+        return self.model(input_ids, positions, self.kv_caches, meta)
+
+    def _pool(self, hidden: torch.Tensor, inputs: StepInputs) -> ModelRunnerOutput:
+        """Last-token pooling, L2-normalised, for requests whose prompt ended this step."""
+        starts = inputs.meta.query_start_loc_cpu.tolist()
+        done = [i for i, s in enumerate(inputs.scheduled) if s.needs_logits]
+        rows = torch.tensor([starts[i + 1] - 1 for i in done], dtype=torch.long,
+                            device=hidden.device)
+        pooled = F.normalize(hidden.index_select(0, rows).float(), dim=-1).cpu()
+        outputs: list[object] = [None] * len(inputs.scheduled)
+        for j, i in enumerate(done):
+            outputs[i] = pooled[j]
+        req_ids = inputs.req_ids
+        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=[[] for _ in req_ids],
+                                 num_accepted_draft_tokens=[0] * len(req_ids),
+                                 pooler_output=outputs)
