@@ -1,0 +1,225 @@
+"""Paged attention for uniform decode batches (1 + num_spec_steps query tokens per request).
+
+Grid: (num_reqs, num_kv_heads, num_splits). A program holds the q_len * group query rows of
+one request and one KV head (row r = draft r // group, query head kv_head * group + r % group),
+so a K/V tile is read once for every query head sharing it and for every draft. With
+num_splits > 1 each program covers a contiguous, BLOCK_N-aligned share of the context and a
+second kernel merges the partial results by their log-sum-exp (split-K / flash-decoding),
+which keeps the GPU busy when num_reqs * num_kv_heads is small and contexts are long.
+
+Everything the launch needs comes from tensor shapes and Python ints that are fixed for a
+captured graph, so the wrapper never syncs and can run under CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from warmgate.server.kernels._attention_tile import LOG2E, M_INIT, attend_range
+from warmgate.server.kernels._launch import ieee_dots, pow2, unit_stride_last, upcast_dots
+
+# Fewer tokens than this per split and the merge costs more than the parallelism gains.
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 16
+
+
+def choose_num_splits(num_reqs: int, num_kv_heads: int, max_context_len: int,
+                      num_sms: int) -> int:
+    """Splits that bring the grid to ~2 programs per SM, from values fixed per captured graph.
+
+    max_context_len must be the capacity (max_blocks_per_req * block_size), never this step's
+    longest sequence: a captured graph replays with other lengths. The result is a power of
+    two so only a handful of values ever occur.
+    """
+    programs = max(num_reqs * num_kv_heads, 1)
+    wanted = triton.cdiv(2 * num_sms, programs)
+    useful = max(max_context_len // MIN_TOKENS_PER_SPLIT, 1)
+    splits = min(wanted, useful, MAX_SPLITS)
+    return 1 << (splits.bit_length() - 1)  # round down to a power of two
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _decode_kernel(
+    q_ptr, key_cache_ptr, value_cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+    stride_cb, stride_cs, stride_ch,
+    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
+    qk_scale, num_splits,
+    GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + req)
+    q_start = tl.load(query_start_loc_ptr + req)
+    # A graph-padding request may carry fewer tokens than the decode length (even none).
+    q_len = tl.minimum(tl.load(query_start_loc_ptr + req + 1) - q_start, Q_LEN)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    draft = offs_m // GROUP
+    head = kv_head * GROUP + offs_m % GROUP
+    row_mask = draft < q_len
+    q_pos = seq_len - q_len + draft  # [BLOCK_M]
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    token = (q_start + draft).to(tl.int64)  # [BLOCK_M]
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+
+    if SPLIT:
+        chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, seq_len)
+    else:
+        lo = 0
+        hi = seq_len
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], M_INIT, dtype=tl.float32)
+    acc, l_i, m_i = attend_range(
+        acc, l_i, m_i, q, q_pos, seq_len - q_len,
+        key_cache_ptr, value_cache_ptr, block_table_ptr + req.to(tl.int64) * stride_bt,
+        lo, hi, kv_head, offs_d, d_mask, stride_cb, stride_cs, stride_ch, qk_scale,
+        BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE, UPCAST=UPCAST, IEEE=IEEE)
+
+    # Rows that saw no key (an empty split, a padding request) produce 0, never NaN.
+    seen = l_i > 0.0
+    o = acc / tl.where(seen, l_i, 1.0)[:, None]
+    out_mask = row_mask[:, None] & d_mask[None, :]
+    if SPLIT:
+        dst = (split * stride_ps + token[:, None] * stride_pt + head[:, None] * stride_ph
+               + offs_d[None, :])
+        tl.store(part_out_ptr + dst, o, mask=out_mask)
+        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + split * stride_ls + token * stride_lt + head, lse, mask=row_mask)
+    else:
+        dst = token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out_ptr + dst, o.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _merge_splits_kernel(
+    part_out_ptr, part_lse_ptr, query_start_loc_ptr, out_ptr,
+    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
+    num_splits,
+    GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    q_start = tl.load(query_start_loc_ptr + req)
+    q_len = tl.minimum(tl.load(query_start_loc_ptr + req + 1) - q_start, Q_LEN)
+    offs_m = tl.arange(0, BLOCK_M)
+    draft = offs_m // GROUP
+    head = kv_head * GROUP + offs_m % GROUP
+    row_mask = draft < q_len
+    token = (q_start + draft).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = row_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
+    lse_off = token * stride_lt + head  # [BLOCK_M]
+
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for s in range(num_splits):
+        lse = tl.load(part_lse_ptr + s * stride_ls + lse_off, mask=row_mask, other=float("-inf"))
+        m = tl.maximum(m, lse)
+    # All splits empty (a padding request): every weight is exp2(-inf) = 0 and the output 0.
+    m = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    denom = tl.zeros([BLOCK_M], dtype=tl.float32)
+    src = token[:, None] * stride_pt + head[:, None] * stride_ph + offs_d[None, :]
+    for s in range(num_splits):
+        lse = tl.load(part_lse_ptr + s * stride_ls + lse_off, mask=row_mask, other=float("-inf"))
+        w = tl.exp2(lse - m)  # [BLOCK_M]
+        o = tl.load(part_out_ptr + s * stride_ps + src, mask=mask, other=0.0)
+        acc += w[:, None] * o
+        denom += w
+    o = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
+    dst = token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+    tl.store(out_ptr + dst, o.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _decode_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages). Decode is bandwidth-bound: 64-key tiles pipelined
+    3 deep keep ~96 KiB of K/V in flight per program at head_dim 128 in bf16; float32 halves
+    the depth to stay inside shared memory. The interpreter gets 16-key tiles so small test
+    contexts still cross tile and split boundaries."""
+    if not on_gpu:
+        return 16, 4, 1
+    if dtype == torch.float32 or head_dim > 128:
+        return 32, 4, 2
+    return 64, 4, 3
+
+
+def paged_attention_decode(
+    q: torch.Tensor,  # [T, Hq, D], T >= num_reqs * query_len
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hk, D]
+    block_table: torch.Tensor,  # [num_reqs, max_blocks_per_req] int32
+    seq_lens: torch.Tensor,  # [num_reqs] int32, including this step's tokens
+    query_start_loc: torch.Tensor,  # [num_reqs + 1] int32
+    *,
+    scale: float,
+    query_len: int,
+    num_splits: int = 1,
+    out: torch.Tensor | None = None,  # [T, Hq, D]
+    num_reqs: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of each request's query_len tokens over its paged context.
+
+    Request i's tokens are rows query_start_loc[i]: (at most query_len of them), at positions
+    seq_lens[i] - query_len .. seq_lens[i] - 1. Rows that no request owns are left untouched;
+    num_reqs defaults to len(seq_lens).
+    No host sync: safe to capture in a CUDA graph when num_splits is fixed per graph.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_reqs = seq_lens.shape[0] if num_reqs is None else num_reqs
+    _, _, block_size, num_kv_heads, _ = kv_cache.shape
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    group = num_heads // num_kv_heads
+    q = unit_stride_last(q)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if num_reqs == 0:
+        return out
+    key_cache, value_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, Hk, D]
+    block_n, num_warps, num_stages = _decode_config(head_dim, q.dtype, q.is_cuda)
+    block_m = pow2(query_len * group, 16)  # tl.dot needs >= 16 rows
+    block_d = pow2(head_dim, 16)
+    split = num_splits > 1
+    if split:
+        part_out = torch.empty((num_splits, num_tokens, num_heads, head_dim), dtype=torch.float32,
+                               device=q.device)  # [S, T, Hq, D]
+        part_lse = torch.empty((num_splits, num_tokens, num_heads), dtype=torch.float32,
+                               device=q.device)  # [S, T, Hq], log2 domain
+    else:
+        # Never read: the unsplit kernel writes `out` directly.
+        part_out = out.new_empty((1, 1, 1, 1), dtype=torch.float32)
+        part_lse = out.new_empty((1, 1, 1), dtype=torch.float32)
+    common = dict(GROUP=group, Q_LEN=query_len, BLOCK_M=block_m, HEAD_DIM=head_dim,
+                  BLOCK_D=block_d)
+    _decode_kernel[(num_reqs, num_kv_heads, num_splits)](
+        q, key_cache, value_cache, block_table, seq_lens, query_start_loc,
+        out, part_out, part_lse,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        scale * LOG2E, num_splits,
+        BLOCK_N=block_n, PAGE_SIZE=block_size, SPLIT=split,
+        UPCAST=upcast_dots(q), IEEE=ieee_dots(q.dtype),
+        num_warps=num_warps, num_stages=num_stages, **common,
+    )
+    if split:
+        _merge_splits_kernel[(num_reqs, num_kv_heads)](
+            part_out, part_lse, query_start_loc, out,
+            part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+            num_splits, num_warps=4, **common,
+        )
+    return out
