@@ -1,0 +1,60 @@
+"""The `triton` attention backend: our own paged-attention kernels.
+
+forward = reshape_and_cache, then the decode kernel for uniform decode batches (the CUDA-graph
+path: no host syncs, launch shapes from Python ints fixed per captured graph) or the varlen
+kernel for everything else.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from warmgate.server.kernels.decode_attention import choose_num_splits, paged_attention_decode
+from warmgate.server.kernels.kv_cache import reshape_and_cache
+from warmgate.server.kernels.varlen_attention import paged_attention_varlen
+from warmgate.server.runner.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    AttentionSpec,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__(spec)
+        device = torch.device(spec.device)
+        # Split-K targets the SM count; off the GPU (the interpreter) one split is plenty.
+        self._num_sms = (torch.cuda.get_device_properties(device).multi_processor_count
+                         if device.type == "cuda" else 1)
+        self._max_context_len = spec.max_blocks_per_req * spec.block_size
+        self._splits: dict[int, int] = {}
+
+    def num_splits(self, num_reqs: int) -> int:
+        """Decode split-K factor: a function of num_reqs and the spec only, so one captured
+        graph always replays the split it was captured with."""
+        if num_reqs not in self._splits:
+            splits = choose_num_splits(num_reqs, self.spec.num_kv_heads,
+                                       self._max_context_len, self._num_sms)
+            self._splits[num_reqs] = splits
+            logger.debug("triton decode: %d requests -> %d splits (%d SMs, context %d)",
+                         num_reqs, splits, self._num_sms, self._max_context_len)
+        return self._splits[num_reqs]
+
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q: [T, Hq, D]; k, v: [T, Hk, D]; kv_cache: [2, num_blocks, block_size, Hk, D]."""
+        reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
+        if meta.is_uniform_decode:
+            return paged_attention_decode(
+                q, kv_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
+                scale=self.spec.scale, query_len=meta.max_query_len,
+                num_splits=self.num_splits(meta.num_reqs), num_reqs=meta.num_reqs)
+        return paged_attention_varlen(
+            q, kv_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
+            scale=self.spec.scale, max_query_len=meta.max_query_len, num_reqs=meta.num_reqs)
