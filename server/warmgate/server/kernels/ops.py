@@ -12,6 +12,8 @@ from warmgate.server.kernels.rotary import rotary_embedding
 class TritonOps:
     """Same methods and semantics as runner.ops.TorchOps; every result is a new tensor."""
 
+    name = "triton"
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, H], weight: [H] -> (out [T, H], new_residual [T, H]); see kernels.rms_norm."""
