@@ -1,0 +1,89 @@
+"""The runner's torch path on CUDA: same numbers as one full prefill, speculative decoding
+equal to greedy, and no host sync in a uniform-decode forward (so it can be captured)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tests.runner_helpers import MiniScheduler, full_prefill_logits, prompt, tiny_config
+from warmgate.server.runner.model_runner import ModelRunner
+from warmgate.server.runner.scheduler_output import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+
+def _runner(dtype: str = "float32", num_spec: int = 0) -> ModelRunner:
+    return ModelRunner(tiny_config(device="cuda", dtype=dtype, num_spec=num_spec))
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [("float32", 1e-3), ("bfloat16", 0.15)])
+def test_decode_matches_full_prefill_on_cuda(dtype: str, atol: float) -> None:
+    runner = _runner(dtype)
+    sched = MiniScheduler(runner)
+    p = prompt(9, offset=3)
+    sched.add("a", p)
+    sched.add("b", prompt(13, offset=4))
+    sched.step()
+    for _ in range(4):
+        sched.step()
+    got = sched.logits_of("a")[-1].clone()
+    assert got.device.type == "cuda" and got.dtype == torch.float32
+    reference = full_prefill_logits(runner, p + sched.tokens("a")[:4])
+    torch.testing.assert_close(got, reference, atol=atol, rtol=0)
+
+
+def test_speculative_equals_greedy_on_cuda() -> None:
+    runner = _runner(num_spec=3)
+    p = prompt(6, offset=2)
+    ref = MiniScheduler(runner)
+    ref.add("ref", p)
+    while len(ref.tokens("ref")) < 10:
+        ref.step()
+    reference = ref.tokens("ref")[:10]
+    sched = MiniScheduler(runner)
+    sched.free_blocks = sched.free_blocks[40:]
+    sched.add("s", p)
+    sched.step()
+    while len(sched.tokens("s")) < 10:
+        n = len(sched.tokens("s"))
+        sched.step(drafts={"s": (reference + [0] * 3)[n:n + 3]})
+    assert sched.tokens("s")[:10] == reference
+
+
+def test_sampling_paths_run_on_cuda() -> None:
+    runner = _runner()
+    sched = MiniScheduler(runner)
+    sched.add("g", prompt(5))
+    sched.add("t", prompt(6), SamplingParams(temperature=0.8, top_k=20, top_p=0.9))
+    sched.add("s", prompt(7), SamplingParams(temperature=0.8, seed=3))
+    for _ in range(3):
+        out = sched.step()
+        assert out is not None and all(len(t) == 1 for t in out.sampled_token_ids)
+
+
+def test_uniform_decode_forward_does_not_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = _runner(num_spec=1)
+    sched = MiniScheduler(runner)
+    for i in range(3):
+        sched.add(f"r{i}", prompt(4 + i))
+    sched.step()
+    original = runner._run_model
+    seen: list[bool] = []
+
+    def strict(input_ids: torch.Tensor, positions: torch.Tensor, meta: Any) -> torch.Tensor:
+        seen.append(meta.is_uniform_decode)
+        if not meta.is_uniform_decode:
+            return original(input_ids, positions, meta)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return original(input_ids, positions, meta)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(runner, "_run_model", strict)
+    sched.step(drafts={f"r{i}": [1] for i in range(3)})
+    assert seen == [True]
