@@ -1,0 +1,259 @@
+"""WarmupController: owns the runner's worker thread, the warmup state and readiness.
+
+All runner work (load, the warmup plan, mixed warmups) runs on one dedicated thread, one job
+at a time: the event loop only awaits it, so health checks are answered while kernels compile.
+An asyncio.Lock orders the jobs and their state updates (not `maximum_concurrent_rpcs=1`,
+which would also turn health checks away). Progress reaches the loop through
+`call_soon_threadsafe`, before the job's own completion, so watchers see every phase end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from grpc_health.v1 import health_pb2
+from grpc_health.v1.health import aio as health_aio
+
+from warmgate.server.engine import MIXED_PHASES, PLAN_PHASES, WarmupEngine
+from warmgate.server.errors import FailedPrecondition, FieldViolation, InvalidArgument, ShuttingDown
+from warmgate.server.metrics import Metrics
+from warmgate.server.report_log import log_report
+from warmgate.server.singleflight import Shared, SingleFlight
+from warmgate.server.status import Identity, StatusSnapshot, StatusTracker
+from warmgate.server.warmup.progress import ProgressEvent
+from warmgate.server.warmup.results import (
+    PhaseResult,
+    PhaseStatus,
+    WarmupOutcome,
+    WarmupReport,
+)
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SERVICE_NAMES = ("", "warmgate.v1.Warmup")  # "" is the whole server, as probes ask by default
+# While runner work is in flight a watcher gets a fresh status at least this often, so a
+# progress bar's elapsed time and estimate move during one long step (a 90 s JIT compile).
+HEARTBEAT_S = 1.0
+
+
+class WarmupCancelled(Exception):
+    """Raised into the warmup (through its progress callback) when the server stops."""
+
+
+class WarmupController:
+    def __init__(self, engine: WarmupEngine, identity: Identity, *, max_num_batched_tokens: int,
+                 default_mixed_num_tokens: int | None = None,
+                 health: health_aio.HealthServicer | None = None,
+                 metrics: Metrics | None = None,
+                 plan_phases: Sequence[str] = PLAN_PHASES) -> None:
+        self._engine = engine
+        self._budget = max_num_batched_tokens
+        self._default_mixed = default_mixed_num_tokens
+        self._health = health
+        self._metrics = metrics
+        self._plan_phases = tuple(plan_phases)
+        self._identity = identity
+        self._tracker = StatusTracker(identity)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warmgate-runner")
+        self._lock = asyncio.Lock()
+        self._plans: SingleFlight[int | None, WarmupReport] = SingleFlight(lambda r: r.succeeded)
+        self._mixed: SingleFlight[int, WarmupReport] = SingleFlight(lambda r: r.succeeded)
+        # Checked by the worker between steps; a Python thread cannot be interrupted otherwise.
+        self._cancel = threading.Event()
+        self._closing = False
+        self._background: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self, *, warmup_on_start: bool) -> None:
+        """Load the model in the background and, if asked, run the plan after it."""
+        self._loop = asyncio.get_running_loop()
+        await self._set_serving(False)
+        self._spawn(self._load())
+        if warmup_on_start:
+            self._spawn(self._warm_on_start())
+
+    async def close(self, *, wait: bool = False) -> None:
+        """Stop taking work, abort the run in progress at its next step, end watches."""
+        self._closing = True
+        self._cancel.set()
+        self._tracker.notify()
+        for task in list(self._background):
+            task.cancel()
+        if wait:  # tests: leave no runner thread behind
+            await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+        else:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- the RPCs' domain calls ---------------------------------------------------------
+
+    async def warmup_kernels(self, *, force: bool = False, mixed_num_tokens: int | None = None
+                             ) -> Shared[WarmupReport]:
+        self._check_open()
+        if mixed_num_tokens is not None:
+            self._check_num_tokens("mixed_num_tokens", mixed_num_tokens)
+        key = self._default_mixed if mixed_num_tokens is None else mixed_num_tokens
+        return await self._plans.run(key, lambda: self._run_plan(key, force), force=force)
+
+    async def mixed_warmup(self, num_tokens: int, *, force: bool = False
+                           ) -> Shared[WarmupReport]:
+        self._check_open()
+        self._check_num_tokens("num_tokens", num_tokens)
+        return await self._mixed.run(num_tokens, lambda: self._run_mixed(num_tokens),
+                                     force=force)
+
+    def status(self) -> StatusSnapshot:
+        return self._tracker.snapshot()
+
+    async def watch(self, *, follow: bool = False) -> AsyncIterator[StatusSnapshot]:
+        """The status now, then after every change; ends once settled unless following."""
+        seen = -1
+        while not self._closing:
+            if self._tracker.version != seen:
+                seen = self._tracker.version
+                snapshot = self._tracker.snapshot()
+                yield snapshot
+                if snapshot.settled and not follow:
+                    return
+            timeout = HEARTBEAT_S if self._tracker.snapshot().work_in_flight else None
+            try:
+                await asyncio.wait_for(self._tracker.wait_change(seen), timeout)
+            except asyncio.TimeoutError:
+                seen = -1  # resend: elapsed and the estimate have moved
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise ShuttingDown()
+
+    def _check_num_tokens(self, field: str, value: int) -> None:
+        if value < 0:
+            raise InvalidArgument(FieldViolation(field, f"must be >= 0, got {value}"))
+        if value > self._budget:
+            raise InvalidArgument(FieldViolation(
+                field, f"{value} is more than max_num_batched_tokens ({self._budget}); a step "
+                       "cannot hold more tokens than the server's batch budget"))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    @contextlib.asynccontextmanager
+    async def _job(self) -> AsyncIterator[None]:
+        """One runner job: counted as in flight while queued, run alone under the lock."""
+        self._tracker.job_queued()
+        try:
+            async with self._lock:
+                self._check_open()
+                yield
+        finally:
+            self._tracker.job_done()
+
+    async def _in_worker(self, fn: Callable[[], T]) -> T:
+        if self._loop is None:
+            raise RuntimeError("WarmupController.start() was not called")
+        return await self._loop.run_in_executor(self._executor, fn)
+
+    def _progress(self, event: ProgressEvent) -> None:
+        """Called on the worker thread after every step."""
+        if self._cancel.is_set():
+            raise WarmupCancelled("the server is shutting down")
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed under us: nobody listens
+                loop.call_soon_threadsafe(self._tracker.progress, event)
+
+    async def _load(self) -> None:
+        async with self._job():
+            self._tracker.begin("load", ("load",))
+            self._tracker.progress(ProgressEvent("load", 0, 1))
+            phase = await self._in_worker(self._engine.load)
+            self._tracker.end_load(phase)
+            self._observe_state()
+            self._observe(WarmupReport(WarmupOutcome.SUCCEEDED if phase.ok
+                                       else WarmupOutcome.FAILED, [phase], phase.duration_s,
+                                       self._identity.config_hash))
+
+    async def _warm_on_start(self) -> None:
+        try:
+            shared = await self.warmup_kernels()
+            logger.info("start-up warmup: %s in %.3f s", shared.value.outcome.value,
+                        shared.value.total_duration_s)
+        except (FailedPrecondition, ShuttingDown) as exc:
+            logger.error("start-up warmup did not run: %s", exc)
+
+    async def _run_plan(self, mixed_num_tokens: int | None, force: bool) -> WarmupReport:
+        async with self._job():
+            self._require_loaded()
+            self._tracker.begin("plan", self._plan_phases, previous=self._tracker.last_report)
+            self._observe_state()
+            try:
+                report = await self._in_worker(lambda: self._engine.run_plan(
+                    mixed_num_tokens=mixed_num_tokens, force=force, progress=self._progress))
+            except Exception as exc:  # the plan reports failures itself; this is its bug
+                logger.exception("the warmup plan raised")
+                report = self._failed_report("plan", exc)
+            self._tracker.end_plan(report)
+            if not report.succeeded:
+                self._plans.forget()  # a stored success no longer describes the runner
+            await self._set_serving(report.succeeded)
+            self._observe(report)
+            return report
+
+    async def _run_mixed(self, num_tokens: int) -> WarmupReport:
+        async with self._job():
+            self._require_loaded()
+            self._tracker.begin("mixed", MIXED_PHASES, previous=self._mixed.stored(num_tokens))
+            try:
+                report = await self._in_worker(
+                    lambda: self._engine.run_mixed(num_tokens, progress=self._progress))
+            except Exception as exc:
+                logger.exception("the mixed warmup raised")
+                report = self._failed_report("mixed", exc)
+            finally:
+                self._tracker.end_other()
+            self._observe(report)
+            return report
+
+    def _require_loaded(self) -> None:
+        if not self._engine.loaded:
+            reason = self._tracker.snapshot().failure_reason or "the model is not loaded"
+            raise FailedPrecondition("model", f"{reason}; fix the configuration and restart")
+
+    def _failed_report(self, name: str, exc: Exception) -> WarmupReport:
+        phase = PhaseResult(name=name, status=PhaseStatus.FAILED,
+                            detail=f"{type(exc).__name__}: {exc}")
+        i = self._identity
+        return WarmupReport(WarmupOutcome.FAILED, [phase], 0.0, i.config_hash, device=i.device,
+                            attention_backend=i.attention_backend, model=i.model)
+
+    # -- readiness and metrics ----------------------------------------------------------
+
+    async def _set_serving(self, serving: bool) -> None:
+        if self._health is not None:
+            status = (health_pb2.HealthCheckResponse.SERVING if serving
+                      else health_pb2.HealthCheckResponse.NOT_SERVING)
+            for name in SERVICE_NAMES:
+                await self._health.set(name, status)  # a coroutine: un-awaited it does nothing
+        if self._metrics is not None:
+            self._metrics.ready.set(1 if serving else 0)
+        self._observe_state()
+
+    def _observe_state(self) -> None:
+        if self._metrics is not None:
+            self._metrics.set_state(self._tracker.state.value)
+
+    def _observe(self, report: WarmupReport) -> None:
+        log_report(report)
+        if self._metrics is not None:
+            self._metrics.observe_report(report)

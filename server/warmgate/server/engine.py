@@ -1,0 +1,81 @@
+"""The blocking runner work the controller hands to its worker thread.
+
+`WarmupEngine` is the seam between the asyncio side (controller, RPCs) and the model: every
+method blocks for as long as the GPU/CPU work takes and is only ever called from the one
+worker thread. `PlanEngine` drives the real runner through the warmup plan; tests can pass a
+fake with the same methods.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Protocol
+
+from warmgate.server.config import RunnerConfig
+from warmgate.server.warmup.progress import ProgressCallback
+from warmgate.server.warmup.results import PhaseResult, PhaseStatus, WarmupReport
+
+logger = logging.getLogger(__name__)
+
+# The plan's phases, in order (warmgate.server.warmup.plan.PHASES, repeated here so the
+# controller and tests do not import the torch-heavy plan just to name them).
+PLAN_PHASES = ("load", "flashinfer", "kernels.prefill", "kernels.decode", "kernels.sampler",
+               "mixed", "cuda_graphs")
+MIXED_PHASES = ("mixed",)
+
+
+class WarmupEngine(Protocol):
+    @property
+    def loaded(self) -> bool: ...
+
+    def load(self) -> PhaseResult:
+        """Build the runner; a failure comes back as a FAILED phase, never as an exception."""
+
+    def run_plan(self, *, mixed_num_tokens: int | None, force: bool,
+                 progress: ProgressCallback) -> WarmupReport:
+        """Every phase after load; the first plan after load reports the load phase too."""
+
+    def run_mixed(self, num_tokens: int, *, progress: ProgressCallback) -> WarmupReport: ...
+
+
+class PlanEngine:
+    """The real runner, driven through warmgate.server.warmup.plan."""
+
+    def __init__(self, config: RunnerConfig) -> None:
+        self._config = config
+        self._runner: Any = None
+        # Reported once, at the head of the first plan's report, then dropped.
+        self._load_phase: PhaseResult | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._runner is not None
+
+    def load(self) -> PhaseResult:
+        from warmgate.server.warmup import plan  # lazy: imports torch and the runner
+
+        start = time.perf_counter()
+        try:
+            self._runner, phase = plan.load_runner(self._config)
+        except Exception as exc:  # a load failure is reported and turns health FAILED
+            logger.exception("loading the model failed")
+            phase = PhaseResult(name="load", status=PhaseStatus.FAILED,
+                                duration_s=time.perf_counter() - start,
+                                detail=f"{type(exc).__name__}: {exc}")
+        self._load_phase = phase
+        return phase
+
+    def run_plan(self, *, mixed_num_tokens: int | None, force: bool,
+                 progress: ProgressCallback) -> WarmupReport:
+        from warmgate.server.warmup import plan
+
+        load_phase, self._load_phase = self._load_phase, None
+        return plan.run_warmup_plan(self._runner, load_phase=load_phase,
+                                    mixed_num_tokens=mixed_num_tokens, progress=progress,
+                                    force=force)
+
+    def run_mixed(self, num_tokens: int, *, progress: ProgressCallback) -> WarmupReport:
+        from warmgate.server.warmup import plan
+
+        return plan.run_mixed_warmup(self._runner, num_tokens, progress=progress)

@@ -1,0 +1,127 @@
+"""Prometheus metrics on their own registry and HTTP port.
+
+A registry per server (not prometheus_client's global one) lets tests run several servers in
+one process. Every label value comes from a fixed set; anything else is folded into "other" so
+a surprising phase name or RPC path cannot grow the series count.
+
+`warmgate_warmup_state{state}` is one gauge per state, 1 for the current state and 0 for the
+others (the usual enum pattern: `warmgate_warmup_state == 1` selects the current state and
+`sum by (state)` counts pods per state).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from warmgate.server.warmup.results import PhaseStatus, SkipReason, WarmupReport
+
+logger = logging.getLogger(__name__)
+
+OTHER = "other"
+PHASES = ("load", "flashinfer", "kernels.prefill", "kernels.decode", "kernels.sampler", "mixed",
+          "cuda_graphs")
+STATES = ("pending", "running", "ready", "failed")
+SKIP_REASONS = tuple(r.value.lower() for r in SkipReason)
+RPC_METHODS = (
+    "/warmgate.v1.Warmup/WarmupKernels",
+    "/warmgate.v1.Warmup/MixedWarmup",
+    "/warmgate.v1.Warmup/GetStatus",
+    "/warmgate.v1.Warmup/WatchStatus",
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+)
+COMPILE_KINDS = ("triton", "flashinfer", "inductor", "dynamo", OTHER)
+CACHES = ("triton", "flashinfer", "inductor", OTHER)
+# First-use JIT is measured at 11 s (FlashInfer decode) to 93 s (prefill); a cold 8B plan can
+# take many minutes, so the buckets run to 30 minutes rather than the default 10 s.
+PHASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800)
+# Health checks must answer in well under the kubelet's 1 s timeout; resolve the low end.
+RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 300,
+               1800)
+
+
+def _label(value: str, allowed: Iterable[str]) -> str:
+    return value if value in allowed else OTHER
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.phase_duration = Histogram(
+            "warmgate_phase_duration_seconds", "Wall time of a warmup phase that ran or failed.",
+            ["phase"], buckets=PHASE_BUCKETS, registry=r)
+        self.phase_skipped = Counter(
+            "warmgate_phase_skipped_total", "Warmup phases skipped, by reason.",
+            ["phase", "reason"], registry=r)
+        self.warmup_state = Gauge(
+            "warmgate_warmup_state", "1 for the current warmup state, 0 for the others.",
+            ["state"], registry=r)
+        self.ready = Gauge("warmgate_ready", "1 once the configured warmup succeeded.",
+                           registry=r)
+        # Declared here so the names are stable; the compile tracker (its own issue) counts.
+        self.jit_compiles = Counter(
+            "warmgate_jit_compiles_total", "JIT compilations, by kind and whether health "
+            "was already SERVING.", ["kind", "after_ready"], registry=r)
+        self.cache_hits = Counter("warmgate_compile_cache_hits_total",
+                                  "Compile cache hits, by cache.", ["cache"], registry=r)
+        self.cache_misses = Counter("warmgate_compile_cache_misses_total",
+                                    "Compile cache misses, by cache.", ["cache"], registry=r)
+        self.rpc_requests = Counter("warmgate_rpc_requests_total", "RPCs handled, by status.",
+                                    ["method", "code"], registry=r)
+        self.rpc_duration = Histogram("warmgate_rpc_duration_seconds", "RPC handling time.",
+                                      ["method"], buckets=RPC_BUCKETS, registry=r)
+        self.set_state("pending")
+        self.ready.set(0)
+
+    def set_state(self, state: str) -> None:
+        for s in STATES:
+            self.warmup_state.labels(state=s).set(1 if s == state else 0)
+
+    def observe_report(self, report: WarmupReport) -> None:
+        for p in report.phases:
+            phase = _label(p.name, PHASES)
+            if p.status is PhaseStatus.SKIPPED:
+                reason = p.skip_reason.value.lower() if p.skip_reason else OTHER
+                self.phase_skipped.labels(phase=phase, reason=_label(reason, SKIP_REASONS)).inc()
+            else:
+                self.phase_duration.labels(phase=phase).observe(p.duration_s)
+
+    def observe_rpc(self, method: str, code: str, seconds: float) -> None:
+        method = _label(method, RPC_METHODS)
+        self.rpc_requests.labels(method=method, code=code).inc()
+        self.rpc_duration.labels(method=method).observe(seconds)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """Scrapes every few seconds would flood the log; stay silent."""
+
+
+class MetricsEndpoint:
+    """/metrics over HTTP on a daemon thread; port 0 binds a free port (see `port`).
+
+    prometheus_client's start_http_server would do, except that its serve_forever polls
+    for shutdown every 0.5 s, which every server stop (and every test) would wait out.
+    """
+
+    POLL_S = 0.05
+
+    def __init__(self, metrics: Metrics, host: str, port: int) -> None:
+        self._httpd = make_server(host, port, make_wsgi_app(metrics.registry),
+                                  ThreadingWSGIServer, handler_class=_QuietHandler)
+        self.port: int = self._httpd.server_port
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(self.POLL_S,),
+                                        name="warmgate-metrics", daemon=True)
+        self._thread.start()
+        logger.info("metrics on http://%s:%d/metrics", host, self.port)
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

@@ -1,0 +1,258 @@
+"""The server's configuration, resolved in one function from CLI flags and the environment.
+
+Precedence: a flag beats its `WARMGATE_<FLAG>` environment variable, which beats the default
+(`--max-num-seqs` <- `WARMGATE_MAX_NUM_SEQS`). Nothing is read at import time: the caller hands
+in argv and environ, so tests never touch the real environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from warmgate.server.config import (
+    CacheConfig,
+    CompilationConfig,
+    ConfigError,
+    DeviceConfig,
+    ModelConfig,
+    RunnerConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    resolve_runner_config,
+)
+from warmgate.server.presets import MODEL_PRESETS, preset_names
+
+ENV_PREFIX = "WARMGATE_"
+# -1 turns the metrics endpoint off; 0 binds a free port (tests), reported after start.
+METRICS_DISABLED = -1
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    runner: RunnerConfig
+    host: str = "0.0.0.0"
+    # 0 binds a free port; create_server returns the one it got.
+    port: int = 50051
+    metrics_port: int = 9464
+    # Start the warmup plan as soon as the model is loaded (health answers meanwhile).
+    warmup_on_start: bool = True
+    # Tokens of the plan's mixed phase; None lets the plan choose.
+    mixed_num_tokens: int | None = None
+    log_level: str = "INFO"
+    # Seconds in-flight RPCs get to finish on SIGTERM before they are cancelled.
+    shutdown_grace_s: float = 5.0
+
+    @property
+    def metrics_enabled(self) -> bool:
+        return self.metrics_port != METRICS_DISABLED
+
+
+# ConfigError.field_name -> the flag that sets it, so a validation error names the flag.
+_FIELD_FLAGS = {
+    "model": "--model",
+    "model.max_model_len": "--max-model-len",
+    "cache.block_size": "--block-size",
+    "cache.num_blocks": "--num-blocks",
+    "scheduler.max_num_seqs": "--max-num-seqs",
+    "scheduler.max_num_batched_tokens": "--max-num-batched-tokens",
+    "speculative.num_speculative_steps": "--num-speculative-steps",
+    "device.device": "--device",
+    "device.dtype": "--dtype",
+    "device.attention_backend": "--attention-backend",
+}
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError("must be between 0 and 65535")
+    return value
+
+
+def _metrics_port(text: str) -> int:
+    value = int(text)
+    if value != METRICS_DISABLED and not 0 <= value <= 65535:
+        raise ValueError("must be between 0 and 65535, or -1 to disable")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError("must be > 0")
+    return value
+
+
+def _log_level(text: str) -> str:
+    if text.upper() not in LOG_LEVELS:
+        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+    return text.upper()
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be true or false")
+
+
+@dataclass(frozen=True)
+class _Option:
+    flag: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.dest.upper()
+
+
+_OPTIONS = (
+    _Option("--model", str, "tiny",
+            f"a preset ({', '.join(preset_names())}) or a local Hugging Face directory"),
+    _Option("--host", str, "0.0.0.0", "address the gRPC and metrics servers bind"),
+    _Option("--port", _port, 50051, "gRPC port; 0 picks a free one"),
+    _Option("--metrics-port", _metrics_port, 9464,
+            "Prometheus port; 0 picks a free one, -1 disables the endpoint"),
+    _Option("--num-speculative-steps", _non_negative, 0, "draft tokens per decode step"),
+    _Option("--max-num-seqs", int, 8, "requests per batch"),
+    _Option("--max-num-batched-tokens", int, 256, "tokens per batch"),
+    _Option("--max-model-len", int, None, "context length (default: the model's)"),
+    _Option("--num-blocks", int, None, "KV cache blocks (default: enough for max-num-seqs "
+            "full-length requests)"),
+    _Option("--block-size", int, 16, "tokens per KV cache block"),
+    _Option("--device", str, "auto", "auto, cpu, cuda or cuda:N"),
+    _Option("--dtype", str, "auto", "auto, float32, bfloat16 or float16"),
+    _Option("--attention-backend", str, "auto", "auto, torch, triton or flashinfer"),
+    _Option("--mixed-num-tokens", _non_negative, None,
+            "tokens of the plan's mixed prefill+decode phase (default: the plan's)"),
+    _Option("--log-level", _log_level, "INFO", ", ".join(LOG_LEVELS)),
+    _Option("--shutdown-grace", _positive_float, 5.0,
+            "seconds in-flight RPCs get on SIGTERM"),
+)
+_BOOL_OPTIONS = (
+    _Option("--warmup-on-start", _bool, True, "run the warmup plan once the model is loaded"),
+    _Option("--cuda-graphs", _bool, True, "capture uniform-decode CUDA graphs"),
+)
+
+
+def _argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Turn a ValueError's message into argparse's 'argument --x: ...' error."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: {exc}") from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="warmgate-server",
+        description="Serve warmgate.v1.Warmup, health and metrics; warm the model's kernels. "
+                    f"Every flag defaults to its {ENV_PREFIX}<FLAG> environment variable.")
+    for opt in _OPTIONS + _BOOL_OPTIONS:
+        default = opt.default
+        raw = environ.get(opt.env)
+        if raw is not None:
+            try:
+                default = opt.parse(raw)
+            except ValueError as exc:
+                parser.error(f"argument {opt.flag}: invalid value {raw!r} from {opt.env}: {exc}")
+        text = f"{opt.help} (env {opt.env}; default {default})"
+        if opt in _BOOL_OPTIONS:
+            parser.add_argument(opt.flag, dest=opt.dest, default=default, help=text,
+                                action=argparse.BooleanOptionalAction)
+        else:
+            parser.add_argument(opt.flag, dest=opt.dest, default=default, help=text,
+                                type=_argtype(opt.parse))
+    return parser
+
+
+def _model_config(model: str, max_model_len: int | None) -> ModelConfig:
+    overrides = {} if max_model_len is None else {"max_model_len": max_model_len}
+    if model in MODEL_PRESETS:
+        return ModelConfig.from_preset(model, **overrides)
+    if os.path.isdir(model):
+        from warmgate.server.runner.weights import WeightsError, model_config_from_hf  # torch
+
+        try:
+            return model_config_from_hf(model, **overrides)
+        except WeightsError as exc:
+            raise ConfigError("model", str(exc)) from None
+    raise ConfigError("model", f"{model!r} is neither a preset ({', '.join(preset_names())}) "
+                               "nor a local directory")
+
+
+def _runner_config(args: argparse.Namespace) -> RunnerConfig:
+    return RunnerConfig(
+        model=_model_config(args.model, args.max_model_len),
+        cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks),
+        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs,
+                                  max_num_batched_tokens=args.max_num_batched_tokens),
+        speculative=SpeculativeConfig(num_speculative_steps=args.num_speculative_steps),
+        device=DeviceConfig(device=args.device, dtype=args.dtype,
+                            attention_backend=args.attention_backend),
+        compilation=CompilationConfig(enable_cuda_graphs=args.cuda_graphs),
+    )
+
+
+def _fail(parser: argparse.ArgumentParser, exc: ConfigError) -> NoReturn:
+    flag = _FIELD_FLAGS.get(exc.field_name, exc.field_name)
+    parser.error(f"argument {flag}: {exc.message}")
+
+
+def load_server_config(argv: Sequence[str] | None = None,
+                       environ: Mapping[str, str] | None = None, *,
+                       resolve: bool = True) -> ServerConfig:
+    """Parse flags over environment defaults; exit 2 with a message naming the bad flag.
+
+    `resolve` turns every "auto" into a concrete device, dtype and backend now, so an
+    impossible choice (`--device cuda` without CUDA) fails at start-up, naming its flag.
+    """
+    environ = os.environ if environ is None else environ
+    parser = build_parser(environ)
+    args = parser.parse_args(argv)
+    try:
+        runner = _runner_config(args)
+        if resolve:
+            runner = resolve_runner_config(runner)
+    except ConfigError as exc:
+        _fail(parser, exc)
+    if args.mixed_num_tokens is not None and \
+            args.mixed_num_tokens > runner.scheduler.max_num_batched_tokens:
+        parser.error(f"argument --mixed-num-tokens: {args.mixed_num_tokens} is more than "
+                     f"--max-num-batched-tokens ({runner.scheduler.max_num_batched_tokens})")
+    return ServerConfig(runner=runner, host=args.host, port=args.port,
+                        metrics_port=args.metrics_port, warmup_on_start=args.warmup_on_start,
+                        mixed_num_tokens=args.mixed_num_tokens, log_level=args.log_level,
+                        shutdown_grace_s=args.shutdown_grace)
+
+
+def configure_logging(config: ServerConfig) -> None:
+    logging.basicConfig(level=getattr(logging, config.log_level),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+

@@ -1,0 +1,41 @@
+"""warmgate.v1.Warmup handlers: proto -> one controller call -> proto.
+
+Errors are raised, not handled here: ErrorInterceptor maps them to statuses in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from warmgate.server.controller import WarmupController
+from warmgate.server.convert import shared_report_to_proto, status_to_proto
+from warmgate.v1 import warmup_pb2 as pb
+from warmgate.v1 import warmup_pb2_grpc as pb_grpc
+
+
+class WarmupService(pb_grpc.WarmupServicer):
+    def __init__(self, controller: WarmupController) -> None:
+        self._controller = controller
+
+    async def WarmupKernels(self, request: pb.WarmupKernelsRequest,
+                            context: grpc.aio.ServicerContext) -> pb.WarmupReport:
+        mixed = request.mixed_num_tokens if request.HasField("mixed_num_tokens") else None
+        shared = await self._controller.warmup_kernels(force=request.force,
+                                                       mixed_num_tokens=mixed)
+        return shared_report_to_proto(shared)
+
+    async def MixedWarmup(self, request: pb.MixedWarmupRequest,
+                          context: grpc.aio.ServicerContext) -> pb.WarmupReport:
+        shared = await self._controller.mixed_warmup(request.num_tokens, force=request.force)
+        return shared_report_to_proto(shared)
+
+    async def GetStatus(self, request: pb.GetStatusRequest,
+                        context: grpc.aio.ServicerContext) -> pb.WarmupStatus:
+        return status_to_proto(self._controller.status())
+
+    async def WatchStatus(self, request: pb.WatchStatusRequest,
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WarmupStatus]:
+        async for snapshot in self._controller.watch(follow=request.follow):
+            yield status_to_proto(snapshot)
