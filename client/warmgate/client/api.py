@@ -1,0 +1,122 @@
+"""WarmgateClient: the synchronous client. Needs only grpcio, its health and status packages
+and protobuf, never torch, so an orchestrator or probe can install it alone.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from warmgate.client.errors import WarmgateRpcError, from_rpc_error
+from warmgate.v1 import warmup_pb2 as pb
+from warmgate.v1 import warmup_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+DEFAULT_TARGET = "localhost:50051"
+DEFAULT_TIMEOUT_S = 60.0
+# How often wait_ready asks again while the server says NOT_SERVING.
+POLL_INTERVAL_S = 0.25
+
+
+class WaitResult(enum.Enum):
+    READY = "ready"  # health SERVING
+    FAILED = "failed"  # GetStatus says the warmup failed: waiting longer will not help
+    TIMEOUT = "timeout"
+
+
+def _call(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc) from None
+
+
+class WarmgateClient:
+    """Calls warmgate.v1.Warmup and grpc.health.v1.Health on one channel.
+
+    `timeout` is the deadline of every call in seconds (None: no deadline); each method takes
+    its own `timeout` to override it. Server errors raise WarmgateRpcError.
+    """
+
+    def __init__(self, target: str = DEFAULT_TARGET,
+                 timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(target)
+        self._warmup = pb_grpc.WarmupStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def __enter__(self) -> WarmgateClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _timeout(self, timeout: float | None) -> float | None:
+        return self.timeout if timeout is None else timeout
+
+    def warmup_kernels(self, force: bool = False, mixed_num_tokens: int | None = None, *,
+                       timeout: float | None = None) -> pb.WarmupReport:
+        request = pb.WarmupKernelsRequest(force=force, mixed_num_tokens=mixed_num_tokens)
+        return _call(lambda: self._warmup.WarmupKernels(request,
+                                                        timeout=self._timeout(timeout)))
+
+    def mixed_warmup(self, num_tokens: int, force: bool = False, *,
+                     timeout: float | None = None) -> pb.WarmupReport:
+        request = pb.MixedWarmupRequest(num_tokens=num_tokens, force=force)
+        return _call(lambda: self._warmup.MixedWarmup(request, timeout=self._timeout(timeout)))
+
+    def get_status(self, *, timeout: float | None = None) -> pb.WarmupStatus:
+        return _call(lambda: self._warmup.GetStatus(pb.GetStatusRequest(),
+                                                    timeout=self._timeout(timeout)))
+
+    def watch_status(self, follow: bool = False, *, timeout: float | None = None
+                     ) -> Iterator[pb.WarmupStatus]:
+        """Statuses as they change; ends when the warmup settles (unless `follow`).
+
+        No deadline unless `timeout` is given: a watch lasts as long as the warmup.
+        """
+        stream = self._warmup.WatchStatus(pb.WatchStatusRequest(follow=follow), timeout=timeout)
+        try:
+            yield from stream
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        finally:
+            stream.cancel()
+
+    def health(self, service: str = "", *, timeout: float | None = None,
+               wait_for_ready: bool = False) -> health_pb2.HealthCheckResponse.ServingStatus:
+        request = health_pb2.HealthCheckRequest(service=service)
+        return _call(lambda: self._health.Check(request, timeout=self._timeout(timeout),
+                                                wait_for_ready=wait_for_ready)).status
+
+    def wait_ready(self, timeout: float, service: str = "") -> WaitResult:
+        """Block until health says SERVING, the warmup fails, or `timeout` seconds pass.
+
+        wait_for_ready makes each check wait for the server to come up instead of failing at
+        once with UNAVAILABLE, so this can be called before the server has started.
+        """
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                if self.health(service, timeout=left, wait_for_ready=True) == \
+                        health_pb2.HealthCheckResponse.SERVING:
+                    return WaitResult.READY
+                status = self.get_status(timeout=max(deadline - time.monotonic(), 0.001))
+                if status.state == pb.WARMUP_STATE_FAILED:
+                    return WaitResult.FAILED
+            except WarmgateRpcError as exc:
+                if exc.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                    return WaitResult.TIMEOUT
+                if exc.code is not grpc.StatusCode.UNAVAILABLE:  # stopping or restarting
+                    raise
+            time.sleep(max(0.0, min(POLL_INTERVAL_S, deadline - time.monotonic())))
+        return WaitResult.TIMEOUT

@@ -1,0 +1,95 @@
+"""Text for the CLI: report tables, status lines and the live progress bar."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from google.protobuf import duration_pb2, json_format
+from google.protobuf.message import Message
+
+from warmgate.v1 import warmup_pb2 as pb
+
+BAR_WIDTH = 24
+
+
+def to_json(message: Message) -> str:
+    return json.dumps(to_dict(message), sort_keys=True)
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+
+
+def seconds(d: duration_pb2.Duration) -> float:
+    return d.ToNanoseconds() / 1e9
+
+
+def enum_name(enum: Any, value: int, prefix: str) -> str:
+    return enum.Name(value).removeprefix(prefix)
+
+
+def report_table(report: pb.WarmupReport) -> str:
+    """One row per phase, then the outcome line."""
+    rows = [("phase", "status", "seconds", "reason", "detail")]
+    for p in report.phases:
+        reason = "" if p.skip_reason == pb.SKIP_REASON_UNSPECIFIED else \
+            enum_name(pb.SkipReason, p.skip_reason, "SKIP_REASON_")
+        rows.append((p.name, enum_name(pb.PhaseStatus, p.status, "PHASE_STATUS_"),
+                     f"{seconds(p.duration):.3f}", reason, p.detail))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True))
+             + "  " + row[4] for row in rows]
+    flags = [name for name, on in (("joined in-flight run", report.joined_in_flight),
+                                   ("stored report", report.from_stored)) if on]
+    lines.append(f"outcome {enum_name(pb.WarmupOutcome, report.outcome, 'WARMUP_OUTCOME_')} "
+                 f"in {seconds(report.total_duration):.3f} s  model={report.model} "
+                 f"device={report.device} attention={report.attention_backend} "
+                 f"config={report.config_hash}" + (f"  ({', '.join(flags)})" if flags else ""))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def state_name(status: pb.WarmupStatus) -> str:
+    return enum_name(pb.WarmupState, status.state, "WARMUP_STATE_")
+
+
+def _eta(status: pb.WarmupStatus) -> str:
+    if not status.HasField("estimated_remaining"):
+        return "eta ?"
+    return f"eta {seconds(status.estimated_remaining):.1f}s"
+
+
+def status_line(status: pb.WarmupStatus) -> str:
+    """One plain line, for logs and non-TTY watches."""
+    parts = [f"state={state_name(status)}"]
+    if status.current_phase:
+        parts += [f"phase={status.current_phase} ({status.phase_index + 1}/{status.num_phases})",
+                  f"steps={status.steps_done}/{status.steps_total}", _eta(status)]
+    parts.append(f"elapsed={seconds(status.elapsed):.1f}s")
+    if status.failure_reason:
+        parts.append(f"reason={status.failure_reason}")
+    return " ".join(parts)
+
+
+def status_text(status: pb.WarmupStatus) -> str:
+    """GetStatus for a person: the line, the runner's identity, the last report if any."""
+    lines = [status_line(status),
+             f"model={status.model} device={status.device} "
+             f"attention={status.attention_backend} config={status.config_hash}"]
+    if status.HasField("last_report"):
+        lines += ["last report:", report_table(status.last_report)]
+    return "\n".join(lines)
+
+
+def progress_bar(status: pb.WarmupStatus) -> str:
+    """A one-line bar for a TTY: phases done, then the current phase's steps."""
+    if not status.current_phase or status.num_phases <= 0:
+        return status_line(status)
+    step_frac = status.steps_done / status.steps_total if status.steps_total else 0.0
+    frac = min(1.0, (status.phase_index + step_frac) / status.num_phases)
+    filled = round(frac * BAR_WIDTH)
+    bar = "#" * filled + "." * (BAR_WIDTH - filled)
+    return (f"[{bar}] {frac * 100:3.0f}% {status.current_phase} "
+            f"{status.steps_done}/{status.steps_total}  elapsed {seconds(status.elapsed):.1f}s  "
+            f"{_eta(status)}")
