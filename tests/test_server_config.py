@@ -1,0 +1,89 @@
+"""load_server_config: flag beats WARMGATE_ env beats default; bad values name their flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from warmgate.server.server_config import METRICS_DISABLED, ServerConfig, load_server_config
+
+
+def cfg(argv: list[str], env: dict[str, str] | None = None) -> ServerConfig:
+    return load_server_config(["--device", "cpu", *argv], env or {})
+
+
+def test_defaults() -> None:
+    c = cfg([])
+    assert (c.host, c.port, c.metrics_port, c.warmup_on_start) == ("0.0.0.0", 50051, 9464, True)
+    assert c.mixed_num_tokens is None and c.log_level == "INFO"
+    assert c.runner.model.name == "tiny" and c.runner.is_resolved
+    assert c.runner.device.attention_backend == "torch"
+
+
+def test_flag_beats_env_beats_default() -> None:
+    env = {"WARMGATE_PORT": "6000", "WARMGATE_MAX_NUM_SEQS": "4",
+           "WARMGATE_WARMUP_ON_START": "false", "WARMGATE_METRICS_PORT": "-1"}
+    c = cfg(["--port", "7000"], env)
+    assert c.port == 7000  # the flag
+    assert c.runner.scheduler.max_num_seqs == 4  # the environment
+    assert c.warmup_on_start is False and not c.metrics_enabled
+    assert c.metrics_port == METRICS_DISABLED
+    assert cfg(["--warmup-on-start"], env).warmup_on_start is True
+
+
+def test_runner_flags_reach_the_runner_config() -> None:
+    c = cfg(["--num-speculative-steps", "2", "--max-num-batched-tokens", "128",
+             "--num-blocks", "64", "--block-size", "8", "--dtype", "float32",
+             "--attention-backend", "torch", "--mixed-num-tokens", "32", "--max-model-len",
+             "256", "--no-cuda-graphs"])
+    r = c.runner
+    assert r.speculative.num_speculative_steps == 2 and r.decode_query_len == 3
+    assert (r.scheduler.max_num_batched_tokens, r.cache.num_blocks, r.cache.block_size) == \
+        (128, 64, 8)
+    assert r.model.max_model_len == 256 and not r.compilation.enable_cuda_graphs
+    assert c.mixed_num_tokens == 32
+
+
+@pytest.mark.parametrize(("argv", "env", "flag"), [
+    (["--port", "70000"], {}, "--port"),
+    (["--port", "x"], {}, "--port"),
+    ([], {"WARMGATE_PORT": "nope"}, "--port"),
+    (["--max-num-seqs", "0"], {}, "--max-num-seqs"),
+    (["--block-size", "0"], {}, "--block-size"),
+    (["--dtype", "int8"], {}, "--dtype"),
+    (["--model", "no-such-model"], {}, "--model"),
+    (["--mixed-num-tokens", "-1"], {}, "--mixed-num-tokens"),
+    (["--mixed-num-tokens", "100000"], {}, "--mixed-num-tokens"),
+    (["--metrics-port", "-2"], {}, "--metrics-port"),
+    (["--log-level", "chatty"], {}, "--log-level"),
+    ([], {"WARMGATE_WARMUP_ON_START": "maybe"}, "--warmup-on-start"),
+])
+def test_bad_values_exit_naming_the_flag(argv: list[str], env: dict[str, str], flag: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cfg(argv, env)
+    assert info.value.code == 2
+    assert f"argument {flag}:" in capsys.readouterr().err
+
+
+def test_cuda_without_cuda_names_the_device_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit):
+        load_server_config(["--device", "cuda"], {})
+    assert "argument --device:" in capsys.readouterr().err
+
+
+def test_model_may_be_a_local_hf_directory(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "config.json").write_text(
+        '{"vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 1,'
+        ' "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 128}')
+    c = cfg(["--model", str(tmp_path)])
+    assert c.runner.model.weights_path == str(tmp_path) and c.runner.model.hidden_size == 32
+    with pytest.raises(SystemExit):
+        cfg(["--model", str(tmp_path / "missing")])
+    assert "argument --model:" in capsys.readouterr().err
