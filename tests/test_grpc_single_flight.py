@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import grpc
 import pytest
@@ -45,10 +46,18 @@ def test_callers_arriving_during_a_run_join_it() -> None:
         gate = threading.Event()
         engine = FakeEngine(gate=gate)
         async with serving(engine=engine) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
+            arrived = []
+            controller_call = s.controller.warmup_kernels
+
+            async def counted(**kwargs: Any) -> Any:
+                arrived.append(1)
+                return await controller_call(**kwargs)
+
+            s.controller.warmup_kernels = counted  # type: ignore[method-assign]
             calls = [asyncio.ensure_future(c.warmup_kernels(force=i % 2 == 0))
                      for i in range(20)]
-            await eventually(lambda: engine.plan_runs == 1)
-            await asyncio.sleep(0.2)  # let every call reach the server while the run is held
+            # Every call reaches the controller while the run is held at the gate.
+            await eventually(lambda: engine.plan_runs == 1 and len(arrived) == 20)
             assert await c.health() == NOT_SERVING  # health answers while the run is held
             gate.set()
             reports = await asyncio.gather(*calls)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
+from typing import Any
 
 import grpc
 import pytest
@@ -14,18 +15,29 @@ from warmgate.client.errors import WarmgateRpcError
 from warmgate.v1 import warmup_pb2 as pb
 
 
-async def _collect(client: AsyncWarmgateClient) -> list[pb.WarmupStatus]:
-    return [s async for s in client.watch_status()]
+async def _collect(client: AsyncWarmgateClient,
+                   subscribed: asyncio.Event | None = None) -> list[pb.WarmupStatus]:
+    statuses = []
+    async for status in client.watch_status():
+        statuses.append(status)
+        if subscribed is not None:
+            subscribed.set()  # the first message arrived: the watch sees every later change
+    return statuses
+
+
+async def _watch_while(client: AsyncWarmgateClient, action: Any) -> list[pb.WarmupStatus]:
+    subscribed = asyncio.Event()
+    watch = asyncio.ensure_future(_collect(client, subscribed))
+    await asyncio.wait_for(subscribed.wait(), 10)
+    await action()
+    return await watch
 
 
 def test_watch_streams_real_plan_progress_to_ready() -> None:
     async def body() -> None:
         async with serving() as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.mixed_warmup(2)  # the model is loaded once this returns
-            watch = asyncio.ensure_future(_collect(c))
-            await asyncio.sleep(0.1)  # subscribed (the first message is the PENDING state)
-            await c.warmup_kernels()
-            statuses = await watch
+            statuses = await _watch_while(c, c.warmup_kernels)
             assert statuses[0].state == pb.WARMUP_STATE_PENDING
             assert statuses[-1].state == pb.WARMUP_STATE_READY
             assert statuses[-1].last_report.outcome == pb.WARMUP_OUTCOME_SUCCEEDED
@@ -44,10 +56,7 @@ def test_watch_estimates_remaining_from_finished_phases() -> None:
         engine = FakeEngine(phases=("a", "b", "c"), steps=2, step_s=0.05)
         async with serving(engine=engine) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.mixed_warmup(2)
-            watch = asyncio.ensure_future(_collect(c))
-            await asyncio.sleep(0.05)
-            await c.warmup_kernels()
-            statuses = await watch
+            statuses = await _watch_while(c, c.warmup_kernels)
             later = [st for st in statuses if st.current_phase == "b"]
             assert later and all(st.HasField("estimated_remaining") for st in later)
             # Without following, a settled server ends the stream at once.
