@@ -123,7 +123,7 @@ class WarmupController:
                 yield snapshot
                 if snapshot.settled and not follow:
                     return
-            timeout = HEARTBEAT_S if self._tracker.snapshot().work_in_flight else None
+            timeout = HEARTBEAT_S if self._tracker.work_in_flight else None
             try:
                 await asyncio.wait_for(self._tracker.wait_change(seen), timeout)
             except asyncio.TimeoutError:

@@ -103,6 +103,10 @@ class StatusTracker:
     def last_report(self) -> WarmupReport | None:
         return self._last_report
 
+    @property
+    def work_in_flight(self) -> bool:
+        return self._waiting > 0
+
     def notify(self) -> None:
         self.version += 1
         changed, self._changed = self._changed, asyncio.Event()
@@ -178,7 +182,7 @@ class StatusTracker:
     def snapshot(self) -> StatusSnapshot:
         idle = StatusSnapshot(state=self._state, identity=self._identity,
                               last_report=self._last_report, failure_reason=self._failure_reason,
-                              work_in_flight=self._waiting > 0, elapsed_s=self._last_run_s)
+                              work_in_flight=self.work_in_flight, elapsed_s=self._last_run_s)
         run = self._run
         if run is None:
             return idle
