@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import struct
 import subprocess
@@ -200,3 +201,19 @@ def test_unreadable_input_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "broken.json" in capsys.readouterr().err
     missing = parse(["report", "--input", str(tmp_path / "nope.json"), "--plot", "x.png"])
     assert run_report(missing, no_client) == 1
+
+
+def test_cli_report_against_a_real_server(plot_report: PlotFn, tmp_path: Path) -> None:
+    from tests.grpc_harness import ServerThread, server_config
+    from warmgate.client import cli
+    from warmgate.client.api import WaitResult, WarmgateClient
+
+    out = tmp_path / "live.png"
+    with ServerThread(server_config("--warmup-on-start")) as server:
+        with WarmgateClient(server.target, timeout=10) as client:
+            assert client.wait_ready(60.0) is WaitResult.READY
+        text = io.StringIO()
+        assert cli.main(["--target", server.target, "report", "--plot", str(out)],
+                        out=text) == 0
+    assert text.getvalue().startswith(f"wrote {out}: 7 phases")
+    assert png_size(out) == figure_size_px(7)

@@ -17,6 +17,7 @@ from typing import TextIO
 from warmgate.client import render
 from warmgate.client.api import DEFAULT_TARGET, WaitResult, WarmgateClient
 from warmgate.client.errors import WarmgateRpcError
+from warmgate.client.report_cmd import add_report_command, run_report
 from warmgate.v1 import warmup_pb2 as pb
 
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT, EXIT_RPC_ERROR = 0, 1, 2, 3
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--timeout", dest="wait_timeout", type=float, required=True, metavar="S",
                       help="give up after S seconds (exit 2)")
     wait.add_argument("--service", default="", help="health service name (default: server)")
+    add_report_command(commands)
     return parser
 
 
@@ -123,6 +125,7 @@ def _cmd_wait(client: WarmgateClient, args: argparse.Namespace, out: TextIO) -> 
 _COMMANDS: dict[str, Callable[[WarmgateClient, argparse.Namespace, TextIO], int]] = {
     "warmup": _cmd_warmup, "mixed": _cmd_mixed, "status": _cmd_status, "watch": _cmd_watch,
     "wait": _cmd_wait,
+    "report": lambda client, args, out: run_report(args, lambda: client, out=out),
 }
 
 
