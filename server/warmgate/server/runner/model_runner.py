@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from warmgate.server.config import RunnerConfig
 from warmgate.server.runner.attention import AttentionSpec, create_backend
 from warmgate.server.runner.attention.base import AttentionMetadata
+from warmgate.server.runner.cuda_graphs import CudaGraphRunner
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.kv_cache import FullAttentionSpec, allocate_kv_cache, kv_cache_bytes
 from warmgate.server.runner.model import LlamaModel
@@ -53,6 +54,16 @@ class _PendingStep:
     logits: torch.Tensor  # [num_logits_rows, V] float32
 
 
+def default_ops(config: RunnerConfig) -> TorchOps:
+    """Triton kernels for norms, activation and rotary on CUDA when a GPU backend is in use;
+    torch everywhere else (the CPU path never imports triton)."""
+    if config.device.device.startswith("cuda") and config.device.attention_backend != "torch":
+        from warmgate.server.kernels.ops import TritonOps
+
+        return TritonOps()  # type: ignore[return-value]  # same methods as TorchOps
+    return TorchOps()
+
+
 def _sync(device: torch.device) -> None:
     # Timings are read after a sync, or they measure only the kernel launches.
     if device.type == "cuda":
@@ -75,7 +86,7 @@ class ModelRunner:
         self.max_num_reqs = config.scheduler.max_num_seqs
         self.max_num_tokens = config.scheduler.max_num_batched_tokens
         self.is_pooling_model = config.model.is_pooling_model
-        self.ops = ops if ops is not None else TorchOps()
+        self.ops = ops if ops is not None else default_ops(config)
         mc, num_blocks = config.model, config.cache.num_blocks
         assert num_blocks is not None  # guaranteed by is_resolved; narrows the type
 
@@ -104,7 +115,8 @@ class ModelRunner:
             num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
             block_size=config.cache.block_size, num_blocks=num_blocks,
             max_blocks_per_req=config.max_blocks_per_req, max_num_reqs=self.max_num_reqs,
-            max_num_tokens=self.max_num_tokens, dtype=self.dtype, device=self.device)
+            max_num_tokens=self.max_num_tokens, dtype=self.dtype, device=self.device,
+            decode_query_len=self.decode_query_len)
         self.attention_backend = create_backend(config.device.attention_backend,
                                                 self.attention_spec)
         self.model.backend = self.attention_backend
@@ -128,6 +140,8 @@ class ModelRunner:
         self.last_logits: torch.Tensor | None = None  # [rows, V] float32
         self.last_logits_req_ids: list[str] = []
         self._pending: _PendingStep | None = None
+        # Set by capture_cuda_graphs (the warmup's last phase); None means every batch is eager.
+        self.graph_runner: CudaGraphRunner | None = None
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
@@ -178,10 +192,39 @@ class ModelRunner:
 
     def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor,
                    meta: AttentionMetadata) -> torch.Tensor:
-        """The forward pass. The hook a CUDA-graph runner overrides: for a uniform-decode
-        batch it pads to a captured size and replays; everything else runs eagerly here."""
+        """The forward pass: a uniform-decode batch replays a captured graph when one fits
+        (padded to the nearest captured size); everything else runs eagerly."""
+        if self.graph_runner is not None and meta.is_uniform_decode:
+            hidden = self.graph_runner.run(meta)
+            if hidden is not None:
+                return hidden
         self.attention_backend.plan(meta)
+        return self._eager_forward(input_ids, positions, meta)
+
+    def _eager_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, self.kv_caches, meta)
+
+    @property
+    def cuda_graphs_captured(self) -> bool:
+        return self.graph_runner is not None and self.graph_runner.captured
+
+    def capture_cuda_graphs(self) -> dict[str, object]:
+        """Capture uniform-decode graphs for the configured sizes (after all kernel warmup)."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device; this runner is on "
+                               f"{self.device.type}")
+        if self._pending is not None:
+            raise RuntimeError("capture_cuda_graphs called with a step awaiting sample_tokens")
+        sizes = self.config.compilation.cuda_graph_sizes or ()
+        graphs = CudaGraphRunner(self._eager_forward, self.attention_backend, self.input_batch,
+                                 sizes, self.decode_query_len, self.config.model.max_model_len,
+                                 self.device)
+        self.graph_runner = None  # eager while capturing; a failed capture leaves none
+        with torch.inference_mode():
+            info = graphs.capture()
+        self.graph_runner = graphs
+        return info
 
     def _pool(self, hidden: torch.Tensor, inputs: StepInputs) -> ModelRunnerOutput:
         """Last-token pooling, L2-normalised, for requests whose prompt ended this step."""

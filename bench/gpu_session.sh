@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Everything the GPU machine is for, in one call (device time is scarce and caches die with the
+# machine): install the carried wheels, then each stage with its own time limit, logs to $OUT.
+#   STAGES="sanity tests warmup bench" bash bench/gpu_session.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/warmgate-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD/client:$PWD/server:$PWD PYTHONUNBUFFERED=1
+# Caches in known, empty places: the first FlashInfer warmup below is cold by construction.
+export FLASHINFER_WORKSPACE_BASE=/tmp/fi-base TRITON_CACHE_DIR=/tmp/triton-cache
+STAGES=${STAGES:-sanity tests warmup bench}
+stage() { echo "=== $1 ($(date +%T))"; }
+
+for s in $STAGES; do case $s in
+sanity)
+  stage sanity
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv | tee "$OUT/gpu.txt"
+  python3 -c "import torch, triton, flashinfer, grpc; print(torch.__version__, triton.__version__, flashinfer.__version__, grpc.__version__)" ;;
+tests)
+  stage tests
+  timeout 420 python3 -m pytest -q -x tests/gpu -p no:cacheprovider -s 2>&1 | tee "$OUT/tests_gpu.log" | grep -E "relative|passed|failed|error|Error" | tail -30 ;;
+warmup)
+  for b in flashinfer flashinfer triton torch; do
+    stage "warmup llama-3.2-1b $b"
+    timeout 300 python3 -m warmgate.server.warmup --model llama-3.2-1b --attention-backend $b \
+      --max-num-seqs 64 --max-num-batched-tokens 2048 --max-model-len 2048 2>"$OUT/warmup_$b.err" \
+      | tee -a "$OUT/warmup_tables.txt"
+    tail -3 "$OUT/warmup_$b.err"
+  done ;;
+spec)
+  stage "warmup llama-3.2-1b flashinfer k=3"
+  timeout 300 python3 -m warmgate.server.warmup --model llama-3.2-1b --attention-backend flashinfer \
+    --num-speculative-steps 3 --max-num-seqs 64 --max-num-batched-tokens 2048 --max-model-len 2048 \
+    2>"$OUT/warmup_spec.err" | tee -a "$OUT/warmup_tables.txt" ;;
+bench)
+  stage "bench decode latency"
+  timeout 400 python3 bench/decode_latency.py --json "$OUT/decode_latency.json" 2>"$OUT/decode.err" \
+    | tee "$OUT/decode_latency.txt"; tail -5 "$OUT/decode.err"
+  stage "bench kernels"
+  timeout 200 python3 bench/kernels_gpu.py 2>&1 | tee "$OUT/kernels_gpu.txt" | tail -20 ;;
+esac; done
+stage done
