@@ -22,6 +22,8 @@ def test_health_not_serving_before_warmup_and_serving_after() -> None:
         async with serving() as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             for service in ("", "warmgate.v1.Warmup"):
                 assert await c.health(service) == NOT_SERVING
+            # Liveness never waits for warmup: the process is up, so it is alive.
+            assert await c.health("liveness") == SERVING
             assert (await c.get_status()).state == pb.WARMUP_STATE_PENDING
             report = await c.warmup_kernels()
             assert report.outcome == pb.WARMUP_OUTCOME_SUCCEEDED

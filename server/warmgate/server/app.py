@@ -26,6 +26,8 @@ from warmgate.v1 import warmup_pb2, warmup_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
+LIVENESS_SERVICE = "liveness"
+
 
 @dataclass
 class RunningServer:
@@ -83,6 +85,9 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
                 if config.metrics_enabled else None)
     # NOT_SERVING before the first RPC can arrive: HealthServicer starts "" at SERVING.
     await controller.start(warmup_on_start=config.warmup_on_start)
+    # The liveness probe's service: SERVING while the process answers, whatever warmup does,
+    # so a pod is never restarted (losing every compiled kernel) for being slow to warm.
+    await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     await server.start()
     logger.info("serving warmgate.v1.Warmup on %s:%d (model %s, %s, %s attention)",
                 config.host, port, config.runner.model.name, config.runner.device.device,
