@@ -6,6 +6,8 @@ the objects fit together and fit the server:
   - probes, Service targetPorts, PodMonitor endpoints and NetworkPolicy ports name ports the
     container declares (numeric where the API needs a number, by name in the PodMonitor);
   - selectors select the pods; ConfigMaps and PVCs that pods reference exist;
+  - the probes ask health service names the server registers: startup and readiness one
+    gated on warmup, liveness the one that stays SERVING;
   - the ConfigMap's WARMGATE_* keys are flags warmgate-server knows, with values it accepts
     (parsed by the server's own load_server_config, without resolving the device);
   - service links are off (a Service named "warmgate" would inject WARMGATE_PORT=tcp://...);
@@ -24,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from warmgate.server.app import LIVENESS_SERVICE
+from warmgate.server.controller import SERVICE_NAMES
 from warmgate.server.server_config import ENV_PREFIX, build_parser, load_server_config
 
 # CRDs that kubernetes-validate has no schema for; checked here by reference instead.
@@ -92,9 +96,16 @@ def check(objs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
             ports_by_pod[where] = ports
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 grpc = c.get(probe, {}).get("grpc")
-                if grpc is not None and grpc["port"] not in ports.values():
+                if grpc is None:
+                    continue
+                if grpc["port"] not in ports.values():
                     problems.append(f"{where}: {probe} port {grpc['port']} is not a container "
                                     "port")
+                service = grpc.get("service", "")
+                want = (LIVENESS_SERVICE,) if probe == "livenessProbe" else SERVICE_NAMES
+                if service not in want:
+                    problems.append(f"{where}: {probe} asks health service {service!r}; the "
+                                    f"server answers {' or '.join(map(repr, want))} for it")
             start = c.get("startupProbe")
             if start:
                 notes.append(f"{where}: startup budget {start.get('failureThreshold', 3)} x "
