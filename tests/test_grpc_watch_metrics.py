@@ -78,6 +78,8 @@ def test_metrics_endpoint_serves_phase_histogram_and_rpc_counts() -> None:
         assert 'warmgate_phase_duration_seconds_bucket{le="1800.0",phase="kernels.prefill"}' \
             in text
         assert 'warmgate_phase_skipped_total{phase="cuda_graphs",reason="no_cuda"} 1.0' in text
+        # One start loads once, though the first plan's report repeats the load phase.
+        assert 'warmgate_phase_duration_seconds_count{phase="load"} 1.0' in text
         assert 'warmgate_warmup_state{state="ready"} 1.0' in text
         assert 'warmgate_warmup_state{state="pending"} 0.0' in text
         assert "warmgate_ready 1.0" in text

@@ -79,6 +79,7 @@ class Metrics:
                                       ["method"], buckets=RPC_BUCKETS, registry=r)
         self.set_state("pending")
         self.ready.set(0)
+        self._load_observed = False
 
     def set_state(self, state: str) -> None:
         for s in STATES:
@@ -87,6 +88,9 @@ class Metrics:
     def observe_report(self, report: WarmupReport) -> None:
         for p in report.phases:
             phase = _label(p.name, PHASES)
+            if phase == "load" and self._load_observed:
+                continue  # the first plan's report repeats the load the controller observed
+            self._load_observed = self._load_observed or phase == "load"
             if p.status is PhaseStatus.SKIPPED:
                 reason = p.skip_reason.value.lower() if p.skip_reason else OTHER
                 self.phase_skipped.labels(phase=phase, reason=_label(reason, SKIP_REASONS)).inc()
