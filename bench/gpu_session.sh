@@ -20,9 +20,12 @@ sanity)
   python3 -c "import torch, triton, flashinfer, grpc; print(torch.__version__, triton.__version__, flashinfer.__version__, grpc.__version__)" ;;
 tests)
   stage tests
-  timeout 420 python3 -m pytest -q -x tests/gpu -p no:cacheprovider -s 2>&1 | tee "$OUT/tests_gpu.log" | grep -E "relative|passed|failed|error|Error" | tail -30 ;;
-warmup)
-  for b in flashinfer flashinfer triton torch; do
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -x tests/gpu -p no:cacheprovider -s 2>&1 | tee "$OUT/tests_gpu.log" | grep -E "relative|passed|failed|error|Error" | tail -30 ;;
+warmup|warmup-fi|warmup-other)
+  backends="flashinfer flashinfer triton torch"
+  [ "$s" = warmup-fi ] && backends="flashinfer flashinfer"
+  [ "$s" = warmup-other ] && backends="triton torch"
+  for b in $backends; do
     stage "warmup llama-3.2-1b $b"
     timeout 300 python3 -m warmgate.server.warmup --model llama-3.2-1b --attention-backend $b \
       --max-num-seqs 64 --max-num-batched-tokens 2048 --max-model-len 2048 2>"$OUT/warmup_$b.err" \
@@ -36,9 +39,9 @@ spec)
     2>"$OUT/warmup_spec.err" | tee -a "$OUT/warmup_tables.txt" ;;
 bench)
   stage "bench decode latency"
-  timeout 400 python3 bench/decode_latency.py --json "$OUT/decode_latency.json" 2>"$OUT/decode.err" \
+  timeout 240 python3 bench/decode_latency.py --steps 20 --json "$OUT/decode_latency.json" 2>"$OUT/decode.err" \
     | tee "$OUT/decode_latency.txt"; tail -5 "$OUT/decode.err"
   stage "bench kernels"
-  timeout 200 python3 bench/kernels_gpu.py 2>&1 | tee "$OUT/kernels_gpu.txt" | tail -20 ;;
+  timeout 90 python3 bench/kernels_gpu.py 2>&1 | tee "$OUT/kernels_gpu.txt" | tail -20 ;;
 esac; done
 stage done
