@@ -16,6 +16,8 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from warmgate.server.warmup.failures import is_fatal_device_error
+
 logger = logging.getLogger(__name__)
 
 
@@ -87,10 +89,16 @@ def to_grpc_status(exc: BaseException) -> grpc.Status:
     """A grpc.Status (code, message, google.rpc.Status trailer) for any exception.
 
     Anything that is not a WarmgateError is a bug on our side: INTERNAL, with the type and
-    message so the caller can report it, and the traceback logged here.
+    message so the caller can report it, and the traceback logged here. The exception is a
+    fatal device error, which is UNAVAILABLE: not a bug, and not this replica's to answer.
     """
     if isinstance(exc, WarmgateError):
         code, message, details = exc.code, str(exc), exc.details()
+    elif is_fatal_device_error(exc):
+        # The process is about to exit (main restarts it): another replica can take the call.
+        code, message, details = (grpc.StatusCode.UNAVAILABLE,
+                                  f"the device failed ({type(exc).__name__}: {exc}); the "
+                                  "server is restarting", [])
     else:
         logger.error("unhandled %s in an RPC", type(exc).__name__, exc_info=exc)
         code, message, details = (grpc.StatusCode.INTERNAL,

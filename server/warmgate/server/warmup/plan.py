@@ -16,7 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 from warmgate.server.config import RunnerConfig, resolve_runner_config
-from warmgate.server.warmup.failures import describe_failure
+from warmgate.server.warmup.failures import (
+    FatalDeviceError,
+    describe_failure,
+    is_fatal_device_error,
+)
 from warmgate.server.warmup.kernels import DECODE, PREFILL, SAMPLER, warmup_kernels
 from warmgate.server.warmup.mixed import MIXED, run_mixed_prefill_decode_warmup
 from warmgate.server.warmup.progress import PhaseProgress, ProgressCallback, ProgressEvent
@@ -144,6 +148,10 @@ def _run_phases(steps: list[Step], progress: ProgressCallback | None,
             # Blame the first sub-phase that had not finished when the exception came.
             done = {n for n in step_names if n in tracker.seen}
             culprit = next((n for n in step_names if n not in done), step_names[-1])
+            if is_fatal_device_error(exc):
+                # Not a phase failure: the CUDA context is gone, no later phase can run, and
+                # the process has to exit; the controller decides how.
+                raise FatalDeviceError(culprit, exc) from exc
             produced = [PhaseResult(name=n, status=PhaseStatus.RAN,
                                     detail=f"finished before {culprit} failed")
                         for n in step_names[:step_names.index(culprit)]]
