@@ -13,6 +13,12 @@ import time
 from typing import Any, Protocol
 
 from warmgate.server.config import RunnerConfig
+from warmgate.server.faults import FaultInjector
+from warmgate.server.warmup.failures import (
+    FatalDeviceError,
+    describe_failure,
+    is_fatal_device_error,
+)
 from warmgate.server.warmup.progress import ProgressCallback
 from warmgate.server.warmup.results import PhaseResult, PhaseStatus, WarmupReport
 
@@ -30,20 +36,31 @@ class WarmupEngine(Protocol):
     def loaded(self) -> bool: ...
 
     def load(self) -> PhaseResult:
-        """Build the runner; a failure comes back as a FAILED phase, never as an exception."""
+        """Build the runner; a failure comes back as a FAILED phase.
+
+        The one exception is a fatal device error (FatalDeviceError): no phase result can
+        describe a process that has to exit.
+        """
 
     def run_plan(self, *, mixed_num_tokens: int | None, force: bool,
                  progress: ProgressCallback) -> WarmupReport:
-        """Every phase after load; the first plan after load reports the load phase too."""
+        """Every phase after load; the first plan after load reports the load phase too.
+
+        Phase failures are in the report; only a FatalDeviceError is raised.
+        """
 
     def run_mixed(self, num_tokens: int, *, progress: ProgressCallback) -> WarmupReport: ...
 
 
 class PlanEngine:
-    """The real runner, driven through warmgate.server.warmup.plan."""
+    """The real runner, driven through warmgate.server.warmup.plan.
 
-    def __init__(self, config: RunnerConfig) -> None:
+    `faults` (tests only) makes chosen phases raise or stall; see warmgate.server.faults.
+    """
+
+    def __init__(self, config: RunnerConfig, *, faults: FaultInjector | None = None) -> None:
         self._config = config
+        self._faults = faults
         self._runner: Any = None
         # Reported once, at the head of the first plan's report, then dropped.
         self._load_phase: PhaseResult | None = None
@@ -57,12 +74,18 @@ class PlanEngine:
 
         start = time.perf_counter()
         try:
+            if self._faults is not None:
+                self._faults.enter("load")
             self._runner, phase = plan.load_runner(self._config)
+            if self._faults is not None:
+                self._faults.wrap_runner(self._runner)
         except Exception as exc:  # a load failure is reported and turns health FAILED
+            if is_fatal_device_error(exc):
+                raise FatalDeviceError("load", exc) from exc
             logger.exception("loading the model failed")
             phase = PhaseResult(name="load", status=PhaseStatus.FAILED,
                                 duration_s=time.perf_counter() - start,
-                                detail=f"{type(exc).__name__}: {exc}")
+                                detail=describe_failure("load", exc))
         self._load_phase = phase
         return phase
 
@@ -71,6 +94,9 @@ class PlanEngine:
         from warmgate.server.warmup import plan
 
         load_phase, self._load_phase = self._load_phase, None
+        if self._faults is not None:
+            self._faults.start_run()
+            progress = self._faults.watching(progress)
         return plan.run_warmup_plan(self._runner, load_phase=load_phase,
                                     mixed_num_tokens=mixed_num_tokens, progress=progress,
                                     force=force)
@@ -78,4 +104,7 @@ class PlanEngine:
     def run_mixed(self, num_tokens: int, *, progress: ProgressCallback) -> WarmupReport:
         from warmgate.server.warmup import plan
 
+        if self._faults is not None:
+            self._faults.start_run(MIXED_PHASES)
+            progress = self._faults.watching(progress)
         return plan.run_mixed_warmup(self._runner, num_tokens, progress=progress)
