@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ from warmgate.server.metrics import Metrics
 from warmgate.server.report_log import log_report
 from warmgate.server.singleflight import Shared, SingleFlight
 from warmgate.server.status import Identity, StatusSnapshot, StatusTracker
+from warmgate.server.warmup.failures import FatalDeviceError, describe_fatal
 from warmgate.server.warmup.progress import ProgressEvent
 from warmgate.server.warmup.results import (
     PhaseResult,
@@ -41,6 +43,9 @@ SERVICE_NAMES = ("", "warmgate.v1.Warmup")  # "" is the whole server, as probes 
 # While runner work is in flight a watcher gets a fresh status at least this often, so a
 # progress bar's elapsed time and estimate move during one long step (a 90 s JIT compile).
 HEARTBEAT_S = 1.0
+# wait_runner_idle polls the worker's flag: only a shutdown waits on it, and 50 ms is nothing
+# against its grace period.
+IDLE_POLL_S = 0.05
 
 
 class WarmupCancelled(Exception):
@@ -70,6 +75,10 @@ class WarmupController:
         self._closing = False
         self._background: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Set by the worker thread while it runs a job, which close() cannot interrupt.
+        self._runner_busy = threading.Event()
+        self._fatal: BaseException | None = None
+        self._fatal_event = asyncio.Event()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -92,6 +101,51 @@ class WarmupController:
             await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
         else:
             self._executor.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def fatal_error(self) -> BaseException | None:
+        """The unrecoverable device error that took the server down, if one did."""
+        return self._fatal
+
+    async def wait_fatal(self) -> BaseException:
+        """Return once a fatal device error happened (main then exits non-zero)."""
+        await self._fatal_event.wait()
+        assert self._fatal is not None  # set before the event; an invariant, not input
+        return self._fatal
+
+    async def device_lost(self, exc: BaseException) -> None:
+        """A sticky CUDA error: NOT_SERVING for good, take no more work, tell main to exit.
+
+        Every health service, "liveness" included, turns NOT_SERVING through
+        enter_graceful_shutdown, after which no set() can turn it back: a process whose CUDA
+        context is gone must never look healthy again.
+        """
+        if self._fatal is not None:
+            return
+        phase = exc.phase if isinstance(exc, FatalDeviceError) else "rpc"
+        cause = exc.cause if isinstance(exc, FatalDeviceError) else exc
+        logger.critical("%s", describe_fatal(phase, cause))
+        self._fatal = exc
+        self._closing = True
+        self._cancel.set()
+        self._tracker.fail(describe_fatal(phase, cause))
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self._metrics is not None:
+            self._metrics.ready.set(0)
+        self._observe_state()
+        self._fatal_event.set()
+
+    @property
+    def runner_busy(self) -> bool:
+        return self._runner_busy.is_set()
+
+    async def wait_runner_idle(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the worker to finish its step; False if it did not."""
+        deadline = time.monotonic() + timeout
+        while self._runner_busy.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(IDLE_POLL_S)
+        return not self._runner_busy.is_set()
 
     # -- the RPCs' domain calls ---------------------------------------------------------
 
@@ -162,7 +216,35 @@ class WarmupController:
     async def _in_worker(self, fn: Callable[[], T]) -> T:
         if self._loop is None:
             raise RuntimeError("WarmupController.start() was not called")
-        return await self._loop.run_in_executor(self._executor, fn)
+        busy = self._runner_busy
+
+        def tracked() -> T:
+            busy.set()
+            try:
+                return fn()
+            finally:
+                busy.clear()
+
+        return await self._loop.run_in_executor(self._executor, tracked)
+
+    async def _run_job(self, kind: str, fn: Callable[[], WarmupReport]) -> WarmupReport:
+        """fn on the worker; whatever it raises becomes a FAILED report.
+
+        A fatal device error also takes the server down (device_lost). A run that close()
+        stopped at a step boundary is not a failure to report: its callers get UNAVAILABLE
+        and retry elsewhere.
+        """
+        try:
+            report = await self._in_worker(fn)
+        except FatalDeviceError as exc:
+            await self.device_lost(exc)
+            return self._failed_report(exc.phase, describe_fatal(exc.phase, exc.cause))
+        except Exception as exc:  # the plan reports failures itself; this is its bug
+            logger.exception("the %s warmup raised", kind)
+            report = self._failed_report(kind, f"{type(exc).__name__}: {exc}")
+        if self._cancel.is_set():
+            raise ShuttingDown()
+        return report
 
     def _progress(self, event: ProgressEvent) -> None:
         """Called on the worker thread after every step."""
@@ -177,7 +259,12 @@ class WarmupController:
         async with self._job():
             self._tracker.begin("load", ("load",))
             self._tracker.progress(ProgressEvent("load", 0, 1))
-            phase = await self._in_worker(self._engine.load)
+            try:
+                phase = await self._in_worker(self._engine.load)
+            except FatalDeviceError as exc:
+                phase = PhaseResult(name="load", status=PhaseStatus.FAILED,
+                                    detail=describe_fatal("load", exc.cause))
+                await self.device_lost(exc)
             self._tracker.end_load(phase)
             self._observe_state()
             self._observe(WarmupReport(WarmupOutcome.SUCCEEDED if phase.ok
@@ -198,11 +285,11 @@ class WarmupController:
             self._tracker.begin("plan", self._plan_phases, previous=self._tracker.last_report)
             self._observe_state()
             try:
-                report = await self._in_worker(lambda: self._engine.run_plan(
+                report = await self._run_job("plan", lambda: self._engine.run_plan(
                     mixed_num_tokens=mixed_num_tokens, force=force, progress=self._progress))
-            except Exception as exc:  # the plan reports failures itself; this is its bug
-                logger.exception("the warmup plan raised")
-                report = self._failed_report("plan", exc)
+            except ShuttingDown:
+                self._tracker.end_other()
+                raise
             self._tracker.end_plan(report)
             if not report.succeeded:
                 self._plans.forget()  # a stored success no longer describes the runner
@@ -215,11 +302,8 @@ class WarmupController:
             self._require_loaded()
             self._tracker.begin("mixed", MIXED_PHASES, previous=self._mixed.stored(num_tokens))
             try:
-                report = await self._in_worker(
-                    lambda: self._engine.run_mixed(num_tokens, progress=self._progress))
-            except Exception as exc:
-                logger.exception("the mixed warmup raised")
-                report = self._failed_report("mixed", exc)
+                report = await self._run_job("mixed", lambda: self._engine.run_mixed(
+                    num_tokens, progress=self._progress))
             finally:
                 self._tracker.end_other()
             self._observe(report)
@@ -230,9 +314,8 @@ class WarmupController:
             reason = self._tracker.snapshot().failure_reason or "the model is not loaded"
             raise FailedPrecondition("model", f"{reason}; fix the configuration and restart")
 
-    def _failed_report(self, name: str, exc: Exception) -> WarmupReport:
-        phase = PhaseResult(name=name, status=PhaseStatus.FAILED,
-                            detail=f"{type(exc).__name__}: {exc}")
+    def _failed_report(self, name: str, detail: str) -> WarmupReport:
+        phase = PhaseResult(name=name, status=PhaseStatus.FAILED, detail=detail)
         i = self._identity
         return WarmupReport(WarmupOutcome.FAILED, [phase], 0.0, i.config_hash, device=i.device,
                             attention_backend=i.attention_backend, model=i.model)

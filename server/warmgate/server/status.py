@@ -170,6 +170,11 @@ class StatusTracker:
                 "the warmup plan failed"
         self.notify()
 
+    def fail(self, reason: str) -> None:
+        """FAILED for a reason outside any report (a fatal device error)."""
+        self._state, self._failure_reason = WarmupState.FAILED, reason
+        self.notify()
+
     def end_other(self) -> None:
         self._end()
         self.notify()
