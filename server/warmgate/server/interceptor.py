@@ -2,7 +2,14 @@
 
 Wrapping the handlers (rather than decorating each method) covers health checks too, so
 `warmgate_rpc_duration_seconds{method="/grpc.health.v1.Health/Check"}` shows whether probes
-stay fast while kernels compile. Stream-stream handlers (reflection) pass through untouched.
+stay fast while kernels compile.
+
+It also owns two decisions no handler can make:
+- request bytes that do not parse: grpc deserializes before any handler runs and answers a
+  failure as UNKNOWN. The wrapped deserializer hands the handler a marker instead, answered as
+  INVALID_ARGUMENT with a BadRequest violation, for every method (health and reflection too).
+- a fatal device error escaping a handler: `on_fatal` (the controller's device_lost) takes
+  the server down, and the caller gets UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -17,6 +24,40 @@ import grpc
 
 from warmgate.server import errors
 from warmgate.server.metrics import Metrics
+from warmgate.server.warmup.failures import is_fatal_device_error
+
+OnFatal = Callable[[BaseException], Awaitable[None]]
+REQUEST_FIELD = "request"  # the BadRequest field named when the whole message does not parse
+
+
+class _Undecodable:
+    """What the handler gets in place of a request whose bytes did not parse."""
+
+    def __init__(self, type_name: str, error: Exception) -> None:
+        self.violation = errors.FieldViolation(
+            REQUEST_FIELD, f"not a valid {type_name}: {type(error).__name__}: {error}")
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+    message_type = getattr(deserializer, "__self__", None)  # Message.FromString's class
+    descriptor = getattr(message_type, "DESCRIPTOR", None)
+    type_name = getattr(descriptor, "full_name", "request message")
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # DecodeError, or invalid UTF-8 in a string field
+            return _Undecodable(type_name, exc)
+
+    return deserialize
+
+
+def _check(request: Any) -> Any:
+    if isinstance(request, _Undecodable):
+        raise errors.InvalidArgument(request.violation)
+    return request
 
 
 def _code_name(context: grpc.aio.ServicerContext) -> str:
@@ -46,7 +87,7 @@ class _Outcome:
 
 
 async def _on_error(exc: BaseException, context: grpc.aio.ServicerContext,
-                    outcome: _Outcome) -> None:
+                    outcome: _Outcome, on_fatal: OnFatal | None) -> None:
     """Re-raise exc as the status it maps to; record the code."""
     if isinstance(exc, asyncio.CancelledError):
         # The client went away (cancel or deadline): nothing to answer.
@@ -55,18 +96,20 @@ async def _on_error(exc: BaseException, context: grpc.aio.ServicerContext,
     if isinstance(exc, grpc.aio.AbortError):
         outcome.code = _code_name(context)  # the handler (or health) aborted by itself
         raise exc
+    if on_fatal is not None and is_fatal_device_error(exc):
+        await on_fatal(exc)
     outcome.code = errors.to_grpc_status(exc).code.name
     await errors.abort(context, exc)
 
 
 def _wrap_unary(behavior: Callable[..., Awaitable[Any]], metrics: Metrics | None,
-                method: str) -> Callable[..., Awaitable[Any]]:
+                method: str, on_fatal: OnFatal | None) -> Callable[..., Awaitable[Any]]:
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
         outcome = _Outcome(metrics, method)
         try:
-            return await behavior(request, context)
+            return await behavior(_check(request), context)
         except BaseException as exc:
-            await _on_error(exc, context, outcome)
+            await _on_error(exc, context, outcome, on_fatal)
         finally:
             if outcome.code == grpc.StatusCode.OK.name:
                 outcome.code = _code_name(context)
@@ -76,18 +119,40 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], metrics: Metrics | None
 
 
 def _wrap_stream(behavior: Callable[..., Any], metrics: Metrics | None,
-                 method: str) -> Callable[..., Any]:
+                 method: str, on_fatal: OnFatal | None) -> Callable[..., Any]:
     if not inspect.isasyncgenfunction(behavior):
         # A coroutine handler that writes with context.write (the health Watch).
-        return _wrap_unary(behavior, metrics, method)
+        return _wrap_unary(behavior, metrics, method, on_fatal)
 
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         outcome = _Outcome(metrics, method)
         try:
-            async for message in behavior(request, context):
+            async for message in behavior(_check(request), context):
                 yield message
         except BaseException as exc:
-            await _on_error(exc, context, outcome)
+            await _on_error(exc, context, outcome, on_fatal)
+        finally:
+            outcome.record()
+
+    return handler
+
+
+def _wrap_bidi(behavior: Callable[..., Any], metrics: Metrics | None, method: str,
+               on_fatal: OnFatal | None) -> Callable[..., Any]:
+    """Stream-stream (reflection): every incoming message is checked as it is read."""
+
+    async def handler(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+                      ) -> AsyncIterator[Any]:
+        async def checked() -> AsyncIterator[Any]:
+            async for request in requests:
+                yield _check(request)
+
+        outcome = _Outcome(metrics, method)
+        try:
+            async for message in behavior(checked(), context):
+                yield message
+        except BaseException as exc:
+            await _on_error(exc, context, outcome, on_fatal)
         finally:
             outcome.record()
 
@@ -95,8 +160,10 @@ def _wrap_stream(behavior: Callable[..., Any], metrics: Metrics | None,
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, metrics: Metrics | None = None) -> None:
+    def __init__(self, metrics: Metrics | None = None, *, on_fatal: OnFatal | None = None
+                 ) -> None:
         self._metrics = metrics
+        self._on_fatal = on_fatal
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails],
@@ -107,14 +174,16 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         method = handler_call_details.method
+        wrap = (self._metrics, method, self._on_fatal)
+        codec = {"request_deserializer": _tolerant(handler.request_deserializer),
+                 "response_serializer": handler.response_serializer}
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary, self._metrics, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+                _wrap_unary(handler.unary_unary, *wrap), **codec)
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream, self._metrics, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
-        return handler
+                _wrap_stream(handler.unary_stream, *wrap), **codec)
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                _wrap_bidi(handler.stream_stream, *wrap), **codec)
+        return handler  # stream-unary: none is registered
