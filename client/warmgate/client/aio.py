@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from warmgate.client.api import DEFAULT_TARGET, DEFAULT_TIMEOUT_S, POLL_INTERVAL_S, WaitResult
 from warmgate.client.errors import WarmgateRpcError, from_rpc_error
+from warmgate.client.security import ClientSecurity, aio_channel
 from warmgate.v1 import warmup_pb2 as pb
 from warmgate.v1 import warmup_pb2_grpc as pb_grpc
 
@@ -32,10 +33,13 @@ class AsyncWarmgateClient:
     """
 
     def __init__(self, target: str = DEFAULT_TARGET,
-                 timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
+                 timeout: float | None = DEFAULT_TIMEOUT_S, *,
+                 security: ClientSecurity | None = None) -> None:
         self.target = target
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(target)
+        security = security or ClientSecurity()
+        self._metadata = security.metadata()
+        self._channel = aio_channel(target, security)
         self._warmup = pb_grpc.WarmupStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -54,16 +58,18 @@ class AsyncWarmgateClient:
     async def warmup_kernels(self, force: bool = False, mixed_num_tokens: int | None = None, *,
                              timeout: float | None = None) -> pb.WarmupReport:
         request = pb.WarmupKernelsRequest(force=force, mixed_num_tokens=mixed_num_tokens)
-        return await _call(self._warmup.WarmupKernels(request, timeout=self._timeout(timeout)))
+        return await _call(self._warmup.WarmupKernels(
+            request, timeout=self._timeout(timeout), metadata=self._metadata))
 
     async def mixed_warmup(self, num_tokens: int, force: bool = False, *,
                            timeout: float | None = None) -> pb.WarmupReport:
         request = pb.MixedWarmupRequest(num_tokens=num_tokens, force=force)
-        return await _call(self._warmup.MixedWarmup(request, timeout=self._timeout(timeout)))
+        return await _call(self._warmup.MixedWarmup(
+            request, timeout=self._timeout(timeout), metadata=self._metadata))
 
     async def get_status(self, *, timeout: float | None = None) -> pb.WarmupStatus:
-        return await _call(self._warmup.GetStatus(pb.GetStatusRequest(),
-                                                  timeout=self._timeout(timeout)))
+        return await _call(self._warmup.GetStatus(
+            pb.GetStatusRequest(), timeout=self._timeout(timeout), metadata=self._metadata))
 
     async def watch_status(self, follow: bool = False, *, timeout: float | None = None
                            ) -> AsyncIterator[pb.WarmupStatus]:
@@ -71,7 +77,8 @@ class AsyncWarmgateClient:
 
         No deadline unless `timeout` is given: a watch lasts as long as the warmup.
         """
-        call = self._warmup.WatchStatus(pb.WatchStatusRequest(follow=follow), timeout=timeout)
+        call = self._warmup.WatchStatus(pb.WatchStatusRequest(follow=follow), timeout=timeout,
+                                        metadata=self._metadata)
         try:
             async for status in call:
                 yield status

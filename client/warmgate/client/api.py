@@ -13,6 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from warmgate.client.errors import WarmgateRpcError, from_rpc_error
+from warmgate.client.security import ClientSecurity, sync_channel
 from warmgate.v1 import warmup_pb2 as pb
 from warmgate.v1 import warmup_pb2_grpc as pb_grpc
 
@@ -40,14 +41,19 @@ class WarmgateClient:
     """Calls warmgate.v1.Warmup and grpc.health.v1.Health on one channel.
 
     `timeout` is the deadline of every call in seconds (None: no deadline); each method takes
-    its own `timeout` to override it. Server errors raise WarmgateRpcError.
+    its own `timeout` to override it. `security` gives TLS/mTLS and a bearer token; the token
+    goes with every call (the server ignores it where none is needed). Server errors raise
+    WarmgateRpcError.
     """
 
     def __init__(self, target: str = DEFAULT_TARGET,
-                 timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
+                 timeout: float | None = DEFAULT_TIMEOUT_S, *,
+                 security: ClientSecurity | None = None) -> None:
         self.target = target
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(target)
+        security = security or ClientSecurity()
+        self._metadata = security.metadata()
+        self._channel = sync_channel(target, security)
         self._warmup = pb_grpc.WarmupStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -66,17 +72,18 @@ class WarmgateClient:
     def warmup_kernels(self, force: bool = False, mixed_num_tokens: int | None = None, *,
                        timeout: float | None = None) -> pb.WarmupReport:
         request = pb.WarmupKernelsRequest(force=force, mixed_num_tokens=mixed_num_tokens)
-        return _call(lambda: self._warmup.WarmupKernels(request,
-                                                        timeout=self._timeout(timeout)))
+        return _call(lambda: self._warmup.WarmupKernels(
+            request, timeout=self._timeout(timeout), metadata=self._metadata))
 
     def mixed_warmup(self, num_tokens: int, force: bool = False, *,
                      timeout: float | None = None) -> pb.WarmupReport:
         request = pb.MixedWarmupRequest(num_tokens=num_tokens, force=force)
-        return _call(lambda: self._warmup.MixedWarmup(request, timeout=self._timeout(timeout)))
+        return _call(lambda: self._warmup.MixedWarmup(
+            request, timeout=self._timeout(timeout), metadata=self._metadata))
 
     def get_status(self, *, timeout: float | None = None) -> pb.WarmupStatus:
-        return _call(lambda: self._warmup.GetStatus(pb.GetStatusRequest(),
-                                                    timeout=self._timeout(timeout)))
+        return _call(lambda: self._warmup.GetStatus(
+            pb.GetStatusRequest(), timeout=self._timeout(timeout), metadata=self._metadata))
 
     def watch_status(self, follow: bool = False, *, timeout: float | None = None
                      ) -> Iterator[pb.WarmupStatus]:
@@ -84,7 +91,8 @@ class WarmgateClient:
 
         No deadline unless `timeout` is given: a watch lasts as long as the warmup.
         """
-        stream = self._warmup.WatchStatus(pb.WatchStatusRequest(follow=follow), timeout=timeout)
+        stream = self._warmup.WatchStatus(pb.WatchStatusRequest(follow=follow), timeout=timeout,
+                                          metadata=self._metadata)
         try:
             yield from stream
         except grpc.RpcError as exc:
@@ -95,6 +103,7 @@ class WarmgateClient:
     def health(self, service: str = "", *, timeout: float | None = None,
                wait_for_ready: bool = False) -> health_pb2.HealthCheckResponse.ServingStatus:
         request = health_pb2.HealthCheckRequest(service=service)
+        # No token: health is open, as the kubelet's probe needs it to be.
         return _call(lambda: self._health.Check(request, timeout=self._timeout(timeout),
                                                 wait_for_ready=wait_for_ready)).status
 

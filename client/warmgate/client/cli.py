@@ -10,14 +10,23 @@ Exit codes (stable; scripts and init containers branch on them):
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
 from warmgate.client import render
 from warmgate.client.api import DEFAULT_TARGET, WaitResult, WarmgateClient
 from warmgate.client.errors import WarmgateRpcError
 from warmgate.client.report_cmd import add_report_command, run_report
+from warmgate.client.security import (
+    ENV_TLS_CA,
+    ENV_TLS_CERT,
+    ENV_TLS_KEY,
+    ENV_TLS_SERVER_NAME,
+    ENV_TOKEN_FILE,
+    ClientSecurity,
+)
 from warmgate.v1 import warmup_pb2 as pb
 
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT, EXIT_RPC_ERROR = 0, 1, 2, 3
@@ -27,7 +36,38 @@ WARMUP_TIMEOUT_S = 1800.0
 STATUS_TIMEOUT_S = 10.0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_security_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    group = parser.add_argument_group(
+        "security", "TLS, mTLS and bearer tokens; each flag defaults to its environment variable")
+    for flag, env, text in (
+            ("--token-file", ENV_TOKEN_FILE, "file whose first token is sent as "
+             "'authorization: Bearer <token>' (needed for warmup and mixed)"),
+            ("--tls-ca", ENV_TLS_CA, "PEM CA bundle that signed the server's certificate "
+             "(turns TLS on)"),
+            ("--tls-cert", ENV_TLS_CERT, "PEM client certificate, for mTLS (turns TLS on)"),
+            ("--tls-key", ENV_TLS_KEY, "PEM private key of --tls-cert"),
+            ("--tls-server-name", ENV_TLS_SERVER_NAME, "name to check the server's "
+             "certificate against when --target is an IP or an alias")):
+        group.add_argument(flag, default=environ.get(env) or None, metavar="PATH"
+                           if flag != "--tls-server-name" else "NAME",
+                           help=f"{text} (env {env})")
+    group.add_argument("--tls", action="store_true",
+                       help="TLS with the system's CA roots (implied by --tls-ca/--tls-cert)")
+
+
+def _security(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ClientSecurity:
+    try:
+        return ClientSecurity.from_files(
+            token_file=args.token_file, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
+            tls_key=args.tls_key, tls=args.tls, server_name=args.tls_server_name)
+    except OSError as exc:
+        parser.error(f"cannot read {exc.filename}: {exc.strerror}")
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(
         prog="warmgate", description="Warm up a warmgate server's kernels and wait for it.",
         epilog="exit codes: 0 ok/ready, 1 warmup failed, 2 wait timed out, 3 RPC error",
@@ -38,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help=f"deadline of each RPC in seconds (default {WARMUP_TIMEOUT_S:.0f} "
                              f"for warmup and mixed, {STATUS_TIMEOUT_S:.0f} for status)")
+    _add_security_flags(parser, environ)
     commands = parser.add_subparsers(dest="command", required=True)
 
     warmup = commands.add_parser("warmup", help="run the warmup plan and print its report")
@@ -130,12 +171,14 @@ _COMMANDS: dict[str, Callable[[WarmgateClient, argparse.Namespace, TextIO], int]
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
-         err: TextIO | None = None) -> int:
-    args = build_parser().parse_args(argv)
+         err: TextIO | None = None, environ: Mapping[str, str] | None = None) -> int:
+    parser = build_parser(environ)
+    args = parser.parse_args(argv)
+    security = _security(parser, args)
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     try:
-        with WarmgateClient(args.target, timeout=args.timeout) as client:
+        with WarmgateClient(args.target, timeout=args.timeout, security=security) as client:
             return _COMMANDS[args.command](client, args, out)
     except WarmgateRpcError as exc:
         print(f"warmgate: {args.target}: {exc}", file=err)
