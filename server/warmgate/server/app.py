@@ -14,11 +14,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from warmgate.server.auth import AuthInterceptor
 from warmgate.server.config import RunnerConfig
 from warmgate.server.controller import WarmupController
 from warmgate.server.engine import PlanEngine, WarmupEngine
+from warmgate.server.faults import FaultInjector
 from warmgate.server.interceptor import ErrorInterceptor
 from warmgate.server.metrics import Metrics, MetricsEndpoint
+from warmgate.server.security import ServerSecurity
 from warmgate.server.server_config import ServerConfig
 from warmgate.server.service import WarmupService
 from warmgate.server.status import Identity
@@ -27,6 +30,8 @@ from warmgate.v1 import warmup_pb2, warmup_pb2_grpc
 logger = logging.getLogger(__name__)
 
 LIVENESS_SERVICE = "liveness"
+# so_reuseport 0: otherwise a second server silently binds the same port and shares it.
+SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
 
 
 @dataclass
@@ -37,16 +42,25 @@ class RunningServer:
     health: health_aio.HealthServicer
     metrics: Metrics
     metrics_endpoint: MetricsEndpoint | None
+    # The plaintext health-only server (--health-port), if any.
+    health_server: grpc.aio.Server | None = None
+    health_port: int | None = None
 
     @property
     def metrics_port(self) -> int | None:
         return self.metrics_endpoint.port if self.metrics_endpoint else None
 
     async def stop(self, grace: float | None = None, *, wait_for_runner: bool = False) -> None:
-        """NOT_SERVING first (so probes drain traffic), then stop RPCs, then the runner."""
+        """NOT_SERVING first (so probes drain traffic), then stop RPCs, then the runner.
+
+        The health port goes last: while the main port drains, probes there still get an
+        answer (NOT_SERVING) rather than a refused connection.
+        """
         await self.health.enter_graceful_shutdown()
         await self.controller.close(wait=wait_for_runner)
         await self.server.stop(grace)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.close()
 
@@ -54,6 +68,38 @@ class RunningServer:
 def identity_of(config: RunnerConfig) -> Identity:
     return Identity(config_hash=config.config_hash(), model=config.model.name,
                     device=config.device.device, attention_backend=config.device.attention_backend)
+
+
+def _bind(server: grpc.aio.Server, host: str, port: int, security: ServerSecurity | None
+          ) -> int:
+    address = f"{host}:{port}"
+    if security is not None and security.tls:
+        bound = server.add_secure_port(address, security.server_credentials())
+    else:
+        bound = server.add_insecure_port(address)
+    if bound == 0:
+        raise OSError(f"could not bind {address}")
+    return bound
+
+
+def _default_engine(config: ServerConfig) -> PlanEngine:
+    faults = FaultInjector(config.faults) if config.faults else None
+    if faults is not None:
+        logger.warning("FAULT INJECTION ON (test only): %s", config.faults)
+    return PlanEngine(config.runner, faults=faults)
+
+
+def _health_only_server(config: ServerConfig, health: health_aio.HealthServicer,
+                        metrics: Metrics) -> tuple[grpc.aio.Server, int]:
+    """Plaintext grpc.health.v1 and nothing else, sharing the main server's HealthServicer."""
+    server = grpc.aio.server(interceptors=[ErrorInterceptor(metrics)], options=SERVER_OPTIONS)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    return server, _bind(server, config.host, config.health_port, None)
+
+
+def _describe_security(security: ServerSecurity) -> str:
+    tls = ("mTLS" if security.tls_client_ca else "TLS") if security.tls else "plaintext"
+    return f"{tls}, {'bearer token' if security.auth else 'no'} auth"
 
 
 async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = None
@@ -65,22 +111,28 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     metrics = Metrics()
     health = health_aio.HealthServicer()
     controller = WarmupController(
-        engine if engine is not None else PlanEngine(config.runner),
+        engine if engine is not None else _default_engine(config),
         identity_of(config.runner),
         max_num_batched_tokens=config.runner.scheduler.max_num_batched_tokens,
         default_mixed_num_tokens=config.mixed_num_tokens, health=health, metrics=metrics)
-    # so_reuseport 0: otherwise a second server silently binds the same port and shares it.
-    server = grpc.aio.server(interceptors=[ErrorInterceptor(metrics)],
-                             options=[("grpc.so_reuseport", 0)])
+    # Error first, so it also counts (and maps) what the auth interceptor refuses.
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        ErrorInterceptor(metrics, on_fatal=controller.device_lost)]
+    if config.security.auth:
+        interceptors.append(AuthInterceptor(config.security.auth_tokens))
+    server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
     warmup_pb2_grpc.add_WarmupServicer_to_server(WarmupService(controller), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((
         warmup_pb2.DESCRIPTOR.services_by_name["Warmup"].full_name,
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
         reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    if port == 0:
-        raise OSError(f"could not bind {config.host}:{config.port}")
+    port = _bind(server, config.host, config.port, config.security)
+    if config.security.auth and not config.security.tls:
+        logger.warning("bearer tokens travel in plaintext on port %d: pass --tls-cert and "
+                       "--tls-key unless the network is trusted", port)
+    health_server, health_port = (_health_only_server(config, health, metrics)
+                                  if config.health_port_enabled else (None, None))
     endpoint = (MetricsEndpoint(metrics, config.host, config.metrics_port)
                 if config.metrics_enabled else None)
     # NOT_SERVING before the first RPC can arrive: HealthServicer starts "" at SERVING.
@@ -89,7 +141,11 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     # so a pod is never restarted (losing every compiled kernel) for being slow to warm.
     await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     await server.start()
-    logger.info("serving warmgate.v1.Warmup on %s:%d (model %s, %s, %s attention)",
+    if health_server is not None:
+        await health_server.start()
+        logger.info("serving grpc.health.v1 (plaintext) on %s:%d", config.host, health_port)
+    logger.info("serving warmgate.v1.Warmup on %s:%d (model %s, %s, %s attention; %s)",
                 config.host, port, config.runner.model.name, config.runner.device.device,
-                config.runner.device.attention_backend)
-    return RunningServer(server, port, controller, health, metrics, endpoint)
+                config.runner.device.attention_backend, _describe_security(config.security))
+    return RunningServer(server, port, controller, health, metrics, endpoint, health_server,
+                         health_port)

@@ -11,7 +11,7 @@ import argparse
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from warmgate.server.config import (
@@ -25,11 +25,19 @@ from warmgate.server.config import (
     SpeculativeConfig,
     resolve_runner_config,
 )
+from warmgate.server.faults import ENV_VAR as FAULT_ENV_VAR
+from warmgate.server.faults import Fault, parse_faults
 from warmgate.server.presets import MODEL_PRESETS, preset_names
+from warmgate.server.security import (
+    SecurityConfigError,
+    ServerSecurity,
+    load_server_security,
+)
 
 ENV_PREFIX = "WARMGATE_"
 # -1 turns the metrics endpoint off; 0 binds a free port (tests), reported after start.
 METRICS_DISABLED = -1
+HEALTH_PORT_DISABLED = -1
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -47,10 +55,21 @@ class ServerConfig:
     log_level: str = "INFO"
     # Seconds in-flight RPCs get to finish on SIGTERM before they are cancelled.
     shutdown_grace_s: float = 5.0
+    # A second, plaintext port serving only grpc.health.v1 (the kubelet's probe speaks
+    # neither TLS nor tokens); -1: none, 0: a free port.
+    health_port: int = HEALTH_PORT_DISABLED
+    # TLS/mTLS and bearer tokens for the main port; the default is plaintext and open.
+    security: ServerSecurity = field(default_factory=ServerSecurity)
+    # Test-only faults (WARMGATE_FAULT_INJECT); empty in every real deployment.
+    faults: tuple[Fault, ...] = ()
 
     @property
     def metrics_enabled(self) -> bool:
         return self.metrics_port != METRICS_DISABLED
+
+    @property
+    def health_port_enabled(self) -> bool:
+        return self.health_port != HEALTH_PORT_DISABLED
 
 
 # ConfigError.field_name -> the flag that sets it, so a validation error names the flag.
@@ -149,6 +168,16 @@ _OPTIONS = (
     _Option("--log-level", _log_level, "INFO", ", ".join(LOG_LEVELS)),
     _Option("--shutdown-grace", _positive_float, 5.0,
             "seconds in-flight RPCs get on SIGTERM"),
+    _Option("--health-port", _metrics_port, HEALTH_PORT_DISABLED,
+            "plaintext port serving only grpc.health.v1, for probes when the main port uses "
+            "TLS or tokens; 0 picks a free one, -1 disables it"),
+    _Option("--auth-token-file", str, None,
+            "file of bearer tokens (one per line); WarmupKernels, MixedWarmup and any other "
+            "mutating RPC then need 'authorization: Bearer <token>'"),
+    _Option("--tls-cert", str, None, "PEM certificate chain: serve the main port over TLS"),
+    _Option("--tls-key", str, None, "PEM private key of --tls-cert"),
+    _Option("--tls-client-ca", str, None,
+            "PEM CA bundle: require client certificates signed by it (mTLS)"),
 )
 _BOOL_OPTIONS = (
     _Option("--warmup-on-start", _bool, True, "run the warmup plan once the model is loaded"),
@@ -246,10 +275,21 @@ def load_server_config(argv: Sequence[str] | None = None,
             args.mixed_num_tokens > runner.scheduler.max_num_batched_tokens:
         parser.error(f"argument --mixed-num-tokens: {args.mixed_num_tokens} is more than "
                      f"--max-num-batched-tokens ({runner.scheduler.max_num_batched_tokens})")
+    try:
+        security = load_server_security(
+            auth_token_file=args.auth_token_file, tls_cert=args.tls_cert,
+            tls_key=args.tls_key, tls_client_ca=args.tls_client_ca)
+    except SecurityConfigError as exc:
+        parser.error(f"argument {exc.flag}: {exc.message}")
+    try:
+        faults = parse_faults(environ.get(FAULT_ENV_VAR, ""))
+    except ValueError as exc:
+        parser.error(f"{FAULT_ENV_VAR}: {exc}")
     return ServerConfig(runner=runner, host=args.host, port=args.port,
                         metrics_port=args.metrics_port, warmup_on_start=args.warmup_on_start,
                         mixed_num_tokens=args.mixed_num_tokens, log_level=args.log_level,
-                        shutdown_grace_s=args.shutdown_grace)
+                        shutdown_grace_s=args.shutdown_grace, health_port=args.health_port,
+                        security=security, faults=faults)
 
 
 def configure_logging(config: ServerConfig) -> None:
