@@ -1,25 +1,42 @@
 """`warmgate-server`: load the model, serve Warmup/health/metrics, warm up in the background.
 
 On SIGINT/SIGTERM health turns NOT_SERVING first (a readiness probe then drains the pod), the
-warmup in progress is told to stop at its next step, and in-flight RPCs get
-`--shutdown-grace` seconds before they are cancelled.
+warmup in progress is told to stop at its next step, in-flight RPCs get `--shutdown-grace`
+seconds before they are cancelled, and the process exits 0.
+
+On a fatal device error (a sticky CUDA error: the CUDA context is gone) health turns
+NOT_SERVING for every service, the server stops the same way and the process exits 70, so
+Kubernetes restarts the container instead of keeping a half-alive pod.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from warmgate.server.app import create_server
 from warmgate.server.server_config import ServerConfig, configure_logging, load_server_config
 
 logger = logging.getLogger(__name__)
 
+EXIT_OK = 0
+EXIT_FATAL = 70  # EX_SOFTWARE (sysexits.h); any non-zero code makes the kubelet restart us
 
-async def serve(config: ServerConfig) -> None:
+
+class Exit(NamedTuple):
+    code: int
+    # False when a runner step was still going after the grace: Python cannot interrupt a
+    # thread, and waiting for it at interpreter exit could outlast the pod's grace period.
+    runner_idle: bool
+
+
+async def serve(config: ServerConfig) -> Exit:
     running = await create_server(config)
     if running.metrics_port is not None:
         logger.info("metrics on port %d", running.metrics_port)
@@ -27,19 +44,38 @@ async def serve(config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    logger.info("stopping: health NOT_SERVING, %.1f s grace for in-flight RPCs",
+    signalled = asyncio.ensure_future(stop.wait())
+    fatal = asyncio.ensure_future(running.controller.wait_fatal())
+    await asyncio.wait({signalled, fatal}, return_when=asyncio.FIRST_COMPLETED)
+    code = EXIT_FATAL if fatal.done() else EXIT_OK
+    for task in (signalled, fatal):
+        task.cancel()
+    started = time.monotonic()
+    logger.info("stopping (%s): health NOT_SERVING, %.1f s grace for in-flight RPCs",
+                "fatal device error" if code == EXIT_FATAL else "signal",
                 config.shutdown_grace_s)
     await running.stop(config.shutdown_grace_s)
-    logger.info("stopped")
+    left = max(0.0, config.shutdown_grace_s - (time.monotonic() - started))
+    idle = await running.controller.wait_runner_idle(left)
+    if not idle:
+        logger.warning("the runner is still inside a step after the grace; exiting without it")
+    logger.info("stopped (exit code %d)", code)
+    return Exit(code, idle)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = load_server_config(sys.argv[1:] if argv is None else argv)
     configure_logging(config)
     logger.info("config_hash=%s runner=%s", config.runner.config_hash(), config.runner.to_dict())
-    asyncio.run(serve(config))
-    return 0
+    result = asyncio.run(serve(config))
+    if not result.runner_idle:
+        # The worker thread is not a daemon (ThreadPoolExecutor's never are) and interpreter
+        # exit would join it: leave now, after flushing the logs.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(result.code)
+    return result.code
 
 
 if __name__ == "__main__":
