@@ -115,7 +115,7 @@ def test_token_guards_the_mutating_rpcs_and_leaves_reads_and_probes_open(
             assert s.controller.status().state.value == "pending"  # nothing ran
             refused = s.metrics.registry.get_sample_value("warmgate_rpc_requests_total", {
                 "method": "/warmgate.v1.Warmup/WarmupKernels", "code": "UNAUTHENTICATED"})
-            assert refused == 4
+            assert refused == 5  # 4 clients, and the raw call
             for token in (TOKEN, ROTATED):  # every line of the file is accepted
                 async with AsyncWarmgateClient(target, CALL_S,
                                                security=ClientSecurity(token=token)) as c:
@@ -144,6 +144,11 @@ async def _other_schemes_are_refused(target: str) -> None:
                 await stub.MixedWarmup(pb.MixedWarmupRequest(num_tokens=8), timeout=CALL_S,
                                        metadata=(("authorization", value),))
             assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        # Refused before parsing: corrupt bytes without a token are UNAUTHENTICATED too.
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await channel.unary_unary("/warmgate.v1.Warmup/WarmupKernels")(
+                b"\xff\xff", timeout=CALL_S)
+        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
         # The scheme is case-insensitive (RFC 7235).
         report = await stub.MixedWarmup(pb.MixedWarmupRequest(num_tokens=8), timeout=CALL_S,
                                         metadata=(("authorization", f"bearer {TOKEN}"),))

@@ -56,9 +56,14 @@ async def _deny_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
     yield  # an async generator, so the streaming wrappers treat it as one
 
 
+def _unread(data: bytes) -> None:
+    """An unauthenticated request is refused unparsed: no work for it, and no parse error
+    that would answer before UNAUTHENTICATED does."""
+
+
 def _denied(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     """A handler of the same shape as `handler` that only refuses."""
-    codec = {"request_deserializer": handler.request_deserializer,
+    codec = {"request_deserializer": _unread,
              "response_serializer": handler.response_serializer}
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(_deny_unary, **codec)
