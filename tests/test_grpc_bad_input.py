@@ -71,7 +71,7 @@ def ready() -> Iterator[grpc.Channel]:
 
 @pytest.fixture(scope="module")
 def real() -> Iterator[grpc.Channel]:
-    """The tiny real runner: a mixed step is cheap enough to run for every valid draw."""
+    """The tiny real runner, for boundary values (a new shape can cost a compile)."""
     with ServerThread() as server, grpc.insecure_channel(server.target) as channel:
         yield channel
 
@@ -137,14 +137,23 @@ def test_warmup_kernels_fields(ready: grpc.Channel, broken: grpc.Channel, force:
 @example(force=False, tokens=2**31 - 1).via("int32 max")
 @example(force=True, tokens=-2**31).via("int32 min")
 @example(force=False, tokens=0).via("zero: a skip, not an error")
-def test_mixed_warmup_fields(real: grpc.Channel, broken: grpc.Channel, force: bool,
+def test_mixed_warmup_fields(ready: grpc.Channel, broken: grpc.Channel, force: bool,
                              tokens: int) -> None:
     request = pb.MixedWarmupRequest(num_tokens=tokens, force=force)
-    for channel, in_range in ((real, Code.OK), (broken, Code.FAILED_PRECONDITION)):
+    for channel, in_range in ((ready, Code.OK), (broken, Code.FAILED_PRECONDITION)):
         stub = pb_grpc.WarmupStub(channel)
         code, error = outcome("MixedWarmup", lambda s=stub: s.MixedWarmup(
             request, timeout=CALL_S))
         expect_range(code, error, "num_tokens", tokens, in_range)
+
+
+@pytest.mark.parametrize("tokens", [-2**31, -1, 0, 2, 3, BUDGET, BUDGET + 1, 2**31 - 1])
+def test_mixed_warmup_boundaries_on_the_real_runner(real: grpc.Channel, tokens: int) -> None:
+    stub = pb_grpc.WarmupStub(real)
+    request = pb.MixedWarmupRequest(num_tokens=tokens, force=True)
+    code, error = outcome("MixedWarmup (real runner)",
+                          lambda: stub.MixedWarmup(request, timeout=CALL_S))
+    expect_range(code, error, "num_tokens", tokens, Code.OK)
 
 
 def first(stream: Any) -> Any:
