@@ -157,6 +157,10 @@ def test_secrets_stay_out_of_the_config_repr(tmp_path: Path) -> None:
     assert config.faults == (Fault("mixed", "oom"),)
     text = repr(config)
     assert "very-secret-token" not in text and "PRIVATE KEY" not in text
+    from_env = load_server_config(["--device", "cpu"], {
+        "WARMGATE_AUTH_TOKEN_FILE": str(tokens), "WARMGATE_HEALTH_PORT": "8081"})
+    assert from_env.security.auth_tokens == (b"very-secret-token",)
+    assert from_env.health_port == 8081
     # Nothing is on by default.
     plain = load_server_config(["--device", "cpu"], {})
     assert not plain.security.tls and not plain.security.auth
