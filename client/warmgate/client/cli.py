@@ -17,6 +17,7 @@ from typing import TextIO
 
 from warmgate.client import render
 from warmgate.client.api import DEFAULT_TARGET, WaitResult, WarmgateClient
+from warmgate.client.cache_cmd import add_cache_command, run_cache
 from warmgate.client.errors import WarmgateRpcError
 from warmgate.client.report_cmd import add_report_command, run_report
 from warmgate.client.security import (
@@ -101,6 +102,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
                       help="give up after S seconds (exit 2)")
     wait.add_argument("--service", default="", help="health service name (default: server)")
     add_report_command(commands)
+    add_cache_command(commands, environ)
     return parser
 
 
@@ -174,9 +176,11 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
          err: TextIO | None = None, environ: Mapping[str, str] | None = None) -> int:
     parser = build_parser(environ)
     args = parser.parse_args(argv)
-    security = _security(parser, args)
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    if args.command == "cache":  # a local directory: no server, no channel
+        return run_cache(args, out=out, err=err, as_json=args.json)
+    security = _security(parser, args)
     try:
         with WarmgateClient(args.target, timeout=args.timeout, security=security) as client:
             return _COMMANDS[args.command](client, args, out)

@@ -409,6 +409,7 @@ class WarmupReport(_message.Message):
     DEVICE_FIELD_NUMBER: _builtins.int
     ATTENTION_BACKEND_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    COMPILE_CACHE_FIELD_NUMBER: _builtins.int
     outcome: Global___WarmupOutcome.ValueType
     """SUCCEEDED unless a phase failed."""
     config_hash: _builtins.str
@@ -431,6 +432,10 @@ class WarmupReport(_message.Message):
     def total_duration(self) -> _duration_pb2.Duration:
         """Wall time of the whole run."""
 
+    @_builtins.property
+    def compile_cache(self) -> Global___CompileCache:
+        """The --cache-dir entry this run used; unset without --cache-dir."""
+
     def __init__(
         self,
         *,
@@ -443,14 +448,66 @@ class WarmupReport(_message.Message):
         device: _builtins.str = ...,
         attention_backend: _builtins.str = ...,
         model: _builtins.str = ...,
+        compile_cache: Global___CompileCache | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["total_duration", b"total_duration"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compile_cache", b"compile_cache", "total_duration", b"total_duration"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention_backend", b"attention_backend", "config_hash", b"config_hash", "device", b"device", "from_stored", b"from_stored", "joined_in_flight", b"joined_in_flight", "model", b"model", "outcome", b"outcome", "phases", b"phases", "total_duration", b"total_duration"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention_backend", b"attention_backend", "compile_cache", b"compile_cache", "config_hash", b"config_hash", "device", b"device", "from_stored", b"from_stored", "joined_in_flight", b"joined_in_flight", "model", b"model", "outcome", b"outcome", "phases", b"phases", "total_duration", b"total_duration"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WarmupReport: _TypeAlias = WarmupReport  # noqa: Y015
+
+@_typing.final
+class CompileCache(_message.Message):
+    """The shared compile cache's entry for this runner configuration (--cache-dir)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    DIRECTORY_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    ENTRY_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    WAITED_FIELD_NUMBER: _builtins.int
+    state: _builtins.str
+    """The entry as found at start-up: "hit" (READY, verified), "miss" (created now),
+    "rebuilt" (corrupt or half-written: moved to .trash/ and created again), "error" or
+    "lock_timeout" (the cache is not used by this process).
+    """
+    directory: _builtins.str
+    """The cache directory (--cache-dir)."""
+    key: _builtins.str
+    """sha256 of the key's inputs (stored in the entry's key.json)."""
+    entry: _builtins.str
+    """The entry's directory."""
+    size_bytes: _builtins.int
+    """Bytes under the entry now."""
+    detail: _builtins.str
+    """Why the entry is in this state, in a sentence."""
+    @_builtins.property
+    def waited(self) -> _duration_pb2.Duration:
+        """Time spent waiting for another process that was filling the entry."""
+
+    def __init__(
+        self,
+        *,
+        state: _builtins.str = ...,
+        directory: _builtins.str = ...,
+        key: _builtins.str = ...,
+        entry: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        detail: _builtins.str = ...,
+        waited: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["waited", b"waited"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "directory", b"directory", "entry", b"entry", "key", b"key", "size_bytes", b"size_bytes", "state", b"state", "waited", b"waited"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompileCache: _TypeAlias = CompileCache  # noqa: Y015
 
 @_typing.final
 class WarmupStatus(_message.Message):
@@ -473,6 +530,7 @@ class WarmupStatus(_message.Message):
     DEVICE_FIELD_NUMBER: _builtins.int
     ATTENTION_BACKEND_FIELD_NUMBER: _builtins.int
     WORK_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    COMPILE_CACHE_FIELD_NUMBER: _builtins.int
     state: Global___WarmupState.ValueType
     """Where the configured warmup stands."""
     current_phase: _builtins.str
@@ -511,6 +569,10 @@ class WarmupStatus(_message.Message):
     def last_report(self) -> Global___WarmupReport:
         """The report of the last finished warmup plan, if any."""
 
+    @_builtins.property
+    def compile_cache(self) -> Global___CompileCache:
+        """The --cache-dir entry (key, directory, size); unset without --cache-dir."""
+
     def __init__(
         self,
         *,
@@ -529,10 +591,11 @@ class WarmupStatus(_message.Message):
         device: _builtins.str = ...,
         attention_backend: _builtins.str = ...,
         work_in_flight: _builtins.bool = ...,
+        compile_cache: Global___CompileCache | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["elapsed", b"elapsed", "estimated_remaining", b"estimated_remaining", "last_report", b"last_report"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compile_cache", b"compile_cache", "elapsed", b"elapsed", "estimated_remaining", b"estimated_remaining", "last_report", b"last_report"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention_backend", b"attention_backend", "config_hash", b"config_hash", "current_phase", b"current_phase", "device", b"device", "elapsed", b"elapsed", "estimated_remaining", b"estimated_remaining", "failure_reason", b"failure_reason", "last_report", b"last_report", "model", b"model", "num_phases", b"num_phases", "phase_index", b"phase_index", "state", b"state", "steps_done", b"steps_done", "steps_total", b"steps_total", "work_in_flight", b"work_in_flight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention_backend", b"attention_backend", "compile_cache", b"compile_cache", "config_hash", b"config_hash", "current_phase", b"current_phase", "device", b"device", "elapsed", b"elapsed", "estimated_remaining", b"estimated_remaining", "failure_reason", b"failure_reason", "last_report", b"last_report", "model", b"model", "num_phases", b"num_phases", "phase_index", b"phase_index", "state", b"state", "steps_done", b"steps_done", "steps_total", b"steps_total", "work_in_flight", b"work_in_flight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

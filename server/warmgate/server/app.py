@@ -15,6 +15,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from warmgate.server.auth import AuthInterceptor
+from warmgate.server.cache.store import compile_cache_of
 from warmgate.server.config import RunnerConfig
 from warmgate.server.controller import WarmupController
 from warmgate.server.engine import PlanEngine, WarmupEngine
@@ -86,7 +87,7 @@ def _default_engine(config: ServerConfig) -> PlanEngine:
     faults = FaultInjector(config.faults) if config.faults else None
     if faults is not None:
         logger.warning("FAULT INJECTION ON (test only): %s", config.faults)
-    return PlanEngine(config.runner, faults=faults)
+    return PlanEngine(config.runner, faults=faults, cache=compile_cache_of(config))
 
 
 def _health_only_server(config: ServerConfig, health: health_aio.HealthServicer,

@@ -65,7 +65,8 @@ class WarmupController:
         self._metrics = metrics
         self._plan_phases = tuple(plan_phases)
         self._identity = identity
-        self._tracker = StatusTracker(identity)
+        self._tracker = StatusTracker(
+            identity, cache_info=getattr(engine, "compile_cache_info", None))
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warmgate-runner")
         self._lock = asyncio.Lock()
         self._plans: SingleFlight[int | None, WarmupReport] = SingleFlight(lambda r: r.succeeded)

@@ -75,13 +75,25 @@ def phase_to_proto(phase: PhaseResult) -> pb.PhaseResult:
         shapes={str(k): _json(v) for k, v in phase.shapes.items()})
 
 
+def compile_cache_to_proto(info: dict[str, Any]) -> pb.CompileCache:
+    """warmgate.server.cache.CacheInfo.to_dict() -> CompileCache."""
+    return pb.CompileCache(
+        state=str(info.get("state", "")), directory=str(info.get("directory", "")),
+        key=str(info.get("key", "")), entry=str(info.get("entry", "")),
+        size_bytes=int(info.get("size_bytes", 0)), detail=str(info.get("detail", "")),
+        waited=duration(float(info.get("waited_s", 0.0))))
+
+
 def report_to_proto(report: WarmupReport, *, joined_in_flight: bool = False,
                     from_stored: bool = False) -> pb.WarmupReport:
-    return pb.WarmupReport(
+    out = pb.WarmupReport(
         outcome=_OUTCOMES[report.outcome], phases=[phase_to_proto(p) for p in report.phases],
         total_duration=duration(report.total_duration_s), config_hash=report.config_hash,
         joined_in_flight=joined_in_flight, from_stored=from_stored, device=report.device,
         attention_backend=report.attention_backend, model=report.model)
+    if report.compile_cache:
+        out.compile_cache.CopyFrom(compile_cache_to_proto(report.compile_cache))
+    return out
 
 
 def shared_report_to_proto(shared: Shared[WarmupReport]) -> pb.WarmupReport:
@@ -100,4 +112,6 @@ def status_to_proto(s: StatusSnapshot) -> pb.WarmupStatus:
         out.estimated_remaining.CopyFrom(duration(s.estimated_remaining_s))
     if s.last_report is not None:
         out.last_report.CopyFrom(report_to_proto(s.last_report))
+    if s.compile_cache:
+        out.compile_cache.CopyFrom(compile_cache_to_proto(s.compile_cache))
     return out

@@ -12,6 +12,8 @@ import logging
 import time
 from typing import Any, Protocol
 
+from warmgate.server.cache.session import open_compile_cache, settle_compile_cache
+from warmgate.server.cache.store import CompileCache
 from warmgate.server.config import RunnerConfig
 from warmgate.server.faults import FaultInjector
 from warmgate.server.warmup.failures import (
@@ -58,9 +60,13 @@ class PlanEngine:
     `faults` (tests only) makes chosen phases raise or stall; see warmgate.server.faults.
     """
 
-    def __init__(self, config: RunnerConfig, *, faults: FaultInjector | None = None) -> None:
+    def __init__(self, config: RunnerConfig, *, faults: FaultInjector | None = None,
+                 cache: CompileCache | None = None) -> None:
         self._config = config
         self._faults = faults
+        # The --cache-dir entry: opened before the runner is built, marked READY after the
+        # first successful plan (warmgate.server.cache.store has the protocol).
+        self._cache = cache
         self._runner: Any = None
         # Reported once, at the head of the first plan's report, then dropped.
         self._load_phase: PhaseResult | None = None
@@ -76,6 +82,7 @@ class PlanEngine:
         try:
             if self._faults is not None:
                 self._faults.enter("load")
+            open_compile_cache(self._cache, self._config)  # before anything reads the env
             self._runner, phase = plan.load_runner(self._config)
             if self._faults is not None:
                 self._faults.wrap_runner(self._runner)
@@ -97,9 +104,14 @@ class PlanEngine:
         if self._faults is not None:
             self._faults.start_run()
             progress = self._faults.watching(progress)
-        return plan.run_warmup_plan(self._runner, load_phase=load_phase,
-                                    mixed_num_tokens=mixed_num_tokens, progress=progress,
-                                    force=force)
+        report = plan.run_warmup_plan(self._runner, load_phase=load_phase,
+                                      mixed_num_tokens=mixed_num_tokens, progress=progress,
+                                      force=force)
+        return settle_compile_cache(self._cache, report)
+
+    def compile_cache_info(self) -> dict[str, Any] | None:
+        """The entry's state, key, directory and size (refreshed at most every few seconds)."""
+        return self._cache.refresh_size().to_dict() if self._cache is not None else None
 
     def run_mixed(self, num_tokens: int, *, progress: ProgressCallback) -> WarmupReport:
         from warmgate.server.warmup import plan

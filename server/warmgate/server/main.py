@@ -67,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = load_server_config(sys.argv[1:] if argv is None else argv)
     configure_logging(config)
     logger.info("config_hash=%s runner=%s", config.runner.config_hash(), config.runner.to_dict())
+    if config.warmup_only:
+        from warmgate.server.prewarm import run_warmup_only
+
+        return run_warmup_only(config)
     result = asyncio.run(serve(config))
     if not result.runner_idle:
         # The worker thread is not a daemon (ThreadPoolExecutor's never are) and interpreter

@@ -37,7 +37,8 @@ RPC_METHODS = (
     "/grpc.health.v1.Health/Watch",
 )
 COMPILE_KINDS = ("triton", "flashinfer", "inductor", "dynamo", OTHER)
-CACHES = ("triton", "flashinfer", "inductor", OTHER)
+# "entry": the --cache-dir entry as a whole (hit: READY found; miss or rebuilt: filled now).
+CACHES = ("triton", "flashinfer", "inductor", "entry", OTHER)
 # First-use JIT is measured at 11 s (FlashInfer decode) to 93 s (prefill); a cold 8B plan can
 # take many minutes, so the buckets run to 30 minutes rather than the default 10 s.
 PHASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800)
@@ -80,12 +81,19 @@ class Metrics:
         self.set_state("pending")
         self.ready.set(0)
         self._load_observed = False
+        self._cache_entry_observed = False
 
     def set_state(self, state: str) -> None:
         for s in STATES:
             self.warmup_state.labels(state=s).set(1 if s == state else 0)
 
     def observe_report(self, report: WarmupReport) -> None:
+        cache = report.compile_cache
+        if cache and cache.get("state") in ("hit", "miss", "rebuilt") \
+                and not self._cache_entry_observed:  # the entry is opened once per process
+            self._cache_entry_observed = True
+            (self.cache_hits if cache["state"] == "hit" else self.cache_misses).labels(
+                cache="entry").inc()
         for p in report.phases:
             phase = _label(p.name, PHASES)
             if phase == "load" and self._load_observed:

@@ -62,6 +62,12 @@ class ServerConfig:
     security: ServerSecurity = field(default_factory=ServerSecurity)
     # Test-only faults (WARMGATE_FAULT_INJECT); empty in every real deployment.
     faults: tuple[Fault, ...] = ()
+    # The shared compile cache (warmgate.server.cache); None: the libraries' defaults.
+    cache_dir: str | None = None
+    cache_lock_timeout_s: float = 1800.0
+    # Load, warm, fill the cache, print the report and exit; never bind a port.
+    warmup_only: bool = False
+    json_output: bool = False
 
     @property
     def metrics_enabled(self) -> bool:
@@ -178,10 +184,17 @@ _OPTIONS = (
     _Option("--tls-key", str, None, "PEM private key of --tls-cert"),
     _Option("--tls-client-ca", str, None,
             "PEM CA bundle: require client certificates signed by it (mTLS)"),
+    _Option("--cache-dir", str, None, "shared compile cache directory: one locked entry per "
+            "cache key, holding Triton's, FlashInfer's and inductor's caches"),
+    _Option("--cache-lock-timeout", _positive_float, 1800.0,
+            "seconds to wait for another process filling the same cache entry"),
 )
 _BOOL_OPTIONS = (
     _Option("--warmup-on-start", _bool, True, "run the warmup plan once the model is loaded"),
     _Option("--cuda-graphs", _bool, True, "capture uniform-decode CUDA graphs"),
+    _Option("--warmup-only", _bool, False, "load, warm up, fill --cache-dir, print the report "
+            "and exit (0: succeeded); binds no port (a Kubernetes Job, an image build)"),
+    _Option("--json", _bool, False, "with --warmup-only: print the report as JSON"),
 )
 
 
@@ -289,7 +302,9 @@ def load_server_config(argv: Sequence[str] | None = None,
                         metrics_port=args.metrics_port, warmup_on_start=args.warmup_on_start,
                         mixed_num_tokens=args.mixed_num_tokens, log_level=args.log_level,
                         shutdown_grace_s=args.shutdown_grace, health_port=args.health_port,
-                        security=security, faults=faults)
+                        security=security, faults=faults,
+                        cache_dir=args.cache_dir, cache_lock_timeout_s=args.cache_lock_timeout,
+                        warmup_only=args.warmup_only, json_output=args.json)
 
 
 def configure_logging(config: ServerConfig) -> None:

@@ -14,6 +14,7 @@ import enum
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from warmgate.server.eta import estimate_remaining
 from warmgate.server.warmup.progress import ProgressEvent
@@ -51,6 +52,8 @@ class StatusSnapshot:
     last_report: WarmupReport | None = None
     failure_reason: str = ""
     work_in_flight: bool = False
+    # The --cache-dir entry (CacheInfo.to_dict()), once the model load opened it.
+    compile_cache: dict[str, Any] | None = None
 
     @property
     def settled(self) -> bool:
@@ -80,9 +83,10 @@ def phase_seconds(report: WarmupReport | None) -> dict[str, float]:
 
 
 class StatusTracker:
-    def __init__(self, identity: Identity, *, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
+    def __init__(self, identity: Identity, *, clock: Callable[[], float] = time.monotonic,
+                 cache_info: Callable[[], dict[str, Any] | None] | None = None) -> None:
         self._identity = identity
+        self._cache_info = cache_info
         self._clock = clock
         self._state = WarmupState.PENDING
         self._failure_reason = ""
@@ -184,10 +188,15 @@ class StatusTracker:
             self._last_run_s = self._clock() - self._run.started_at
         self._run = None
 
+    def _compile_cache(self) -> dict[str, Any] | None:
+        info = self._cache_info() if self._cache_info is not None else None
+        return info if info and info.get("state") else None  # not opened yet: unset
+
     def snapshot(self) -> StatusSnapshot:
         idle = StatusSnapshot(state=self._state, identity=self._identity,
                               last_report=self._last_report, failure_reason=self._failure_reason,
-                              work_in_flight=self.work_in_flight, elapsed_s=self._last_run_s)
+                              work_in_flight=self.work_in_flight, elapsed_s=self._last_run_s,
+                              compile_cache=self._compile_cache())
         run = self._run
         if run is None:
             return idle

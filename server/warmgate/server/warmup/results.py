@@ -107,6 +107,8 @@ class WarmupReport:
     device: str = ""
     attention_backend: str = ""
     model: str = ""
+    # The --cache-dir entry (warmgate.server.cache.CacheInfo.to_dict()); None without one.
+    compile_cache: dict[str, Any] | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -127,4 +129,5 @@ class WarmupReport:
             "device": self.device,
             "attention_backend": self.attention_backend,
             "model": self.model,
+            "compile_cache": self.compile_cache,
         }

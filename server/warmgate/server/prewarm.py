@@ -1,0 +1,62 @@
+"""`warmgate-server --warmup-only`: load, warm, fill the cache, print the report, exit.
+
+For a Kubernetes Job or an image build: no gRPC port, health or metrics server is started.
+The report goes to stdout (JSON with --json, else the phase table); logs go to stderr.
+Exit 0 when the warmup succeeded, 1 when it (or the load) failed, 70 on a fatal device error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import TextIO
+
+from warmgate.server.app import _default_engine
+from warmgate.server.server_config import ServerConfig
+from warmgate.server.warmup.failures import FatalDeviceError
+from warmgate.server.warmup.results import (
+    PhaseStatus,
+    WarmupOutcome,
+    WarmupReport,
+)
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED, EXIT_FATAL = 0, 1, 70
+
+
+def _print(report: WarmupReport, config: ServerConfig, out: TextIO) -> None:
+    if config.json_output:
+        print(json.dumps(report.to_dict(), sort_keys=True, default=str), file=out, flush=True)
+        return
+    from warmgate.server.warmup.table import format_phase_table
+
+    print(format_phase_table(report), file=out, flush=True)
+
+
+def run_warmup_only(config: ServerConfig, *, out: TextIO | None = None) -> int:
+    out = out if out is not None else sys.stdout
+    engine = _default_engine(config)
+    start = time.perf_counter()
+    try:
+        load = engine.load()
+        if load.status is PhaseStatus.FAILED:
+            report = WarmupReport(WarmupOutcome.FAILED, [load], time.perf_counter() - start,
+                                  config.runner.config_hash(), model=config.runner.model.name)
+            report.compile_cache = engine.compile_cache_info()
+        else:
+            report = engine.run_plan(mixed_num_tokens=config.mixed_num_tokens, force=False,
+                                     progress=lambda _e: None)
+    except FatalDeviceError as exc:
+        logger.critical("fatal device error during %s: %s", exc.phase, exc.cause)
+        return EXIT_FATAL
+    finally:
+        monitor = getattr(engine, "jit_monitor", None)  # its compiler hooks are process-wide
+        if monitor is not None:
+            monitor.close()
+    _print(report, config, out)
+    logger.info("warmup-only: %s in %.3f s (compile cache %s)", report.outcome.value,
+                report.total_duration_s, (report.compile_cache or {}).get("state", "off"))
+    return EXIT_OK if report.succeeded else EXIT_FAILED
