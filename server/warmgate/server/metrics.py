@@ -19,6 +19,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from warmgate.server.jit.events import CACHED_KINDS, JitEvent
 from warmgate.server.warmup.results import PhaseStatus, SkipReason, WarmupReport
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class Metrics:
             ["state"], registry=r)
         self.ready = Gauge("warmgate_ready", "1 once the configured warmup succeeded.",
                            registry=r)
-        # Declared here so the names are stable; the compile tracker (its own issue) counts.
+        # Incremented by observe_jit, a JitMonitor listener.
         self.jit_compiles = Counter(
             "warmgate_jit_compiles_total", "JIT compilations, by kind and whether health "
             "was already SERVING.", ["kind", "after_ready"], registry=r)
@@ -104,6 +105,16 @@ class Metrics:
                 self.phase_skipped.labels(phase=phase, reason=_label(reason, SKIP_REASONS)).inc()
             else:
                 self.phase_duration.labels(phase=phase).observe(p.duration_s)
+
+    def observe_jit(self, event: JitEvent) -> None:
+        """A JitMonitor listener: compiles by kind and readiness, compile-cache hits/misses.
+        Runs on the compiling thread; prometheus_client counters are thread-safe."""
+        if event.is_compile:
+            self.jit_compiles.labels(kind=_label(event.kind, COMPILE_KINDS),
+                                     after_ready=str(event.after_ready).lower()).inc()
+        if event.kind in CACHED_KINDS:
+            cache = _label(event.kind, CACHES)
+            (self.cache_misses if event.compiled else self.cache_hits).labels(cache=cache).inc()
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
         method = _label(method, RPC_METHODS)

@@ -1,0 +1,57 @@
+"""What the JIT observers report: one event per compile (or cache load), tagged with the batch
+that was in flight and whether health was already SERVING."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Event kinds. The first four are compilers; a CUDA-graph miss compiles nothing but is the
+# same kind of first-use surprise (a uniform decode that found no captured graph ran eagerly).
+TRITON = "triton"
+FLASHINFER = "flashinfer"
+DYNAMO = "dynamo"
+INDUCTOR = "inductor"
+CUDA_GRAPH_MISS = "cuda_graph_miss"
+COMPILE_KINDS = (TRITON, FLASHINFER, DYNAMO, INDUCTOR)
+KINDS = (*COMPILE_KINDS, CUDA_GRAPH_MISS)
+# Kinds whose builds persist in an on-disk cache, so a first use is a hit or a miss.
+CACHED_KINDS = (TRITON, FLASHINFER, INDUCTOR)
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The step the runner had in flight: what caused a compile, for the log line."""
+
+    kind: str  # uniform_decode | prefill | mixed (runner.batch.BatchKind values)
+    num_reqs: int
+    num_tokens: int
+    max_query_len: int
+
+    def __str__(self) -> str:
+        return (f"{self.kind} batch num_reqs={self.num_reqs} num_tokens={self.num_tokens} "
+                f"max_query_len={self.max_query_len}")
+
+
+@dataclass(frozen=True)
+class JitEvent:
+    kind: str
+    # True: the code was generated/compiled now (a cache miss). False: an existing build was
+    # loaded from a compile cache (a hit) - first use in this process, but no compiler ran.
+    compiled: bool
+    after_ready: bool
+    # What was compiled: a Triton kernel, a FlashInfer module, a dynamo frame "name 0/3".
+    name: str
+    batch: BatchShape | None = None
+    seconds: float = 0.0
+
+    @property
+    def is_compile(self) -> bool:
+        """A compiler ran (what strict mode acts on); cache loads and graph misses do not."""
+        return self.compiled and self.kind in COMPILE_KINDS
+
+    def describe(self) -> str:
+        what = "compiled" if self.compiled else "loaded from cache"
+        if self.kind == CUDA_GRAPH_MISS:
+            what = "ran eagerly (no captured CUDA graph fits)"
+        cause = str(self.batch) if self.batch is not None else "no batch in flight"
+        return f"{self.kind} {self.name} {what} in {self.seconds:.3f} s, caused by {cause}"

@@ -1,0 +1,111 @@
+"""JitMonitor: one per runner; counts every JIT event and knows whether health is SERVING.
+
+Observers (Triton, dynamo, FlashInfer hooks) call `record` from whatever thread compiled;
+the runner sets `current_batch` before each forward so an event names the batch that caused
+it. Listeners (metrics, the strict-mode policy) get every event; they run on the compiling
+thread, so they must be quick and must not block on the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from warmgate.server.jit.counts import CountsBuilder, JitCounts
+from warmgate.server.jit.events import BatchShape, JitEvent
+
+logger = logging.getLogger(__name__)
+
+Listener = Callable[[JitEvent], None]
+
+
+class Observer(Protocol):
+    name: str
+
+    def install(self, monitor: JitMonitor) -> bool:
+        """Hook into the compiler; False when there is nothing to observe here."""
+
+    def uninstall(self) -> None: ...
+
+    def rearm(self) -> None:
+        """Re-register hooks something else may have cleared (torch._dynamo.reset())."""
+
+
+class JitMonitor:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = CountsBuilder()
+        self._ready = False
+        self._listeners: list[Listener] = []
+        self._observers: list[Observer] = []
+        # Written by the runner before every forward, read by observers on the same thread.
+        self.current_batch: BatchShape | None = None
+
+    # -- readiness ----------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def mark_ready(self) -> None:
+        """From now on every compile is one that serving traffic would have paid for."""
+        for observer in self._observers:
+            observer.rearm()
+        self._ready = True
+
+    def mark_not_ready(self) -> None:
+        """A (re-)warmup started: its compiles are the plan's, not traffic's."""
+        self._ready = False
+
+    # -- observers and listeners --------------------------------------------------------
+    def install(self, observers: Iterable[Observer]) -> list[str]:
+        """Install each observer that applies here; returns the names of those installed."""
+        for observer in observers:
+            if observer.install(self):
+                self._observers.append(observer)
+        names = [o.name for o in self._observers]
+        logger.info("JIT observers installed: %s", ", ".join(names) or "none")
+        return names
+
+    @property
+    def observers(self) -> list[str]:
+        return [o.name for o in self._observers]
+
+    def close(self) -> None:
+        """Uninstall every observer (tests build many runners in one process)."""
+        while self._observers:
+            self._observers.pop().uninstall()
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    # -- events -------------------------------------------------------------------------
+    def record(self, kind: str, *, name: str, compiled: bool = True,
+               seconds: float = 0.0) -> JitEvent:
+        """Called by observers (any thread) for every compile or cache load they see."""
+        with self._lock:
+            event = JitEvent(kind=kind, compiled=compiled, after_ready=self._ready, name=name,
+                             batch=self.current_batch, seconds=seconds)
+            self._counts.add(event)
+        logger.debug("jit event: %s (after_ready=%s)", event.describe(), event.after_ready)
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not break the compile that called us
+                logger.exception("JIT listener %r failed on %s", listener, event.kind)
+        return event
+
+    def snapshot(self) -> JitCounts:
+        with self._lock:
+            return self._counts.freeze()
+
+    def __enter__(self) -> JitMonitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,33 @@
+"""--strict-jit: what a compile after ready does. off: nothing beyond the counters; warn: a
+log line naming the batch that caused it; fail: an error line, and `on_fail(reason)`, which
+the controller turns into state FAILED and health NOT_SERVING."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from warmgate.server.jit.events import JitEvent
+
+logger = logging.getLogger(__name__)
+
+STRICT_MODES = ("off", "warn", "fail")
+
+
+class StrictJitPolicy:
+    def __init__(self, mode: str, on_fail: Callable[[str], None]) -> None:
+        if mode not in STRICT_MODES:
+            raise ValueError(f"strict_jit must be one of {', '.join(STRICT_MODES)}, got {mode!r}")
+        self.mode = mode
+        self._on_fail = on_fail
+
+    def __call__(self, event: JitEvent) -> None:
+        # Cache loads are first uses in this process but no compiler ran: they never fail.
+        if not event.after_ready or self.mode == "off" or not event.compiled:
+            return
+        reason = f"compile after ready: {event.describe()}"
+        if self.mode == "fail" and event.is_compile:
+            logger.error("%s (--strict-jit=fail: health turns NOT_SERVING)", reason)
+            self._on_fail(reason)
+        else:
+            logger.warning("%s; warm this shape up (--strict-jit=%s)", reason, self.mode)
