@@ -207,6 +207,7 @@ def test_cli_report_against_a_real_server(plot_report: PlotFn, tmp_path: Path) -
     from tests.grpc_harness import ServerThread, server_config
     from warmgate.client import cli
     from warmgate.client.api import WaitResult, WarmgateClient
+    from warmgate.server.engine import PLAN_PHASES
 
     out = tmp_path / "live.png"
     with ServerThread(server_config("--warmup-on-start")) as server:
@@ -215,5 +216,5 @@ def test_cli_report_against_a_real_server(plot_report: PlotFn, tmp_path: Path) -
         text = io.StringIO()
         assert cli.main(["--target", server.target, "report", "--plot", str(out)],
                         out=text) == 0
-    assert text.getvalue().startswith(f"wrote {out}: 7 phases")
-    assert png_size(out) == figure_size_px(7)
+    assert text.getvalue().startswith(f"wrote {out}: {len(PLAN_PHASES)} phases")
+    assert png_size(out) == figure_size_px(len(PLAN_PHASES))

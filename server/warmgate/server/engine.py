@@ -28,8 +28,8 @@ logger = logging.getLogger(__name__)
 
 # The plan's phases, in order (warmgate.server.warmup.plan.PHASES, repeated here so the
 # controller and tests do not import the torch-heavy plan just to name them).
-PLAN_PHASES = ("load", "flashinfer", "kernels.prefill", "kernels.decode", "kernels.sampler",
-               "mixed", "cuda_graphs")
+PLAN_PHASES = ("load", "flashinfer", "compile", "kernels.prefill", "kernels.decode",
+               "kernels.sampler", "mixed", "cuda_graphs")
 MIXED_PHASES = ("mixed",)
 
 

@@ -25,8 +25,8 @@ from warmgate.server.warmup.results import PhaseStatus, SkipReason, WarmupReport
 logger = logging.getLogger(__name__)
 
 OTHER = "other"
-PHASES = ("load", "flashinfer", "kernels.prefill", "kernels.decode", "kernels.sampler", "mixed",
-          "cuda_graphs")
+PHASES = ("load", "flashinfer", "compile", "kernels.prefill", "kernels.decode",
+          "kernels.sampler", "mixed", "cuda_graphs")
 STATES = ("pending", "running", "ready", "failed")
 SKIP_REASONS = tuple(r.value.lower() for r in SkipReason)
 RPC_METHODS = (

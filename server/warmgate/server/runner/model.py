@@ -47,18 +47,37 @@ class DecoderLayer(nn.Module):
                 positions: torch.Tensor, cos_sin_cache: torch.Tensor, kv_cache: torch.Tensor,
                 backend: AttentionBackend, meta: AttentionMetadata,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v, residual = self.pre_attention(hidden, residual, positions, cos_sin_cache)
+        attn = backend.forward(self.layer_idx, q, k, v, kv_cache, meta)  # [T, Hq, D]
+        return self.post_attention(attn.reshape(hidden.shape[0], self.q_size), residual)
+
+    # The two dense halves are separate methods because attention reads ragged metadata and
+    # stays eager: runner.compiled_forward compiles exactly these two.
+    def pre_attention(self, hidden: torch.Tensor, residual: torch.Tensor | None,
+                      positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                      ops: TorchOps | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Norm, fused q/k/v projection, rotary. Returns q [T, Hq, D], k and v [T, Hk, D],
+        and the residual [T, H]. `ops` overrides the layer's ops (the compiled path)."""
+        ops = self.ops if ops is None else ops
         num_tokens = hidden.shape[0]
-        x, residual = self.ops.rms_norm(hidden, self.input_layernorm, self.eps, residual)
+        x, residual = ops.rms_norm(hidden, self.input_layernorm, self.eps, residual)
         qkv = F.linear(x, self.qkv_proj)  # [T, (Hq + 2Hk) D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.ops.rotary(q, k, positions, cos_sin_cache)
-        attn = backend.forward(self.layer_idx, q, k, v, kv_cache, meta)  # [T, Hq, D]
-        x = F.linear(attn.reshape(num_tokens, self.q_size), self.o_proj)
-        x, residual = self.ops.rms_norm(x, self.post_attention_layernorm, self.eps, residual)
-        x = self.ops.silu_and_mul(F.linear(x, self.gate_up_proj))  # [T, I]
+        q, k = ops.rotary(q, k, positions, cos_sin_cache)
+        return q, k, v, residual
+
+    def post_attention(self, attn: torch.Tensor, residual: torch.Tensor,
+                       ops: TorchOps | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """attn: [T, Hq D] -> (hidden [T, H], residual [T, H]): output projection, norm,
+        SwiGLU MLP."""
+        ops = self.ops if ops is None else ops
+        x = F.linear(attn, self.o_proj)
+        x, residual = ops.rms_norm(x, self.post_attention_layernorm, self.eps, residual)
+        x = ops.silu_and_mul(F.linear(x, self.gate_up_proj))  # [T, I]
         return F.linear(x, self.down_proj), residual
 
 

@@ -1,7 +1,8 @@
 """The model runner: vLLM's execute_model / sample_tokens contract over our Llama decoder.
 
 The constructor reads as the start-up order: checked config -> model and weights -> paged KV
-cache -> attention backend. (Graph capture comes later, from warmup, over `_run_model`.)
+cache -> attention backend -> (optionally) torch.compile of the forward. (Compiling itself and
+graph capture come later, from warmup, over `_run_model`.)
 Attribute names are vLLM MRV2's, so warmup written against vLLM reads this runner unchanged.
 """
 
@@ -15,8 +16,12 @@ import torch
 import torch.nn.functional as F
 
 from warmgate.server.config import RunnerConfig
+from warmgate.server.jit import BatchShape, JitMonitor
+from warmgate.server.jit.events import CUDA_GRAPH_MISS
 from warmgate.server.runner.attention import AttentionSpec, create_backend
 from warmgate.server.runner.attention.base import AttentionMetadata
+from warmgate.server.runner.batch import classify_batch
+from warmgate.server.runner.compile_buckets import compile_buckets
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.kv_cache import FullAttentionSpec, allocate_kv_cache, kv_cache_bytes
@@ -71,7 +76,8 @@ def _sync(device: torch.device) -> None:
 
 
 class ModelRunner:
-    def __init__(self, config: RunnerConfig, ops: TorchOps | None = None) -> None:
+    def __init__(self, config: RunnerConfig, ops: TorchOps | None = None,
+                 jit_monitor: JitMonitor | None = None) -> None:
         if not config.is_resolved:
             raise ValueError("ModelRunner needs a resolved config (no 'auto' left in device, "
                              "dtype, attention_backend, cache.num_blocks or cuda_graph_sizes): "
@@ -120,6 +126,19 @@ class ModelRunner:
         self.attention_backend = create_backend(config.device.attention_backend,
                                                 self.attention_spec)
         self.model.backend = self.attention_backend
+        # The owner installs the compiler hooks (they are process-wide); the runner only tells
+        # the monitor which batch is in flight and when a uniform decode found no graph.
+        self.jit_monitor = jit_monitor if jit_monitor is not None else JitMonitor()
+        self.compile_buckets: tuple[int, ...] = ()
+        self._forward = self.model
+        if config.compilation.compile:
+            from warmgate.server.runner.compiled_forward import CompiledForward  # torch._dynamo
+
+            self.compile_buckets = compile_buckets(config.compilation.cuda_graph_sizes or (),
+                                                   self.decode_query_len, self.max_num_tokens)
+            self._forward = CompiledForward(self.model, self.compile_buckets)
+            logger.info("torch.compile on: %d token buckets %s (compiled by the warmup's "
+                        "compile phase)", len(self.compile_buckets), list(self.compile_buckets))
         self.sampler = Sampler()
         self.input_batch = InputBatch(
             max_num_reqs=self.max_num_reqs, max_num_tokens=self.max_num_tokens,
@@ -155,6 +174,7 @@ class ModelRunner:
         if not scheduled:
             return ModelRunnerOutput([], [], [], []) if self.is_pooling_model else None
         inputs = self.input_batch.prepare_inputs(scheduled)
+        self.jit_monitor.current_batch = self._batch_shape(inputs)
         hidden = self._run_model(inputs.input_ids, inputs.positions, inputs.meta)  # [T, H]
         if self.is_pooling_model:
             return self._pool(hidden, inputs)
@@ -198,12 +218,22 @@ class ModelRunner:
             hidden = self.graph_runner.run(meta)
             if hidden is not None:
                 return hidden
+            if self.graph_runner.captured:
+                self.jit_monitor.record(CUDA_GRAPH_MISS, name=f"{meta.num_reqs} requests")
         self.attention_backend.plan(meta)
         return self._eager_forward(input_ids, positions, meta)
 
     def _eager_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                        meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, self.kv_caches, meta)
+        """The forward outside a graph replay (compiled per bucket when compile is on)."""
+        return self._forward(input_ids, positions, self.kv_caches, meta)
+
+    def _batch_shape(self, inputs: StepInputs) -> BatchShape:
+        s = inputs.scheduled
+        kind = classify_batch([r.num_scheduled_tokens for r in s], self.decode_query_len,
+                              [r.num_computed_tokens < r.state.num_prompt_tokens for r in s])
+        meta = inputs.meta
+        return BatchShape(kind.value, meta.num_reqs, meta.num_tokens, meta.max_query_len)
 
     @property
     def cuda_graphs_captured(self) -> bool:

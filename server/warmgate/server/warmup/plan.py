@@ -1,10 +1,12 @@
 """The warmup plan: every phase of DESIGN.md, in order, each RAN, SKIPPED or FAILED.
 
-Order: load, flashinfer, kernels.prefill, kernels.decode, kernels.sampler, mixed, cuda_graphs.
-FlashInfer's JIT runs before the kernel warmups (as vLLM runs its FlashInfer autotune before
-`warmup_kernels`) so its compile cost shows in its own phase rather than inside prefill. Graph
-capture comes last: a warmup after capture can grow a workspace that captured graphs still
-point at (vLLM 55336).
+Order: load, flashinfer, compile, kernels.prefill, kernels.decode, kernels.sampler, mixed,
+cuda_graphs. FlashInfer's JIT runs before the kernel warmups (as vLLM runs its FlashInfer
+autotune before `warmup_kernels`) so its compile cost shows in its own phase rather than inside
+prefill; torch.compile's buckets likewise. Graph capture comes last: a warmup after capture can
+grow a workspace that captured graphs still point at (vLLM 55336).
+Each phase's `compiles` and cache counts come from the runner's JitMonitor, billed to the
+phase whose step was running.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from warmgate.server.config import RunnerConfig, resolve_runner_config
+from warmgate.server.jit import JitMonitor
+from warmgate.server.warmup.compile_ledger import PhaseLedger
+from warmgate.server.warmup.compile_phase import COMPILE, run_compile_warmup
 from warmgate.server.warmup.failures import (
     FatalDeviceError,
     describe_failure,
@@ -36,7 +41,7 @@ from warmgate.server.warmup.steps import synced_timer
 logger = logging.getLogger(__name__)
 
 LOAD, FLASHINFER, CUDA_GRAPHS = "load", "flashinfer", "cuda_graphs"
-PHASES = (LOAD, FLASHINFER, PREFILL, DECODE, SAMPLER, MIXED, CUDA_GRAPHS)
+PHASES = (LOAD, FLASHINFER, COMPILE, PREFILL, DECODE, SAMPLER, MIXED, CUDA_GRAPHS)
 DEFAULT_MIXED_NUM_TOKENS = 16  # vLLM's mixed FlashInfer attention warmup uses 16 tokens
 
 
@@ -48,16 +53,24 @@ def log_phase(p: PhaseResult) -> None:
                p.num_tokens, p.num_steps, p.detail)
 
 
-def load_runner(config: RunnerConfig) -> tuple[Any, PhaseResult]:
-    """Resolve the config, build the runner (weights, KV cache, backend) and time it."""
+def load_runner(config: RunnerConfig, *, jit_monitor: JitMonitor | None = None
+                ) -> tuple[Any, PhaseResult]:
+    """Resolve the config, build the runner (weights, KV cache, backend) and time it.
+
+    With a monitor, the compiler hooks this configuration needs are installed first, so
+    nothing compiles unseen.
+    """
+    from warmgate.server.jit.install import install_observers
     from warmgate.server.runner import ModelRunner  # lazy: torch-heavy
 
     start = time.perf_counter()
     resolved = resolve_runner_config(config)
-    runner = ModelRunner(resolved)
+    observers = install_observers(jit_monitor, resolved) if jit_monitor is not None else []
+    runner = ModelRunner(resolved, jit_monitor=jit_monitor)
     seconds = time.perf_counter() - start
     stats = dataclasses.asdict(runner.load_stats)
-    shapes = {"num_blocks": runner.kv_cache_config.num_blocks, **stats}
+    shapes = {"num_blocks": runner.kv_cache_config.num_blocks, **stats,
+              "jit_observers": observers, "compile_buckets": list(runner.compile_buckets)}
     phase = PhaseResult(name=LOAD, status=PhaseStatus.RAN, duration_s=seconds, shapes=shapes,
                         detail=f"model {resolved.model.name} on {resolved.device.device} "
                                f"({resolved.device.dtype}, {resolved.device.attention_backend} "
@@ -111,13 +124,16 @@ Step = tuple[tuple[str, ...], Callable[[ProgressCallback], list[PhaseResult]]]
 class _PlanProgress:
     """Stamps events with the phase's place in the plan and remembers which phases spoke."""
 
-    def __init__(self, progress: ProgressCallback | None, names: tuple[str, ...]) -> None:
+    def __init__(self, progress: ProgressCallback | None, names: tuple[str, ...],
+                 ledger: PhaseLedger) -> None:
         self._progress = progress
         self._names = names
+        self.ledger = ledger
         self.seen: set[str] = set()
 
     def __call__(self, e: ProgressEvent) -> None:
         self.seen.add(e.phase)
+        self.ledger.charge(e.phase)
         if self._progress is not None:
             index = self._names.index(e.phase) if e.phase in self._names else 0
             self._progress(ProgressEvent(e.phase, e.steps_done, e.steps_total, index,
@@ -125,13 +141,13 @@ class _PlanProgress:
 
 
 def _run_phases(steps: list[Step], progress: ProgressCallback | None,
-                names: tuple[str, ...]) -> list[PhaseResult]:
+                names: tuple[str, ...], monitor: JitMonitor | None = None) -> list[PhaseResult]:
     """Run each step, which yields the phases it names; after a failure the rest are skipped.
 
     Phases that reported no step progress of their own (skips, single-shot phases) get one
     completion event, so a watcher sees every phase go by in order.
     """
-    tracker = _PlanProgress(progress, names)
+    tracker = _PlanProgress(progress, names, PhaseLedger(monitor))
     results: list[PhaseResult] = []
     failed = False
     for step_names, step in steps:
@@ -143,11 +159,14 @@ def _run_phases(steps: list[Step], progress: ProgressCallback | None,
         start = time.perf_counter()
         try:
             produced = step(tracker)
+            # What ran after the step's last progress event (its clean-up) is its last phase's.
+            tracker.ledger.charge(step_names[-1])
         except Exception as exc:  # a phase failure is data; the caller decides what is fatal
             logger.exception("phase %s failed", step_names[0])
             # Blame the first sub-phase that had not finished when the exception came.
             done = {n for n in step_names if n in tracker.seen}
             culprit = next((n for n in step_names if n not in done), step_names[-1])
+            tracker.ledger.charge(culprit)
             if is_fatal_device_error(exc):
                 # Not a phase failure: the CUDA context is gone, no later phase can run, and
                 # the process has to exit; the controller decides how.
@@ -163,6 +182,7 @@ def _run_phases(steps: list[Step], progress: ProgressCallback | None,
                          for n in step_names[step_names.index(culprit) + 1:]]
             failed = True
         for p in produced:
+            tracker.ledger.fill(p)
             log_phase(p)
             if p.status is not PhaseStatus.FAILED and p.name not in tracker.seen:
                 tracker(ProgressEvent(p.name, 1, 1))
@@ -193,14 +213,19 @@ def run_warmup_plan(runner: Any, *, load_phase: PhaseResult | None = None,
             runner, runner.execute_model, runner.sample_tokens, num_tokens,
             progress=report).phases
 
+    def compile_buckets(report: ProgressCallback) -> list[PhaseResult]:
+        return run_compile_warmup(runner, runner.execute_model, runner.sample_tokens,
+                                  progress=report).phases
+
     steps: list[Step] = [
         ((FLASHINFER,), lambda _: [_flashinfer_phase(runner)]),
+        ((COMPILE,), compile_buckets),
         ((PREFILL, DECODE, SAMPLER), kernels),
         ((MIXED,), mixed),
         ((CUDA_GRAPHS,), lambda _: [_cuda_graphs_phase(runner, force)]),
     ]
     phases = [load_phase] if load_phase is not None else []
-    phases += _run_phases(steps, progress, PHASES)
+    phases += _run_phases(steps, progress, PHASES, getattr(runner, "jit_monitor", None))
     return _report(runner, phases, time.perf_counter() - start
                    + (load_phase.duration_s if load_phase else 0.0))
 
@@ -222,7 +247,7 @@ def run_mixed_warmup(runner: Any, num_tokens: int, *,
     start = time.perf_counter()
     phases = _run_phases([((MIXED,), lambda report: run_mixed_prefill_decode_warmup(
         runner, runner.execute_model, runner.sample_tokens, num_tokens,
-        progress=report).phases)], progress, (MIXED,))
+        progress=report).phases)], progress, (MIXED,), getattr(runner, "jit_monitor", None))
     return _report(runner, phases, time.perf_counter() - start)
 
 

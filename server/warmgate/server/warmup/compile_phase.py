@@ -1,0 +1,120 @@
+"""The `compile` phase: one batch per torch.compile token bucket, so every graph the runner
+can ever need is compiled before ready.
+
+The compiled region depends on the padded token count only (attention, the only part that
+reads the batch's layout, runs eagerly), so one prefill batch per bucket covers it: its
+token count is the bucket itself when the KV cache and max_num_seqs allow, else the smallest
+count that still lands in the bucket. A bucket no batch can reach (too few KV blocks for even
+that) is listed as unreachable: no real batch can reach it either.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from warmgate.server.config import cdiv
+from warmgate.server.runner.scheduler_output import GREEDY
+from warmgate.server.warmup.progress import PhaseProgress, ProgressCallback
+from warmgate.server.warmup.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
+from warmgate.server.warmup.steps import (
+    BlockAllocator,
+    ExecuteModel,
+    SampleTokens,
+    blocks_for,
+    finish,
+    kv_block_sizes,
+    new_request,
+    run_step,
+    scheduler_output,
+    synced_timer,
+)
+
+logger = logging.getLogger(__name__)
+
+COMPILE = "compile"
+
+
+def buckets_to_warm(model_runner: Any) -> tuple[int, ...]:
+    """The buckets the phase compiles: all of the runner's (a seam for tests that leave one
+    out on purpose)."""
+    return tuple(getattr(model_runner, "compile_buckets", ()) or ())
+
+
+def prompt_layout(num_tokens: int, *, max_num_seqs: int, max_model_len: int,
+                  block_sizes: Sequence[int], free_blocks: int) -> list[int] | None:
+    """Prompt lengths of one prefill batch of exactly num_tokens tokens, or None if the
+    limits (requests per batch, tokens per request, KV blocks) cannot hold it."""
+    num_reqs = cdiv(num_tokens, max_model_len)
+    if num_reqs > max_num_seqs:
+        return None
+    base, extra = divmod(num_tokens, num_reqs)
+    lengths = [base + (i < extra) for i in range(num_reqs)]
+    if sum(sum(blocks_for(n, block_sizes)) for n in lengths) > free_blocks:
+        return None
+    return lengths
+
+
+def plan_batches(buckets: Sequence[int], *, max_num_seqs: int, max_model_len: int,
+                 block_sizes: Sequence[int], free_blocks: int,
+                 ) -> tuple[list[tuple[int, list[int]]], list[int]]:
+    """[(bucket, prompt lengths)] for the buckets a batch can reach, and those it cannot."""
+    limits = dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                  block_sizes=block_sizes, free_blocks=free_blocks)
+    batches, unreachable = [], []
+    previous = 0
+    for bucket in sorted(buckets):
+        layout = prompt_layout(bucket, **limits) or prompt_layout(previous + 1, **limits)
+        if layout is None:
+            unreachable.append(bucket)
+        else:
+            batches.append((bucket, layout))
+        previous = bucket
+    return batches, unreachable
+
+
+def run_compile_warmup(model_runner: Any, worker_execute_model: ExecuteModel,
+                       worker_sample_tokens: SampleTokens, *,
+                       progress: ProgressCallback | None = None,
+                       req_id_prefix: str = "_warmup_compile") -> WarmupResult:
+    """Truthy iff it ran; SKIPPED (DISABLED) when torch.compile is off."""
+    buckets = buckets_to_warm(model_runner)
+    if not buckets:
+        return WarmupResult.skipped(COMPILE, SkipReason.DISABLED,
+                                    "torch.compile is off (--compile turns it on)")
+    block_sizes = kv_block_sizes(model_runner)
+    batches, unreachable = plan_batches(
+        buckets, max_num_seqs=model_runner.scheduler_config.max_num_seqs,
+        max_model_len=model_runner.config.model.max_model_len, block_sizes=block_sizes,
+        free_blocks=model_runner.kv_cache_config.num_blocks - 1)
+    if unreachable:
+        logger.warning("compile buckets %s cannot be reached by any batch (KV blocks or "
+                       "max_num_seqs); not compiled", unreachable)
+    is_pooling = bool(model_runner.is_pooling_model)
+    vocab = model_runner.config.model.vocab_size
+    execute, sample = worker_execute_model, worker_sample_tokens
+    tracker = PhaseProgress(COMPILE, len(batches), progress)
+    with synced_timer(model_runner) as t:
+        for bucket, lengths in batches:
+            ids = [f"{req_id_prefix}_{bucket}_{i}" for i in range(len(lengths))]
+            alloc = BlockAllocator(len(block_sizes))
+            new = [new_request(rid, [i % vocab for i in range(n)],
+                               alloc.take(blocks_for(n, block_sizes)),
+                               None if is_pooling else GREEDY)
+                   for rid, n in zip(ids, lengths, strict=True)]
+            try:
+                run_step(execute, sample, scheduler_output(
+                    new_reqs=new, num_scheduled=dict(zip(ids, lengths, strict=True))),
+                    sample_after=not is_pooling)
+            finally:
+                finish(execute, ids)
+            tracker.step()
+    warmed = [b for b, _ in batches]
+    phase = PhaseResult(
+        name=COMPILE, status=PhaseStatus.RAN, duration_s=t[0],
+        num_reqs=max((len(lengths) for _, lengths in batches), default=0),
+        num_tokens=max((sum(lengths) for _, lengths in batches), default=0),
+        num_steps=len(batches), shapes={"buckets": warmed, "unreachable": unreachable},
+        detail=f"compiled {len(warmed)} token buckets {warmed}; every batch pads up to one")
+    return WarmupResult(ran=True, phases=[phase])
