@@ -21,6 +21,7 @@ from warmgate.server.controller import WarmupController
 from warmgate.server.engine import PlanEngine, WarmupEngine
 from warmgate.server.faults import FaultInjector
 from warmgate.server.interceptor import ErrorInterceptor
+from warmgate.server.jit import JitMonitor
 from warmgate.server.metrics import Metrics, MetricsEndpoint
 from warmgate.server.security import ServerSecurity
 from warmgate.server.server_config import ServerConfig
@@ -46,6 +47,8 @@ class RunningServer:
     # The plaintext health-only server (--health-port), if any.
     health_server: grpc.aio.Server | None = None
     health_port: int | None = None
+    # The engine's JIT monitor, whose process-wide compiler hooks stop() removes.
+    jit_monitor: JitMonitor | None = None
 
     @property
     def metrics_port(self) -> int | None:
@@ -64,6 +67,8 @@ class RunningServer:
             await self.health_server.stop(0)
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.close()
+        if self.jit_monitor is not None:
+            self.jit_monitor.close()
 
 
 def identity_of(config: RunnerConfig) -> Identity:
@@ -111,11 +116,14 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     """
     metrics = Metrics()
     health = health_aio.HealthServicer()
+    engine = engine if engine is not None else _default_engine(config)
+    # Fakes in tests have none; the real engine's counts every compile of its runner.
+    jit_monitor: JitMonitor | None = getattr(engine, "jit_monitor", None)
     controller = WarmupController(
-        engine if engine is not None else _default_engine(config),
-        identity_of(config.runner),
+        engine, identity_of(config.runner),
         max_num_batched_tokens=config.runner.scheduler.max_num_batched_tokens,
-        default_mixed_num_tokens=config.mixed_num_tokens, health=health, metrics=metrics)
+        default_mixed_num_tokens=config.mixed_num_tokens, health=health, metrics=metrics,
+        jit_monitor=jit_monitor, strict_jit=config.strict_jit)
     # Error first, so it also counts (and maps) what the auth interceptor refuses.
     interceptors: list[grpc.aio.ServerInterceptor] = [
         ErrorInterceptor(metrics, on_fatal=controller.device_lost)]
@@ -149,4 +157,4 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
                 config.host, port, config.runner.model.name, config.runner.device.device,
                 config.runner.device.attention_backend, _describe_security(config.security))
     return RunningServer(server, port, controller, health, metrics, endpoint, health_server,
-                         health_port)
+                         health_port, jit_monitor)

@@ -23,10 +23,11 @@ from grpc_health.v1.health import aio as health_aio
 
 from warmgate.server.engine import MIXED_PHASES, PLAN_PHASES, WarmupEngine
 from warmgate.server.errors import FailedPrecondition, FieldViolation, InvalidArgument, ShuttingDown
+from warmgate.server.jit import JitMonitor, StrictJitPolicy
 from warmgate.server.metrics import Metrics
 from warmgate.server.report_log import log_report
 from warmgate.server.singleflight import Shared, SingleFlight
-from warmgate.server.status import Identity, StatusSnapshot, StatusTracker
+from warmgate.server.status import Identity, StatusSnapshot, StatusTracker, WarmupState
 from warmgate.server.warmup.failures import FatalDeviceError, describe_fatal
 from warmgate.server.warmup.progress import ProgressEvent
 from warmgate.server.warmup.results import (
@@ -57,7 +58,8 @@ class WarmupController:
                  default_mixed_num_tokens: int | None = None,
                  health: health_aio.HealthServicer | None = None,
                  metrics: Metrics | None = None,
-                 plan_phases: Sequence[str] = PLAN_PHASES) -> None:
+                 plan_phases: Sequence[str] = PLAN_PHASES,
+                 jit_monitor: JitMonitor | None = None, strict_jit: str = "warn") -> None:
         self._engine = engine
         self._budget = max_num_batched_tokens
         self._default_mixed = default_mixed_num_tokens
@@ -80,6 +82,12 @@ class WarmupController:
         self._runner_busy = threading.Event()
         self._fatal: BaseException | None = None
         self._fatal_event = asyncio.Event()
+        # Ready once a plan succeeded; every compile it sees from then on is traffic's.
+        self._jit = jit_monitor
+        if jit_monitor is not None:
+            if metrics is not None:
+                jit_monitor.add_listener(metrics.observe_jit)
+            jit_monitor.add_listener(StrictJitPolicy(strict_jit, self._jit_failed_threadsafe))
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -285,6 +293,8 @@ class WarmupController:
             self._require_loaded()
             self._tracker.begin("plan", self._plan_phases, previous=self._tracker.last_report)
             self._observe_state()
+            if self._jit is not None:
+                self._jit.mark_not_ready()  # what this plan compiles is the plan's own work
             try:
                 report = await self._run_job("plan", lambda: self._engine.run_plan(
                     mixed_num_tokens=mixed_num_tokens, force=force, progress=self._progress))
@@ -294,6 +304,8 @@ class WarmupController:
             self._tracker.end_plan(report)
             if not report.succeeded:
                 self._plans.forget()  # a stored success no longer describes the runner
+            elif self._jit is not None:
+                self._jit.mark_ready()  # before SERVING: no compile slips in untagged
             await self._set_serving(report.succeeded)
             self._observe(report)
             return report
@@ -322,6 +334,22 @@ class WarmupController:
                             attention_backend=i.attention_backend, model=i.model)
 
     # -- readiness and metrics ----------------------------------------------------------
+
+    def _jit_failed_threadsafe(self, reason: str) -> None:
+        """--strict-jit=fail saw a compile after ready; called on the compiling thread."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the server is gone
+                loop.call_soon_threadsafe(self._jit_failed, reason)
+
+    def _jit_failed(self, reason: str) -> None:
+        """FAILED with the compile's batch as the reason, and NOT_SERVING. Not fatal: a
+        forced WarmupKernels warms again and, if it succeeds, turns health SERVING."""
+        if self._fatal is not None or self._tracker.state is WarmupState.FAILED:
+            return  # the first reason stands
+        self._tracker.fail(reason)
+        self._plans.forget()  # a stored success no longer describes the runner
+        self._spawn(self._set_serving(False))
 
     async def _set_serving(self, serving: bool) -> None:
         if self._health is not None:

@@ -16,6 +16,7 @@ from warmgate.server.cache.session import open_compile_cache, settle_compile_cac
 from warmgate.server.cache.store import CompileCache
 from warmgate.server.config import RunnerConfig
 from warmgate.server.faults import FaultInjector
+from warmgate.server.jit import JitMonitor
 from warmgate.server.warmup.failures import (
     FatalDeviceError,
     describe_failure,
@@ -67,6 +68,8 @@ class PlanEngine:
         # The --cache-dir entry: opened before the runner is built, marked READY after the
         # first successful plan (warmgate.server.cache.store has the protocol).
         self._cache = cache
+        # Counts the runner's JIT compiles; the controller marks it ready and listens to it.
+        self.jit_monitor = JitMonitor()
         self._runner: Any = None
         # Reported once, at the head of the first plan's report, then dropped.
         self._load_phase: PhaseResult | None = None
@@ -83,7 +86,7 @@ class PlanEngine:
             if self._faults is not None:
                 self._faults.enter("load")
             open_compile_cache(self._cache, self._config)  # before anything reads the env
-            self._runner, phase = plan.load_runner(self._config)
+            self._runner, phase = plan.load_runner(self._config, jit_monitor=self.jit_monitor)
             if self._faults is not None:
                 self._faults.wrap_runner(self._runner)
         except Exception as exc:  # a load failure is reported and turns health FAILED

@@ -27,6 +27,7 @@ from warmgate.server.config import (
 )
 from warmgate.server.faults import ENV_VAR as FAULT_ENV_VAR
 from warmgate.server.faults import Fault, parse_faults
+from warmgate.server.jit.strict import STRICT_MODES
 from warmgate.server.presets import MODEL_PRESETS, preset_names
 from warmgate.server.security import (
     SecurityConfigError,
@@ -62,6 +63,9 @@ class ServerConfig:
     security: ServerSecurity = field(default_factory=ServerSecurity)
     # Test-only faults (WARMGATE_FAULT_INJECT); empty in every real deployment.
     faults: tuple[Fault, ...] = ()
+    # A JIT compile after ready: off (count only), warn (log it with the batch that caused
+    # it) or fail (also state FAILED and health NOT_SERVING); see warmgate.server.jit.strict.
+    strict_jit: str = "warn"
     # The shared compile cache (warmgate.server.cache); None: the libraries' defaults.
     cache_dir: str | None = None
     cache_lock_timeout_s: float = 1800.0
@@ -127,6 +131,12 @@ def _log_level(text: str) -> str:
     return text.upper()
 
 
+def _strict_jit(text: str) -> str:
+    if text.lower() not in STRICT_MODES:
+        raise ValueError(f"must be one of {', '.join(STRICT_MODES)}")
+    return text.lower()
+
+
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -184,6 +194,9 @@ _OPTIONS = (
     _Option("--tls-key", str, None, "PEM private key of --tls-cert"),
     _Option("--tls-client-ca", str, None,
             "PEM CA bundle: require client certificates signed by it (mTLS)"),
+    _Option("--strict-jit", _strict_jit, "warn",
+            "a JIT compile after ready: off (count it), warn (log the batch that caused it) "
+            "or fail (also turn health NOT_SERVING, state FAILED)"),
     _Option("--cache-dir", str, None, "shared compile cache directory: one locked entry per "
             "cache key, holding Triton's, FlashInfer's and inductor's caches"),
     _Option("--cache-lock-timeout", _positive_float, 1800.0,
@@ -192,6 +205,8 @@ _OPTIONS = (
 _BOOL_OPTIONS = (
     _Option("--warmup-on-start", _bool, True, "run the warmup plan once the model is loaded"),
     _Option("--cuda-graphs", _bool, True, "capture uniform-decode CUDA graphs"),
+    _Option("--compile", _bool, False, "torch.compile the model's dense layers, one graph per "
+            "token bucket, all compiled by the warmup's compile phase"),
     _Option("--warmup-only", _bool, False, "load, warm up, fill --cache-dir, print the report "
             "and exit (0: succeeded); binds no port (a Kubernetes Job, an image build)"),
     _Option("--json", _bool, False, "with --warmup-only: print the report as JSON"),
@@ -258,7 +273,7 @@ def _runner_config(args: argparse.Namespace) -> RunnerConfig:
         speculative=SpeculativeConfig(num_speculative_steps=args.num_speculative_steps),
         device=DeviceConfig(device=args.device, dtype=args.dtype,
                             attention_backend=args.attention_backend),
-        compilation=CompilationConfig(enable_cuda_graphs=args.cuda_graphs),
+        compilation=CompilationConfig(enable_cuda_graphs=args.cuda_graphs, compile=args.compile),
     )
 
 
@@ -302,7 +317,7 @@ def load_server_config(argv: Sequence[str] | None = None,
                         metrics_port=args.metrics_port, warmup_on_start=args.warmup_on_start,
                         mixed_num_tokens=args.mixed_num_tokens, log_level=args.log_level,
                         shutdown_grace_s=args.shutdown_grace, health_port=args.health_port,
-                        security=security, faults=faults,
+                        security=security, faults=faults, strict_jit=args.strict_jit,
                         cache_dir=args.cache_dir, cache_lock_timeout_s=args.cache_lock_timeout,
                         warmup_only=args.warmup_only, json_output=args.json)
 
