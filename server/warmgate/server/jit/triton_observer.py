@@ -34,6 +34,14 @@ def _entries(directory: str) -> set[str]:
         return set()
 
 
+def _default_cache_dir(knobs: Any) -> str:
+    """knobs.cache.dir (it follows TRITON_CACHE_DIR), or Triton's documented default."""
+    configured = getattr(getattr(knobs, "cache", None), "dir", None)
+    if configured:
+        return str(configured)
+    return os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache")
+
+
 class TritonObserver:
     name = TRITON
 
@@ -58,7 +66,7 @@ class TritonObserver:
                            "compiles are not counted")
             return False
         if self._cache_dir is None:
-            self._cache_dir = str(knobs.cache.dir)
+            self._cache_dir = _default_cache_dir(knobs)
         self._prev_cache, self._prev_post = runtime.jit_cache_hook, runtime.jit_post_compile_hook
         runtime.jit_cache_hook = self._cache_hook
         runtime.jit_post_compile_hook = self._post_hook
