@@ -13,7 +13,7 @@ replay only needs a fresh `plan` on the host.
 from __future__ import annotations
 
 import logging
-import time
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,10 +24,13 @@ from warmgate.server.runner.attention.base import (
     AttentionMetadata,
     AttentionSpec,
 )
+from warmgate.server.runner.attention.concurrency import run_concurrently
 
 logger = logging.getLogger(__name__)
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
+# "0" builds the decode and prefill JIT modules one after the other instead of at once.
+PARALLEL_JIT_ENV = "WARMGATE_FLASHINFER_PARALLEL_JIT"
 
 
 @dataclass
@@ -144,36 +147,65 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._graph_wrappers[num_reqs] = wrapper
 
     # -- JIT warmup -----------------------------------------------------------------------
-    def jit_warmup(self) -> dict[str, object]:
-        """Plan and run one decode and one causal prefill on a scratch cache: FlashInfer
-        JIT-compiles (or loads from its cache) the modules for these head shapes and dtype."""
+    def _warm_decode(self, kv: tuple[torch.Tensor, torch.Tensor], workspace: torch.Tensor
+                     ) -> None:
         s = self.spec
-        cache = torch.randn(2, 2, s.block_size, s.num_kv_heads, s.head_dim, dtype=s.dtype,
-                            device=s.device)
-        kv = (cache[0], cache[1])
         indptr = torch.tensor([0, 1], dtype=torch.int32)
         indices = torch.tensor([1], dtype=torch.int32, device=s.device)
         last = torch.tensor([s.block_size], dtype=torch.int32)
-        timings: dict[str, float] = {}
-
-        start = time.perf_counter()
         decode = self._fi.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores)
+            workspace, "NHD", use_tensor_cores=self.use_tensor_cores)
         self._plan_decode(decode, PagedLayout(indptr, indptr, indices, last))
         decode.run(torch.randn(1, s.num_heads, s.head_dim, dtype=s.dtype, device=s.device), kv)
         torch.cuda.synchronize(s.device)
-        timings["decode_s"] = time.perf_counter() - start
 
-        start = time.perf_counter()
+    def _warm_prefill(self, kv: tuple[torch.Tensor, torch.Tensor], workspace: torch.Tensor
+                      ) -> None:
+        s = self.spec
         q_len = 2
-        prefill = self._fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        indptr = torch.tensor([0, 1], dtype=torch.int32)
+        indices = torch.tensor([1], dtype=torch.int32, device=s.device)
+        last = torch.tensor([s.block_size], dtype=torch.int32)
         qo = torch.tensor([0, q_len], dtype=torch.int32)
+        prefill = self._fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
         self._plan_prefill(prefill, PagedLayout(qo, indptr, indices, last))
         prefill.run(torch.randn(q_len, s.num_heads, s.head_dim, dtype=s.dtype,
                                 device=s.device), kv)
         torch.cuda.synchronize(s.device)
-        timings["prefill_s"] = time.perf_counter() - start
-        logger.info("flashinfer JIT warmup: decode %.2f s, prefill %.2f s (tensor-core decode=%s)",
-                    timings["decode_s"], timings["prefill_s"], self.use_tensor_cores)
+
+    def jit_warmup(self, *, parallel: bool | None = None) -> dict[str, object]:
+        """Plan and run one decode and one causal prefill on a scratch cache: FlashInfer
+        JIT-compiles (or loads from its cache) the modules for these head shapes and dtype.
+
+        By default the two modules build on two threads at once (their nvcc subprocesses
+        overlap); `parallel=False` or WARMGATE_FLASHINFER_PARALLEL_JIT=0 builds them one
+        after the other. The two wrappers get separate float workspaces: a plan writes its
+        schedule into the workspace, and two plans in flight must not share one.
+        """
+        s = self.spec
+        if parallel is None:
+            parallel = os.environ.get(PARALLEL_JIT_ENV, "1").strip().lower() not in \
+                ("0", "false", "no", "off")
+        cache = torch.randn(2, 2, s.block_size, s.num_kv_heads, s.head_dim, dtype=s.dtype,
+                            device=s.device)
+        kv = (cache[0], cache[1])
+        scratch = (torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=s.device)
+                   if parallel else self.workspace)
+        dev = s.device
+
+        def on_device(fn: Any, ws: torch.Tensor) -> Any:
+            def call() -> None:
+                with torch.cuda.device(dev):  # a new thread starts on cuda:0
+                    fn(kv, ws)
+            return call
+
+        t = run_concurrently({"decode": on_device(self._warm_decode, self.workspace),
+                              "prefill": on_device(self._warm_prefill, scratch)},
+                             parallel=parallel)
+        logger.info("flashinfer JIT warmup: decode %.2f s, prefill %.2f s, wall %.2f s (%s; "
+                    "tensor-core decode=%s)", t.seconds["decode"], t.seconds["prefill"],
+                    t.wall_s, "parallel" if parallel else "sequential", self.use_tensor_cores)
         return {"num_steps": 2, "use_tensor_cores": self.use_tensor_cores,
-                **{k: round(v, 4) for k, v in timings.items()}}
+                "parallel": parallel, "decode_s": round(t.seconds["decode"], 4),
+                "prefill_s": round(t.seconds["prefill"], 4),
+                "longest_module_s": round(t.longest_s, 4), "wall_s": round(t.wall_s, 4)}
