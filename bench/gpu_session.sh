@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU machine is for, in one call (device time is scarce and caches die with the
 # machine): install the carried wheels, then each stage with its own time limit, logs to $OUT.
-#   STAGES="sanity tests warmup bench" bash bench/gpu_session.sh
+#   STAGES="sanity tests warmup bench" bash bench/gpu_session.sh   (also: spec, coverage)
 set -uo pipefail
 OUT=${OUT:-/tmp/warmgate-out}
 mkdir -p "$OUT"
@@ -43,5 +43,13 @@ bench)
     | tee "$OUT/decode_latency.txt"; tail -5 "$OUT/decode.err"
   stage "bench kernels"
   timeout 90 python3 bench/kernels_gpu.py 2>&1 | tee "$OUT/kernels_gpu.txt" | tail -20 ;;
+coverage)
+  # compiles_after_ready must be 0 for each backend, plain and speculative (issue 5).
+  for b in flashinfer triton; do for k in 0 3; do
+    stage "coverage tiny $b k=$k"
+    timeout 240 python3 bench/coverage.py --device cuda --attention-backend $b \
+      --num-speculative-steps $k --batches 2000 2>"$OUT/coverage_${b}_k$k.err" \
+      | tee "$OUT/coverage_${b}_k$k.txt" | tail -9
+  done; done ;;
 esac; done
 stage done

@@ -1,0 +1,111 @@
+"""Coverage workload: after the warmup plan marks the runner ready, random batches from
+everything the configuration allows must compile nothing.
+
+    PYTHONPATH=client:server:. python bench/coverage.py --compile --batches 2000
+    PYTHONPATH=client:server:. python bench/coverage.py --device cuda \\
+        --attention-backend flashinfer --num-speculative-steps 3 --batches 2000
+
+Prints the warmup's phase table, every compile after ready (with the batch that caused it),
+a summary of the batches drawn, and last `compiles_after_ready: N`. Exits 1 when N > 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections import Counter
+
+import torch
+
+from bench.coverage_scheduler import CoverageScheduler
+from bench.inprocess import add_runner_args, build, configure_logging, runner_config, warm
+from bench.random_batches import BatchDrawer, Limits
+from warmgate.server.jit import JitEvent
+from warmgate.server.warmup.table import format_phase_table
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_runner_args(p)
+    p.add_argument("--batches", type=int, default=2000, help="random batches after ready")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verbose", action="store_true", help="INFO logs (warmup, observers)")
+    return p
+
+
+def _sync(runner: object) -> None:
+    device = getattr(runner, "device", None)
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure_logging(args.verbose)
+    start = time.perf_counter()
+    runner, load_phase, monitor = build(runner_config(args))
+    report = warm(runner, load_phase, monitor)
+    print(format_phase_table(report), flush=True)
+    if not report.succeeded:
+        print("warmup failed; nothing to cover", file=sys.stderr)
+        return 2
+    warm_s = time.perf_counter() - start
+
+    late: list[JitEvent] = []
+
+    def on_event(event: JitEvent) -> None:
+        if event.after_ready and event.compiled:
+            late.append(event)
+            print(f"AFTER READY: {event.describe()}", flush=True)
+
+    monitor.add_listener(on_event)
+    cfg = runner.config
+    limits = Limits(max_num_seqs=cfg.scheduler.max_num_seqs,
+                    max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
+                    max_model_len=cfg.model.max_model_len,
+                    num_spec=cfg.speculative.num_speculative_steps,
+                    vocab_size=cfg.model.vocab_size)
+    sched = CoverageScheduler(runner)
+    drawer = BatchDrawer(sched, limits, random.Random(args.seed))
+    modes: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    sizes: Counter[int] = Counter()
+    reqs: Counter[int] = Counter()
+    run_start = time.perf_counter()
+    for _ in range(args.batches):
+        mode, plan = drawer.next_plan()
+        sched.step(plan)
+        modes[mode] += 1
+        shape = monitor.current_batch
+        if shape is not None:
+            kinds[shape.kind] += 1
+            sizes[shape.num_tokens] += 1
+            reqs[shape.num_reqs] += 1
+    _sync(runner)
+    run_s = time.perf_counter() - run_start
+    for rid in list(sched.reqs):
+        sched.finish(rid)
+    sched.flush()
+
+    counts = monitor.snapshot()
+    print(f"warmup {warm_s:.1f} s; {args.batches} batches in {run_s:.1f} s "
+          f"({1e3 * run_s / max(args.batches, 1):.2f} ms each)")
+    print("modes drawn:   " + ", ".join(f"{k} {v}" for k, v in sorted(modes.items())))
+    print("batch kinds:   " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+    print(f"token counts:  {len(sizes)} distinct, {min(sizes, default=0)}.."
+          f"{max(sizes, default=0)}")
+    print("requests/batch: " + ", ".join(f"{k}: {v}" for k, v in sorted(reqs.items())))
+    print(f"observers:     {', '.join(monitor.observers) or 'none'}; compile buckets "
+          f"{list(runner.compile_buckets) or 'off'}")
+    print(f"compiles before ready: {counts.compiles}; after ready by kind: {counts.after_ready}")
+    print(f"cuda_graph_misses_after_ready: {counts.graph_misses_after_ready}")
+    print(f"compiles_after_ready: {counts.total_after_ready}")
+    monitor.close()
+    return 0 if counts.total_after_ready == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

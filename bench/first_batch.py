@@ -1,0 +1,192 @@
+"""First-batch latency after ready, per batch class, divided by that class's steady-state
+median: with the warmup plan run before ready, and with it disabled.
+
+    PYTHONPATH=client:server:. python bench/first_batch.py --compile
+
+A ratio near 1 means the first request of that shape costs what every later one does; the
+"warmup off" column shows what a request pays when the plan did not run (torch.compile
+buckets, Triton/FlashInfer JIT and first-use costs land on it). Runners with warmup off are
+measured first, with torch.compile's and Triton's caches pointed at a fresh directory, so
+their first batches compile from cold as on a new pod; classes run in the order listed on
+one runner per speculative length, so a later class can find a bucket an earlier one
+compiled, as it would in a server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from bench.coverage_scheduler import CoverageScheduler, Request, Work
+from bench.inprocess import add_runner_args, build, configure_logging, runner_config, warm
+from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
+from warmgate.server.warmup.kernels import SEEDED, STOCHASTIC
+
+# A decode's untimed set-up prefills PROMPT_LEN - 1 = 32 tokens per request: a compile bucket
+# (32, 128) that none of the timed steps (4, 16, 96 tokens) uses, so set-up warms nothing
+# that a timed first batch would otherwise pay for.
+PROMPT_LEN = 33
+NUM_REQS = 4
+TEMPERATURE_ONLY = SamplingParams(temperature=0.8)  # the stochastic path without top-k/p
+
+
+def _sync(sched: CoverageScheduler) -> None:
+    if sched.runner.device.type == "cuda":
+        torch.cuda.synchronize(sched.runner.device)
+
+
+def _timed(sched: CoverageScheduler, plan: dict[str, Work]) -> float:
+    _sync(sched)
+    start = time.perf_counter()
+    sched.step(plan)
+    _sync(sched)
+    return time.perf_counter() - start
+
+
+class Case:
+    """Builds requests with ids unique per case, so cases can share one scheduler."""
+
+    def __init__(self, sched: CoverageScheduler, name: str, rng: random.Random) -> None:
+        self.sched, self.name, self.rng = sched, name, rng
+        self._n = 0
+
+    def request(self, prompt_len: int, params: SamplingParams) -> Request:
+        self._n += 1
+        vocab = self.sched.runner.config.model.vocab_size
+        req = Request(f"{self.name}{self._n}",
+                      [self.rng.randrange(vocab) for _ in range(prompt_len)], params, 10**6)
+        self.sched.add(req)
+        return req
+
+    def drafts(self, k: int) -> tuple[int, ...]:
+        vocab = self.sched.runner.config.model.vocab_size
+        return tuple(self.rng.randrange(vocab) for _ in range(k))
+
+
+def prefill(case: Case, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats + 1):
+        reqs = [case.request(24, STOCHASTIC) for _ in range(NUM_REQS)]
+        times.append(_timed(case.sched, {r.req_id: Work(24) for r in reqs}))
+        for r in reqs:
+            case.sched.finish(r.req_id)
+    return times
+
+
+def decode(params: SamplingParams, k: int) -> Callable[[Case, int], list[float]]:
+    """Untimed: each prompt but its last token, so nothing is sampled before the timed steps;
+    timed: the last prompt token (+ k drafts) - a uniform decode that samples - then more."""
+
+    def run(case: Case, repeats: int) -> list[float]:
+        reqs = [case.request(PROMPT_LEN, params) for _ in range(NUM_REQS)]
+        case.sched.step({r.req_id: Work(PROMPT_LEN - 1) for r in reqs})
+        times = [_timed(case.sched, {r.req_id: Work(1 + k, case.drafts(k)) for r in reqs})
+                 for _ in range(repeats + 1)]
+        for r in reqs:
+            case.sched.finish(r.req_id)
+        return times
+
+    return run
+
+
+def mixed(case: Case, repeats: int) -> list[float]:
+    """One request decoding beside a new 15-token prefill, as the warmup's mixed step."""
+    decoding = case.request(PROMPT_LEN, STOCHASTIC)
+    case.sched.step({decoding.req_id: Work(PROMPT_LEN - 1)})
+    times = []
+    for _ in range(repeats + 1):
+        fresh = case.request(15, STOCHASTIC)
+        times.append(_timed(case.sched, {decoding.req_id: Work(1), fresh.req_id: Work(15)}))
+        case.sched.finish(fresh.req_id)
+    case.sched.finish(decoding.req_id)
+    return times
+
+
+@dataclass(frozen=True)
+class BatchClass:
+    name: str
+    num_spec: int  # the runner it needs
+    run: Callable[[Case, int], list[float]]
+
+
+CLASSES = (
+    BatchClass("prefill", 0, prefill),
+    BatchClass("decode k=0", 0, decode(STOCHASTIC, 0)),
+    BatchClass("mixed", 0, mixed),
+    BatchClass("sampler greedy", 0, decode(GREEDY, 0)),
+    BatchClass("sampler temperature", 0, decode(TEMPERATURE_ONLY, 0)),
+    BatchClass("sampler seeded", 0, decode(SEEDED, 0)),
+    BatchClass("decode k=3", 3, decode(STOCHASTIC, 3)),
+)
+
+
+def measure(args: argparse.Namespace, warmup: bool) -> tuple[dict[str, tuple[float, float]],
+                                                             float]:
+    """{class: (first s, steady median s)} and the warmup plan's seconds."""
+    results: dict[str, tuple[float, float]] = {}
+    warm_s = 0.0
+    for num_spec in sorted({c.num_spec for c in CLASSES}):
+        runner, load_phase, monitor = build(runner_config(args, num_speculative_steps=num_spec))
+        if warmup:
+            report = warm(runner, load_phase, monitor)
+            if not report.succeeded:
+                raise SystemExit(f"warmup failed: {report.to_dict()}")
+            warm_s += report.total_duration_s
+        sched = CoverageScheduler(runner)
+        rng = random.Random(args.seed)
+        for cls in (c for c in CLASSES if c.num_spec == num_spec):
+            times = cls.run(Case(sched, cls.name.replace(" ", "_"), rng), args.repeats)
+            results[cls.name] = (times[0], statistics.median(times[1:]))
+        monitor.close()
+    return results, warm_s
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_runner_args(p)
+    p.add_argument("--repeats", type=int, default=15, help="steady-state steps per class")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default 1 on the CPU: steadier timings on a busy "
+                        "machine)")
+    p.add_argument("--keep-caches", action="store_true",
+                   help="use the usual compile caches instead of a fresh directory")
+    p.add_argument("--verbose", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure_logging(args.verbose)
+    if not args.keep_caches:
+        fresh = tempfile.mkdtemp(prefix="warmgate-first-batch-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(fresh, "inductor")
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(fresh, "triton")
+    threads = args.threads or (1 if not args.device.startswith("cuda") else None)
+    if threads:
+        torch.set_num_threads(threads)
+    off, _ = measure(args, warmup=False)
+    on, warm_s = measure(args, warmup=True)
+    print(f"first-batch latency / steady-state median ({args.model}, {args.device}, "
+          f"compile={'on' if args.compile else 'off'}, {args.repeats} steady steps; warmup "
+          f"plan {warm_s:.1f} s)")
+    print(f"{'class':<20} {'on: first ms':>13} {'steady ms':>10} {'ratio':>7}   "
+          f"{'off: first ms':>14} {'steady ms':>10} {'ratio':>8}")
+    for cls in CLASSES:
+        (f_on, s_on), (f_off, s_off) = on[cls.name], off[cls.name]
+        print(f"{cls.name:<20} {1e3 * f_on:>13.2f} {1e3 * s_on:>10.2f} {f_on / s_on:>7.2f}   "
+              f"{1e3 * f_off:>14.2f} {1e3 * s_off:>10.2f} {f_off / s_off:>8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
