@@ -9,6 +9,7 @@ import sys
 
 from warmgate.server.config import (
     CacheConfig,
+    CompilationConfig,
     ConfigError,
     DeviceConfig,
     ModelConfig,
@@ -16,6 +17,7 @@ from warmgate.server.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
+from warmgate.server.jit import JitMonitor
 from warmgate.server.presets import preset_names
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
 from warmgate.server.warmup.table import format_phase_table
@@ -37,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--mixed-num-tokens", type=int, default=None)
     p.add_argument("--pooling", action="store_true", help="run the pooling (embedding) variant")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the dense layers (adds the compile phase's buckets)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead")
     return p
 
@@ -53,6 +57,7 @@ def build_config(args: argparse.Namespace) -> RunnerConfig:
         speculative=SpeculativeConfig(num_speculative_steps=args.num_speculative_steps),
         device=DeviceConfig(device=args.device, dtype=args.dtype,
                             attention_backend=args.attention_backend),
+        compilation=CompilationConfig(compile=args.compile),
     )
 
 
@@ -65,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    runner, load_phase = load_runner(config)
+    monitor = JitMonitor()  # so the table's phases carry their compile counts
+    runner, load_phase = load_runner(config, jit_monitor=monitor)
     report = run_warmup_plan(runner, load_phase=load_phase,
                              mixed_num_tokens=args.mixed_num_tokens)
     print(json.dumps(report.to_dict(), indent=2) if args.json else format_phase_table(report))
