@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,10 @@ from warmgate.server.runner.validation import StepLimits, validate_scheduler_out
 from warmgate.server.runner.weights import init_random_weights, load_weights
 
 logger = logging.getLogger(__name__)
+
+# (input_ids, positions, kv_caches, meta) -> hidden states: the model, or its compiled form.
+ModelForward = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], AttentionMetadata],
+                        torch.Tensor]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -130,7 +135,7 @@ class ModelRunner:
         # the monitor which batch is in flight and when a uniform decode found no graph.
         self.jit_monitor = jit_monitor if jit_monitor is not None else JitMonitor()
         self.compile_buckets: tuple[int, ...] = ()
-        self._forward = self.model
+        self._forward: ModelForward = self.model
         if config.compilation.compile:
             from warmgate.server.runner.compiled_forward import CompiledForward  # torch._dynamo
 
