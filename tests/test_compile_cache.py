@@ -211,3 +211,20 @@ def test_run_concurrently_overlaps_and_times_each() -> None:
 
     with pytest.raises(RuntimeError, match="nvcc failed"):
         run_concurrently({"decode": boom, "prefill": sleeper(0.05)})
+
+
+def test_metrics_count_the_entry_once_and_config_reads_the_flags() -> None:
+    from warmgate.server.metrics import Metrics
+    from warmgate.server.server_config import load_server_config
+    from warmgate.server.warmup.results import WarmupOutcome, WarmupReport
+
+    metrics = Metrics()
+    for _ in range(2):  # a forced re-warmup repeats the entry; it was opened once
+        metrics.observe_report(WarmupReport(WarmupOutcome.SUCCEEDED, [], 1.0, "h",
+                                            compile_cache={"state": "hit"}))
+    assert metrics.cache_hits.labels(cache="entry")._value.get() == 1
+    assert metrics.cache_misses.labels(cache="entry")._value.get() == 0
+    config = load_server_config(["--warmup-only", "--json"], {"WARMGATE_CACHE_DIR": "/c"},
+                                resolve=False)
+    assert (config.cache_dir, config.warmup_only, config.json_output) == ("/c", True, True)
+    assert load_server_config([], {}, resolve=False).cache_dir is None

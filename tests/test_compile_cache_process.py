@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.server_process import ServerProcess
-from warmgate.client import cache_fs
+from warmgate.client import cache_fs, render
 from warmgate.client.api import WaitResult, WarmgateClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,6 +90,8 @@ def test_a_truncated_cache_file_is_rebuilt_and_the_server_still_turns_ready(
         assert client.wait_ready(60) is WaitResult.READY, p.log()
         status = client.get_status()
         log = p.log()
+    text = render.status_text(status)
+    assert "compile cache: rebuilt key=" in text and f"dir={tmp_path}" in text
     cache = status.compile_cache
     assert cache.state == "rebuilt" and "truncated" in cache.detail
     assert cache.key == first["compile_cache"]["key"] and cache.directory == str(tmp_path)

@@ -77,6 +77,10 @@ def status_text(status: pb.WarmupStatus) -> str:
     lines = [status_line(status),
              f"model={status.model} device={status.device} "
              f"attention={status.attention_backend} config={status.config_hash}"]
+    if status.HasField("compile_cache"):
+        c = status.compile_cache
+        lines.append(f"compile cache: {c.state} key={c.key[:16]} dir={c.directory} "
+                     f"size={c.size_bytes / 2**20:.1f} MiB")
     if status.HasField("last_report"):
         lines += ["last report:", report_table(status.last_report)]
     return "\n".join(lines)
