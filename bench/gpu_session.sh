@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU machine is for, in one call (device time is scarce and caches die with the
 # machine): install the carried wheels, then each stage with its own time limit, logs to $OUT.
-#   STAGES="sanity tests warmup bench" bash bench/gpu_session.sh   (also: spec, coverage)
+#   STAGES="sanity tests warmup bench" bash bench/gpu_session.sh   (also: spec, cache, coverage)
 set -uo pipefail
 OUT=${OUT:-/tmp/warmgate-out}
 mkdir -p "$OUT"
@@ -43,13 +43,21 @@ bench)
     | tee "$OUT/decode_latency.txt"; tail -5 "$OUT/decode.err"
   stage "bench kernels"
   timeout 90 python3 bench/kernels_gpu.py 2>&1 | tee "$OUT/kernels_gpu.txt" | tail -20 ;;
+cache)
+  # Cold vs warm --warmup-only --cache-dir (issue 6); later stages reuse its FlashInfer JIT.
+  stage "cache cold vs warm"
+  timeout 260 bash bench/cache_cold_warm.sh 2>&1 | tail -20
+  entry=$(ls -d /tmp/warmgate-cache.*/*/flashinfer 2>/dev/null | head -1)
+  [ -n "$entry" ] && export FLASHINFER_WORKSPACE_BASE=$entry ;;
 coverage)
   # compiles_after_ready must be 0 for each backend, plain and speculative (issue 5).
-  for b in flashinfer triton; do for k in 0 3; do
-    stage "coverage tiny $b k=$k"
-    timeout 240 python3 bench/coverage.py --device cuda --attention-backend $b \
-      --num-speculative-steps $k --batches 2000 2>"$OUT/coverage_${b}_k$k.err" \
-      | tee "$OUT/coverage_${b}_k$k.txt" | tail -9
-  done; done ;;
+  for bk in ${COVERAGE:-flashinfer:0 triton:3 flashinfer:3 triton:0}; do
+    b=${bk%:*} k=${bk#*:}
+    stage "coverage llama-3.2-1b $b k=$k"
+    timeout 150 python3 bench/coverage.py --device cuda --model llama-3.2-1b --attention-backend $b \
+      --num-speculative-steps $k --max-num-seqs 16 --max-num-batched-tokens 1024 \
+      --max-model-len 1024 --batches 2000 2>"$OUT/coverage_${b}_k$k.err" \
+      | tee "$OUT/coverage_${b}_k$k.txt" | tail -6
+  done ;;
 esac; done
 stage done
