@@ -89,6 +89,25 @@ def test_a_failing_phase_is_reported_with_the_setting_to_change(
     assert run_warmup_plan(runner).succeeded
 
 
+def test_a_failure_mid_phase_is_blamed_on_that_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second decode step raises: decode started (reported a step) but did not finish."""
+    runner, load = load_runner(_config())
+    real = runner.execute_model
+    decode_steps = []
+
+    def oom_on_second_decode(so):  # type: ignore[no-untyped-def]
+        if so.scheduled_cached_reqs.req_ids:
+            decode_steps.append(so)
+            if len(decode_steps) == 2:
+                raise torch.OutOfMemoryError("CUDA out of memory")
+        return real(so)
+
+    monkeypatch.setattr(runner, "execute_model", oom_on_second_decode)
+    report = run_warmup_plan(runner, load_phase=load)
+    assert report.phase("kernels.decode").status is PhaseStatus.FAILED
+    assert report.phase("kernels.sampler").skip_reason is SkipReason.EARLIER_PHASE_FAILED
+
+
 @pytest.mark.parametrize(("num_tokens", "status"), [(2, PhaseStatus.SKIPPED),
                                                      (24, PhaseStatus.RAN)])
 def test_mixed_warmup_report(num_tokens: int, status: PhaseStatus) -> None:

@@ -130,9 +130,13 @@ class _PlanProgress:
         self._names = names
         self.ledger = ledger
         self.seen: set[str] = set()
+        # Phases whose last step reported: a failure after that belongs to a later phase.
+        self.finished: set[str] = set()
 
     def __call__(self, e: ProgressEvent) -> None:
         self.seen.add(e.phase)
+        if e.steps_done >= e.steps_total:
+            self.finished.add(e.phase)
         self.ledger.charge(e.phase)
         if self._progress is not None:
             index = self._names.index(e.phase) if e.phase in self._names else 0
@@ -164,8 +168,8 @@ def _run_phases(steps: list[Step], progress: ProgressCallback | None,
         except Exception as exc:  # a phase failure is data; the caller decides what is fatal
             logger.exception("phase %s failed", step_names[0])
             # Blame the first sub-phase that had not finished when the exception came.
-            done = {n for n in step_names if n in tracker.seen}
-            culprit = next((n for n in step_names if n not in done), step_names[-1])
+            culprit = next((n for n in step_names if n not in tracker.finished),
+                           step_names[-1])
             tracker.ledger.charge(culprit)
             if is_fatal_device_error(exc):
                 # Not a phase failure: the CUDA context is gone, no later phase can run, and
