@@ -68,7 +68,7 @@ class WarmupServicer:
     """
 
     def WarmupKernels(self, request, context):
-        """Runs the whole warmup plan (load, flashinfer, kernels.prefill, kernels.decode,
+        """Runs the whole warmup plan (load, flashinfer, compile, kernels.prefill, kernels.decode,
         kernels.sampler, mixed, cuda_graphs) and returns a report with one entry per phase.
         Phase failures are reported in the body (outcome FAILED), not as an RPC error.
         """

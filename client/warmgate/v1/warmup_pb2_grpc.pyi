@@ -44,7 +44,7 @@ class WarmupStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> WarmupAsyncStub: ...
     WarmupKernels: _grpc.UnaryUnaryMultiCallable[_warmup_pb2.WarmupKernelsRequest, _warmup_pb2.WarmupReport]
-    """Runs the whole warmup plan (load, flashinfer, kernels.prefill, kernels.decode,
+    """Runs the whole warmup plan (load, flashinfer, compile, kernels.prefill, kernels.decode,
     kernels.sampler, mixed, cuda_graphs) and returns a report with one entry per phase.
     Phase failures are reported in the body (outcome FAILED), not as an RPC error.
     """
@@ -69,7 +69,7 @@ class WarmupAsyncStub(WarmupStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     WarmupKernels: _aio.UnaryUnaryMultiCallable[_warmup_pb2.WarmupKernelsRequest, _warmup_pb2.WarmupReport]  # type: ignore[assignment]
-    """Runs the whole warmup plan (load, flashinfer, kernels.prefill, kernels.decode,
+    """Runs the whole warmup plan (load, flashinfer, compile, kernels.prefill, kernels.decode,
     kernels.sampler, mixed, cuda_graphs) and returns a report with one entry per phase.
     Phase failures are reported in the body (outcome FAILED), not as an RPC error.
     """
@@ -97,7 +97,7 @@ class WarmupServicer(metaclass=_abc_1.ABCMeta):
         request: _warmup_pb2.WarmupKernelsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_warmup_pb2.WarmupReport, _abc.Awaitable[_warmup_pb2.WarmupReport]]:
-        """Runs the whole warmup plan (load, flashinfer, kernels.prefill, kernels.decode,
+        """Runs the whole warmup plan (load, flashinfer, compile, kernels.prefill, kernels.decode,
         kernels.sampler, mixed, cuda_graphs) and returns a report with one entry per phase.
         Phase failures are reported in the body (outcome FAILED), not as an RPC error.
         """
