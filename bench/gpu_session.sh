@@ -59,5 +59,11 @@ coverage)
       --max-model-len 1024 --batches 2000 2>"$OUT/coverage_${b}_k$k.err" \
       | tee "$OUT/coverage_${b}_k$k.txt" | tail -6
   done ;;
+first)
+  # First batch after ready over the steady median, per batch class, warmup on vs off.
+  stage "first batch llama-3.2-1b ${FIRST_BACKEND:-triton}"
+  timeout 150 python3 bench/first_batch.py --device cuda --model llama-3.2-1b \
+    --attention-backend ${FIRST_BACKEND:-triton} --max-num-seqs 16 --max-num-batched-tokens 1024 \
+    --max-model-len 1024 2>"$OUT/first_batch.err" | tee "$OUT/first_batch.txt" | tail -14 ;;
 esac; done
 stage done
