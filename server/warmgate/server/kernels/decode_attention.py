@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from warmgate.server.kernels._attention_tile import LOG2E, M_INIT, attend_range
-from warmgate.server.kernels._launch import ieee_dots, pow2, unit_stride_last, upcast_dots
+from warmgate.server.kernels._launch import ieee_dots, pow2, prepare_paged_attention, upcast_dots
 
 # Fewer tokens than this per split and the merge costs more than the parallelism gains.
 MIN_TOKENS_PER_SPLIT = 256
@@ -177,17 +177,12 @@ def paged_attention_decode(
     No host sync: safe to capture in a CUDA graph when num_splits is fixed per graph.
     """
     num_tokens, num_heads, head_dim = q.shape
-    num_reqs = seq_lens.shape[0] if num_reqs is None else num_reqs
-    _, _, block_size, num_kv_heads, _ = kv_cache.shape
-    if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
-    group = num_heads // num_kv_heads
-    q = unit_stride_last(q)
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    launch = prepare_paged_attention(q, kv_cache, seq_lens, num_reqs, out)
+    q, out, num_reqs, group = launch.q, launch.out, launch.num_reqs, launch.group
     if num_reqs == 0:
         return out
-    key_cache, value_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, Hk, D]
+    key_cache, value_cache = launch.key_cache, launch.value_cache
+    block_size, num_kv_heads = launch.block_size, launch.num_kv_heads
     block_n, num_warps, num_stages = _decode_config(head_dim, q.dtype, q.is_cuda)
     block_m = pow2(query_len * group, 16)  # tl.dot needs >= 16 rows
     block_d = pow2(head_dim, 16)

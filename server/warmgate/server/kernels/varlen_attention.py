@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from warmgate.server.kernels._attention_tile import LOG2E, M_INIT, attend_range
-from warmgate.server.kernels._launch import ieee_dots, pow2, unit_stride_last, upcast_dots
+from warmgate.server.kernels._launch import ieee_dots, pow2, prepare_paged_attention, upcast_dots
 
 
 @triton.jit
@@ -102,18 +102,13 @@ def paged_attention_varlen(
     seq_lens[i] - q_len_i .. seq_lens[i] - 1. max_query_len (a host int) sizes the grid only;
     rows that no request owns are left untouched. num_reqs defaults to len(seq_lens).
     """
-    _, num_heads, head_dim = q.shape
-    num_reqs = seq_lens.shape[0] if num_reqs is None else num_reqs
-    _, _, block_size, num_kv_heads, _ = kv_cache.shape
-    if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
-    group = num_heads // num_kv_heads
-    q = unit_stride_last(q)
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    head_dim = q.shape[2]
+    launch = prepare_paged_attention(q, kv_cache, seq_lens, num_reqs, out)
+    q, out, num_reqs, group = launch.q, launch.out, launch.num_reqs, launch.group
     if num_reqs == 0 or max_query_len == 0:
         return out
-    key_cache, value_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, Hk, D]
+    key_cache, value_cache = launch.key_cache, launch.value_cache
+    block_size, num_kv_heads = launch.block_size, launch.num_kv_heads
     block_m, block_n, num_warps, num_stages = _varlen_config(head_dim, q.dtype, q.is_cuda)
     block_m = max(block_m, pow2(group))  # at least one token's worth of heads per program
     block_q = block_m // group
