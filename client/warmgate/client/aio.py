@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from warmgate.client.api import DEFAULT_TARGET, DEFAULT_TIMEOUT_S, POLL_INTERVAL_S, WaitResult
 from warmgate.client.errors import WarmgateRpcError, from_rpc_error
+from warmgate.client.generate import generate_request
 from warmgate.client.security import ClientSecurity, aio_channel
+from warmgate.v1 import generate_pb2 as gen_pb
+from warmgate.v1 import generate_pb2_grpc as gen_grpc
 from warmgate.v1 import warmup_pb2 as pb
 from warmgate.v1 import warmup_pb2_grpc as pb_grpc
 
@@ -41,6 +44,7 @@ class AsyncWarmgateClient:
         self._metadata = security.metadata()
         self._channel = aio_channel(target, security)
         self._warmup = pb_grpc.WarmupStub(self._channel)
+        self._generation = gen_grpc.GenerationStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     async def __aenter__(self) -> AsyncWarmgateClient:
@@ -82,6 +86,20 @@ class AsyncWarmgateClient:
         try:
             async for status in call:
                 yield status
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        finally:
+            call.cancel()
+
+    async def generate(self, prompt_token_ids: Sequence[int], *,
+                       timeout: float | None = None, **sampling: Any
+                       ) -> AsyncIterator[gen_pb.GenerateResponse]:
+        """See WarmgateClient.generate."""
+        call = self._generation.Generate(generate_request(prompt_token_ids, **sampling),
+                                         timeout=timeout, metadata=self._metadata)
+        try:
+            async for message in call:
+                yield message
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
         finally:

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Iterator
-from typing import TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from warmgate.client.errors import WarmgateRpcError, from_rpc_error
+from warmgate.client.generate import generate_request
 from warmgate.client.security import ClientSecurity, sync_channel
+from warmgate.v1 import generate_pb2 as gen_pb
+from warmgate.v1 import generate_pb2_grpc as gen_grpc
 from warmgate.v1 import warmup_pb2 as pb
 from warmgate.v1 import warmup_pb2_grpc as pb_grpc
 
@@ -55,6 +58,7 @@ class WarmgateClient:
         self._metadata = security.metadata()
         self._channel = sync_channel(target, security)
         self._warmup = pb_grpc.WarmupStub(self._channel)
+        self._generation = gen_grpc.GenerationStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def __enter__(self) -> WarmgateClient:
@@ -93,6 +97,23 @@ class WarmgateClient:
         """
         stream = self._warmup.WatchStatus(pb.WatchStatusRequest(follow=follow), timeout=timeout,
                                           metadata=self._metadata)
+        try:
+            yield from stream
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        finally:
+            stream.cancel()
+
+    def generate(self, prompt_token_ids: Sequence[int], *, timeout: float | None = None,
+                 **sampling: Any) -> Iterator[gen_pb.GenerateResponse]:
+        """Stream one request's tokens; `sampling` takes generate_request's keywords
+        (temperature, top_k, top_p, seed, max_tokens, stop_token_ids, request_id).
+
+        No deadline unless `timeout` is given. Leaving the loop early cancels the request on
+        the server, which frees its KV blocks.
+        """
+        stream = self._generation.Generate(generate_request(prompt_token_ids, **sampling),
+                                           timeout=timeout, metadata=self._metadata)
         try:
             yield from stream
         except grpc.RpcError as exc:

@@ -19,6 +19,7 @@ from warmgate.client import render
 from warmgate.client.api import DEFAULT_TARGET, WaitResult, WarmgateClient
 from warmgate.client.cache_cmd import add_cache_command, run_cache
 from warmgate.client.errors import WarmgateRpcError
+from warmgate.client.generate_cmd import add_generate_command, run_generate
 from warmgate.client.report_cmd import add_report_command, run_report
 from warmgate.client.security import (
     ENV_TLS_CA,
@@ -103,6 +104,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     wait.add_argument("--service", default="", help="health service name (default: server)")
     add_report_command(commands)
     add_cache_command(commands, environ)
+    add_generate_command(commands)
     return parser
 
 
@@ -183,6 +185,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
     security = _security(parser, args)
     try:
         with WarmgateClient(args.target, timeout=args.timeout, security=security) as client:
+            if args.command == "generate":
+                return run_generate(client, args, out, err)
             return _COMMANDS[args.command](client, args, out)
     except WarmgateRpcError as exc:
         print(f"warmgate: {args.target}: {exc}", file=err)

@@ -7,6 +7,7 @@ from main.serve(), which adds signals and logging.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -20,14 +21,16 @@ from warmgate.server.config import RunnerConfig
 from warmgate.server.controller import WarmupController
 from warmgate.server.engine import PlanEngine, WarmupEngine
 from warmgate.server.faults import FaultInjector
+from warmgate.server.generation import GenerationService
 from warmgate.server.interceptor import ErrorInterceptor
 from warmgate.server.jit import JitMonitor
 from warmgate.server.metrics import Metrics, MetricsEndpoint
 from warmgate.server.security import ServerSecurity
 from warmgate.server.server_config import ServerConfig
 from warmgate.server.service import WarmupService
+from warmgate.server.serving_metrics import ServingMetrics
 from warmgate.server.status import Identity
-from warmgate.v1 import warmup_pb2, warmup_pb2_grpc
+from warmgate.v1 import generate_pb2, generate_pb2_grpc, warmup_pb2, warmup_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +47,7 @@ class RunningServer:
     health: health_aio.HealthServicer
     metrics: Metrics
     metrics_endpoint: MetricsEndpoint | None
+    generation: GenerationService
     # The plaintext health-only server (--health-port), if any.
     health_server: grpc.aio.Server | None = None
     health_port: int | None = None
@@ -61,8 +65,12 @@ class RunningServer:
         answer (NOT_SERVING) rather than a refused connection.
         """
         await self.health.enter_graceful_shutdown()
+        start = time.monotonic()
+        # Generate streams get the grace to finish before the runner stops under them.
+        await self.generation.drain(grace or 0.0)
         await self.controller.close(wait=wait_for_runner)
-        await self.server.stop(grace)
+        await self.server.stop(None if grace is None
+                               else max(0.0, grace - (time.monotonic() - start)))
         if self.health_server is not None:
             await self.health_server.stop(0)
         if self.metrics_endpoint is not None:
@@ -131,9 +139,13 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
         interceptors.append(AuthInterceptor(config.security.auth_tokens))
     server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
     warmup_pb2_grpc.add_WarmupServicer_to_server(WarmupService(controller), server)
+    generation = GenerationService(controller, engine, config.runner, config.serving,
+                                   ServingMetrics(metrics.registry))
+    generate_pb2_grpc.add_GenerationServicer_to_server(generation, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((
         warmup_pb2.DESCRIPTOR.services_by_name["Warmup"].full_name,
+        generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name,
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
         reflection.SERVICE_NAME), server)
     port = _bind(server, config.host, config.port, config.security)
@@ -156,5 +168,5 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     logger.info("serving warmgate.v1.Warmup on %s:%d (model %s, %s, %s attention; %s)",
                 config.host, port, config.runner.model.name, config.runner.device.device,
                 config.runner.device.attention_backend, _describe_security(config.security))
-    return RunningServer(server, port, controller, health, metrics, endpoint, health_server,
-                         health_port, jit_monitor)
+    return RunningServer(server, port, controller, health, metrics, endpoint, generation,
+                         health_server, health_port, jit_monitor)

@@ -82,6 +82,8 @@ class WarmupController:
         self._runner_busy = threading.Event()
         self._fatal: BaseException | None = None
         self._fatal_event = asyncio.Event()
+        self._jobs_waiting = 0
+        self._serving = False
         # Ready once a plan succeeded; every compile it sees from then on is traffic's.
         self._jit = jit_monitor
         if jit_monitor is not None:
@@ -213,14 +215,60 @@ class WarmupController:
 
     @contextlib.asynccontextmanager
     async def _job(self) -> AsyncIterator[None]:
-        """One runner job: counted as in flight while queued, run alone under the lock."""
+        """One runner job: counted as in flight while queued, run alone under the lock.
+
+        While it waits, `jobs_waiting` tells the serving loop to pause at its next step."""
         self._tracker.job_queued()
+        self._jobs_waiting += 1
+        waiting = True
         try:
             async with self._lock:
+                self._jobs_waiting -= 1
+                waiting = False
                 self._check_open()
                 yield
         finally:
+            if waiting:  # cancelled before it got the lock
+                self._jobs_waiting -= 1
             self._tracker.job_done()
+
+    # -- serving ------------------------------------------------------------------------
+
+    @property
+    def jobs_waiting(self) -> int:
+        """Runner jobs (load, warmups) queued behind the lock; read from the worker thread."""
+        return self._jobs_waiting
+
+    @property
+    def serving(self) -> bool:
+        """Health is SERVING: a warmup plan succeeded and nothing has failed since."""
+        return self._serving
+
+    @property
+    def model_loaded(self) -> bool:
+        return self._engine.loaded
+
+    def not_ready_reason(self) -> str:
+        """Where the warmup stands, in a sentence, for an UNAVAILABLE answer."""
+        snap = self._tracker.snapshot()
+        text = f"the server is not ready: warmup state {snap.state.value.upper()}"
+        if snap.current_phase:
+            text += (f", phase {snap.current_phase} ({snap.phase_index + 1}/{snap.num_phases}, "
+                     f"step {snap.steps_done}/{snap.steps_total})")
+        if snap.failure_reason:
+            text += f": {snap.failure_reason}"
+        return text
+
+    async def run_serving(self, fn: Callable[[], None]) -> None:
+        """fn (the serving loop) on the worker, between runner jobs; jobs queued meanwhile
+        go first once fn returns (asyncio.Lock wakes waiters in order)."""
+        async with self._lock:
+            self._check_open()
+            try:
+                await self._in_worker(fn)
+            except FatalDeviceError as exc:
+                await self.device_lost(exc)
+                raise ShuttingDown() from exc
 
     async def _in_worker(self, fn: Callable[[], T]) -> T:
         if self._loop is None:
@@ -352,6 +400,7 @@ class WarmupController:
         self._spawn(self._set_serving(False))
 
     async def _set_serving(self, serving: bool) -> None:
+        self._serving = serving
         if self._health is not None:
             status = (health_pb2.HealthCheckResponse.SERVING if serving
                       else health_pb2.HealthCheckResponse.NOT_SERVING)

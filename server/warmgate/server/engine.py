@@ -78,6 +78,12 @@ class PlanEngine:
     def loaded(self) -> bool:
         return self._runner is not None
 
+    @property
+    def runner(self) -> Any:
+        """The ModelRunner once loaded (None before): the serving loop drives it, on the
+        same worker thread as everything else here."""
+        return self._runner
+
     def load(self) -> PhaseResult:
         from warmgate.server.warmup import plan  # lazy: imports torch and the runner
 

@@ -78,6 +78,18 @@ class ShuttingDown(WarmgateError):
         super().__init__("the server is shutting down")
 
 
+class Unavailable(WarmgateError):
+    """Not now, try again (here once ready, or on another replica): the message says why."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class ResourceExhausted(WarmgateError):
+    """Out of a resource (device memory, queue room); the message names the setting."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 def _pack(message: error_details_pb2.BadRequest | error_details_pb2.PreconditionFailure
           ) -> any_pb2.Any:
     packed = any_pb2.Any()

@@ -34,6 +34,7 @@ RPC_METHODS = (
     "/warmgate.v1.Warmup/MixedWarmup",
     "/warmgate.v1.Warmup/GetStatus",
     "/warmgate.v1.Warmup/WatchStatus",
+    "/warmgate.v1.Generation/Generate",
     "/grpc.health.v1.Health/Check",
     "/grpc.health.v1.Health/Watch",
 )

@@ -34,6 +34,7 @@ from warmgate.server.security import (
     ServerSecurity,
     load_server_security,
 )
+from warmgate.server.serving.config import ServingConfig
 
 ENV_PREFIX = "WARMGATE_"
 # -1 turns the metrics endpoint off; 0 binds a free port (tests), reported after start.
@@ -72,6 +73,8 @@ class ServerConfig:
     # Load, warm, fill the cache, print the report and exit; never bind a port.
     warmup_only: bool = False
     json_output: bool = False
+    # The Generate RPC's scheduler and drafter settings.
+    serving: ServingConfig = field(default_factory=ServingConfig)
 
     @property
     def metrics_enabled(self) -> bool:
@@ -94,6 +97,8 @@ _FIELD_FLAGS = {
     "device.device": "--device",
     "device.dtype": "--dtype",
     "device.attention_backend": "--attention-backend",
+    "serving.ngram_min": "--ngram-min",
+    "serving.max_waiting_requests": "--max-waiting-requests",
 }
 
 
@@ -201,6 +206,11 @@ _OPTIONS = (
             "cache key, holding Triton's, FlashInfer's and inductor's caches"),
     _Option("--cache-lock-timeout", _positive_float, 1800.0,
             "seconds to wait for another process filling the same cache entry"),
+    _Option("--ngram-min", int, 1, "smallest suffix n-gram the speculative drafter matches"),
+    _Option("--ngram-max", int, 4, "largest suffix n-gram the speculative drafter matches "
+            "(tried first)"),
+    _Option("--max-waiting-requests", int, 1024, "Generate requests queued for a batch slot, "
+            "at most; more are answered RESOURCE_EXHAUSTED"),
 )
 _BOOL_OPTIONS = (
     _Option("--warmup-on-start", _bool, True, "run the warmup plan once the model is loaded"),
@@ -210,6 +220,9 @@ _BOOL_OPTIONS = (
     _Option("--warmup-only", _bool, False, "load, warm up, fill --cache-dir, print the report "
             "and exit (0: succeeded); binds no port (a Kubernetes Job, an image build)"),
     _Option("--json", _bool, False, "with --warmup-only: print the report as JSON"),
+    _Option("--serve-before-ready", _bool, False, "answer Generate before the warmup plan "
+            "succeeded (the first requests then pay for the compiles); off: UNAVAILABLE until "
+            "ready"),
 )
 
 
@@ -310,6 +323,12 @@ def load_server_config(argv: Sequence[str] | None = None,
     except SecurityConfigError as exc:
         parser.error(f"argument {exc.flag}: {exc.message}")
     try:
+        serving = ServingConfig(serve_before_ready=args.serve_before_ready,
+                                ngram_min=args.ngram_min, ngram_max=args.ngram_max,
+                                max_waiting_requests=args.max_waiting_requests)
+    except ConfigError as exc:
+        _fail(parser, exc)
+    try:
         faults = parse_faults(environ.get(FAULT_ENV_VAR, ""))
     except ValueError as exc:
         parser.error(f"{FAULT_ENV_VAR}: {exc}")
@@ -319,7 +338,8 @@ def load_server_config(argv: Sequence[str] | None = None,
                         shutdown_grace_s=args.shutdown_grace, health_port=args.health_port,
                         security=security, faults=faults, strict_jit=args.strict_jit,
                         cache_dir=args.cache_dir, cache_lock_timeout_s=args.cache_lock_timeout,
-                        warmup_only=args.warmup_only, json_output=args.json)
+                        warmup_only=args.warmup_only, json_output=args.json,
+                        serving=serving)
 
 
 def configure_logging(config: ServerConfig) -> None:

@@ -77,7 +77,8 @@ class InputBatch:
             self.requests[new.req_id] = RequestState(
                 req_id=new.req_id, prompt_token_ids=list(new.prompt_token_ids),
                 sampling_params=params, block_ids=list(new.block_ids[0]),
-                num_computed_tokens=new.num_computed_tokens)
+                num_computed_tokens=new.num_computed_tokens,
+                output_token_ids=list(new.output_token_ids))
             computed[new.req_id] = new.num_computed_tokens
         cached = so.scheduled_cached_reqs
         for rid, new_blocks, num_computed in zip(cached.req_ids, cached.new_block_ids,

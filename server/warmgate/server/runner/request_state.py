@@ -75,9 +75,11 @@ class ScheduledRequest:
 
     @property
     def needs_logits(self) -> bool:
-        """Whether this step reaches the end of the prompt: mid-prefill chunks sample nothing."""
+        """Whether this step reaches the end of the token stream the runner holds (the
+        prompt, or prompt + outputs for a request resumed after preemption): mid-prefill
+        chunks sample nothing."""
         num_inputs = self.num_scheduled_tokens - self.num_draft_tokens
-        return self.num_computed_tokens + num_inputs >= self.state.num_prompt_tokens
+        return self.num_computed_tokens + num_inputs >= self.state.num_tokens
 
     @property
     def num_logits_rows(self) -> int:

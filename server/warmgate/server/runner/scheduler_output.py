@@ -43,6 +43,9 @@ class NewRequestData:
     num_computed_tokens: int = 0
     # None for a pooling model.
     sampling_params: SamplingParams | None = None
+    # Tokens generated before a preemption: a resumed request recomputes prompt + these and
+    # carries on sampling (its seeded generator continues from len(output_token_ids)).
+    output_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -79,10 +79,12 @@ def validate_scheduler_output(so: SchedulerOutput, requests: Mapping[str, Reques
             raise ValueError(f"new request {rid!r}: prompt of {len(new.prompt_token_ids)} "
                              f"tokens is over max_model_len = {limits.max_model_len}")
         _check_tokens(rid, "prompt", new.prompt_token_ids, limits.vocab_size)
+        _check_tokens(rid, "output", new.output_token_ids, limits.vocab_size)
         if new.num_computed_tokens < 0:
             raise ValueError(f"new request {rid!r}: num_computed_tokens is negative")
         blocks = _check_blocks(rid, new.block_ids, limits)
-        after[rid] = (len(blocks), new.num_computed_tokens, len(new.prompt_token_ids))
+        after[rid] = (len(blocks), new.num_computed_tokens,
+                      len(new.prompt_token_ids) + len(new.output_token_ids))
     cached = so.scheduled_cached_reqs
     if not (len(cached.req_ids) == len(cached.new_block_ids) == len(cached.num_computed_tokens)):
         raise ValueError("scheduled_cached_reqs: req_ids, new_block_ids and "

@@ -1,0 +1,63 @@
+"""Building Generate requests and reading their streams, shared by the sync and asyncio clients
+and the CLI (so every caller spells the defaults the same way)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from warmgate.v1 import generate_pb2 as gen_pb
+
+
+def generate_request(prompt_token_ids: Sequence[int], *, temperature: float = 0.0,
+                     top_k: int = 0, top_p: float | None = None, seed: int | None = None,
+                     max_tokens: int | None = None, stop_token_ids: Sequence[int] = (),
+                     request_id: str = "") -> gen_pb.GenerateRequest:
+    """A GenerateRequest; unset options keep the server's defaults (greedy, 16 tokens)."""
+    sampling = gen_pb.SamplingParams(temperature=temperature, top_k=top_k,
+                                     stop_token_ids=list(stop_token_ids))
+    if top_p is not None:
+        sampling.top_p = top_p
+    if seed is not None:
+        sampling.seed = seed
+    if max_tokens is not None:
+        sampling.max_tokens = max_tokens
+    return gen_pb.GenerateRequest(prompt_token_ids=list(prompt_token_ids), sampling=sampling,
+                                  request_id=request_id)
+
+
+@dataclass
+class Generation:
+    """A finished stream, collected: every token, when each arrived, and the last message."""
+
+    token_ids: list[int] = field(default_factory=list)
+    # Server-side seconds since arrival, one per token (tokens of one step share a time).
+    token_times_s: list[float] = field(default_factory=list)
+    finish_reason: str = ""
+    usage: gen_pb.GenerateUsage | None = None
+
+    def add(self, message: gen_pb.GenerateResponse) -> None:
+        self.token_ids += list(message.token_ids)
+        self.token_times_s += [message.time_since_arrival_s] * len(message.token_ids)
+        if message.finish_reason != gen_pb.FINISH_REASON_UNSPECIFIED:
+            self.finish_reason = gen_pb.FinishReason.Name(message.finish_reason) \
+                .removeprefix("FINISH_REASON_").lower()
+            self.usage = message.usage
+
+    def to_dict(self) -> dict[str, object]:
+        usage = self.usage
+        return {
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "token_times_s": [round(t, 6) for t in self.token_times_s],
+            "usage": None if usage is None else {
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "num_steps": usage.num_steps,
+                "num_preemptions": usage.num_preemptions,
+                "num_draft_tokens": usage.num_draft_tokens,
+                "num_accepted_draft_tokens": usage.num_accepted_draft_tokens,
+                "queue_time_s": round(usage.queue_time_s, 6),
+                "time_to_first_token_s": round(usage.time_to_first_token_s, 6),
+            },
+        }

@@ -1,0 +1,67 @@
+"""`warmgate generate`: stream one request's tokens and print them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, TextIO
+
+from warmgate.client.api import WarmgateClient
+from warmgate.client.generate import Generation
+
+
+def token_ids(text: str) -> list[int]:
+    """'1,2,3' -> [1, 2, 3]; spaces are allowed, anything else is an argparse error."""
+    try:
+        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token ids like 1,2,3, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("at least one token id is needed")
+    return ids
+
+
+def add_generate_command(commands: Any) -> None:
+    gen = commands.add_parser(
+        "generate", help="generate tokens from prompt token ids (needs a ready server)",
+        description="Stream generated token ids to stdout (comma-separated, as they arrive) "
+                    "and a summary to stderr; --json prints one object instead.")
+    gen.add_argument("--prompt-ids", type=token_ids, required=True, metavar="IDS",
+                     help="prompt token ids, comma-separated")
+    gen.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                     help="tokens to generate at most (server default 16)")
+    gen.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                     help="0 (default) is greedy")
+    gen.add_argument("--top-k", type=int, default=0, metavar="K")
+    gen.add_argument("--top-p", type=float, default=None, metavar="P")
+    gen.add_argument("--seed", type=int, default=None, metavar="S",
+                     help="makes a stochastic request reproducible")
+    gen.add_argument("--stop-ids", type=token_ids, default=[], metavar="IDS",
+                     help="stop after any of these token ids")
+
+
+def run_generate(client: WarmgateClient, args: argparse.Namespace, out: TextIO,
+                 err: TextIO) -> int:
+    result = Generation()
+    stream = client.generate(args.prompt_ids, timeout=args.timeout,
+                             max_tokens=args.max_tokens, temperature=args.temperature,
+                             top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                             stop_token_ids=args.stop_ids)
+    for message in stream:
+        if not args.json and message.token_ids:
+            prefix = "," if result.token_ids else ""
+            print(prefix + ",".join(map(str, message.token_ids)), end="", file=out, flush=True)
+        result.add(message)
+    if args.json:
+        print(json.dumps(result.to_dict()), file=out)
+        return 0
+    print(file=out)
+    usage = result.usage
+    if usage is not None:
+        drafts = (f", drafts {usage.num_accepted_draft_tokens}/{usage.num_draft_tokens} "
+                  "accepted" if usage.num_draft_tokens else "")
+        print(f"# {usage.completion_tokens} tokens, finish {result.finish_reason}, "
+              f"time to first token {1e3 * usage.time_to_first_token_s:.1f} ms, "
+              f"{usage.num_steps} steps{drafts}", file=err)
+    return 0

@@ -1,0 +1,87 @@
+"""GenerateRequest (proto) -> a checked prompt and SamplingParams, or INVALID_ARGUMENT naming
+every offending field. Needs only the resolved config, so it answers before the model loads."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from warmgate.server.config import RunnerConfig
+from warmgate.server.errors import FieldViolation, InvalidArgument
+from warmgate.server.runner.scheduler_output import SamplingParams
+from warmgate.v1 import generate_pb2 as gen_pb
+
+DEFAULT_MAX_TOKENS = 16
+MAX_REQUEST_ID_CHARS = 128
+# Stop ids are checked one by one per generated token; thousands would be a mistake.
+MAX_STOP_TOKEN_IDS = 64
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    client_request_id: str
+
+
+def _first_outside(values: list[int], vocab_size: int) -> int | None:
+    return next((i for i, t in enumerate(values) if not 0 <= t < vocab_size), None)
+
+
+def parse_generate_request(request: gen_pb.GenerateRequest, config: RunnerConfig
+                           ) -> ParsedRequest:
+    vocab, max_len = config.model.vocab_size, config.model.max_model_len
+    bad: list[FieldViolation] = []
+    prompt = list(request.prompt_token_ids)
+    if not prompt:
+        bad.append(FieldViolation("prompt_token_ids", "must hold at least one token id"))
+    elif (i := _first_outside(prompt, vocab)) is not None:
+        bad.append(FieldViolation(f"prompt_token_ids[{i}]", f"{prompt[i]} is outside the "
+                                  f"vocabulary [0, {vocab})"))
+    elif len(prompt) >= max_len:
+        bad.append(FieldViolation("prompt_token_ids", f"{len(prompt)} tokens leave no room to "
+                                  f"generate under max_model_len = {max_len}"))
+    s = request.sampling
+    if not math.isfinite(s.temperature) or s.temperature < 0:
+        bad.append(FieldViolation("sampling.temperature",
+                                  f"must be a finite number >= 0, got {s.temperature}"))
+    if s.top_k < 0:
+        bad.append(FieldViolation("sampling.top_k", f"must be >= 0 (0 keeps all), got "
+                                  f"{s.top_k}"))
+    top_p = s.top_p if s.HasField("top_p") else 1.0
+    if not 0.0 < top_p <= 1.0:  # also false for NaN
+        bad.append(FieldViolation("sampling.top_p", f"must be in (0, 1], got {top_p}"))
+    max_tokens = s.max_tokens if s.HasField("max_tokens") else DEFAULT_MAX_TOKENS
+    if max_tokens < 1:
+        bad.append(FieldViolation("sampling.max_tokens", f"must be >= 1, got {max_tokens}"))
+    stops = list(s.stop_token_ids)
+    if len(stops) > MAX_STOP_TOKEN_IDS:
+        bad.append(FieldViolation("sampling.stop_token_ids", f"{len(stops)} ids, at most "
+                                  f"{MAX_STOP_TOKEN_IDS}"))
+    elif (i := _first_outside(stops, vocab)) is not None:
+        bad.append(FieldViolation(f"sampling.stop_token_ids[{i}]", f"{stops[i]} is outside "
+                                  f"the vocabulary [0, {vocab})"))
+    if len(request.request_id) > MAX_REQUEST_ID_CHARS:
+        bad.append(FieldViolation("request_id", f"{len(request.request_id)} characters, at "
+                                  f"most {MAX_REQUEST_ID_CHARS}"))
+    if not bad:
+        _check_fits_cache(config, len(prompt), max_tokens, bad)
+    if bad:
+        raise InvalidArgument(*bad)
+    params = SamplingParams(temperature=float(s.temperature), top_k=s.top_k, top_p=top_p,
+                            seed=s.seed if s.HasField("seed") else None, max_tokens=max_tokens,
+                            stop_token_ids=tuple(stops))
+    return ParsedRequest(prompt, params, request.request_id)
+
+
+def _check_fits_cache(config: RunnerConfig, prompt_len: int, max_tokens: int,
+                      bad: list[FieldViolation]) -> None:
+    """A request the whole KV cache cannot hold would wait (or be preempted) forever."""
+    num_blocks = config.cache.num_blocks or 0
+    capacity = (num_blocks - 1) * config.cache.block_size
+    longest = min(prompt_len + max_tokens, config.model.max_model_len)
+    if longest > capacity:
+        bad.append(FieldViolation("sampling.max_tokens", f"prompt + max_tokens reach {longest} "
+                                  f"tokens but the whole KV cache holds {capacity} "
+                                  f"({num_blocks - 1} blocks of {config.cache.block_size}); "
+                                  f"ask for fewer tokens or raise the server's --num-blocks"))

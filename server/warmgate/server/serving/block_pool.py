@@ -1,0 +1,36 @@
+"""The KV cache's free blocks, as the scheduler hands them to requests."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from warmgate.server.runner.kv_cache import NULL_BLOCK_ID
+
+
+class BlockPool:
+    """Block ids 1..num_blocks-1 (0 is the runner's null block), handed out whole or not at
+    all, so a failed allocation leaves the pool as it was."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self._free: deque[int] = deque(b for b in range(num_blocks) if b != NULL_BLOCK_ID)
+
+    @property
+    def num_usable(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, count: int) -> list[int] | None:
+        """`count` blocks, or None (and nothing taken) when fewer are free."""
+        if count > len(self._free):
+            return None
+        return [self._free.popleft() for _ in range(count)]
+
+    def free(self, blocks: list[int]) -> None:
+        # Freed blocks go to the back: a block just released is the last one reused, which
+        # keeps stale KV of a preempted request away from its recompute for longest (and
+        # makes use-after-free bugs show up as wrong tokens rather than hide).
+        self._free.extend(blocks)

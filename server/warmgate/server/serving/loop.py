@@ -1,0 +1,142 @@
+"""ServingLoop: scheduler steps on the runner's worker thread.
+
+The asyncio side submits requests and aborts from the event loop (any thread); `run` takes
+them in between steps, so the scheduler and the runner are only ever touched by the worker.
+`run` returns when no request is left, or when `should_yield` says other runner work (a
+warmup) is waiting: it then preempts every running request first, because a warmup writes
+into the KV cache's blocks from 1 up, and those requests recompute when serving resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from warmgate.server.serving.request import ServingRequest, StepEvent
+from warmgate.server.serving.scheduler import Scheduler, StepPlan
+from warmgate.server.warmup.failures import FatalDeviceError, is_fatal_device_error
+
+logger = logging.getLogger(__name__)
+
+EmitEvents = Callable[[list[StepEvent]], None]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One step, for metrics: how big it was and how long it took."""
+
+    seconds: float
+    num_reqs: int
+    num_tokens: int
+    num_running: int
+    num_waiting: int
+    num_blocks_used: int
+    num_blocks_usable: int
+
+
+class ServingLoop:
+    def __init__(self, runner: Any, scheduler: Scheduler, emit: EmitEvents, *,
+                 on_step: Callable[[StepStats], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self._emit = emit
+        self._on_step = on_step
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._inbox: list[ServingRequest] = []
+        self._aborts: list[str] = []
+        self.num_steps = 0
+
+    # -- any thread ---------------------------------------------------------------------
+
+    def submit(self, req: ServingRequest) -> None:
+        with self._lock:
+            self._inbox.append(req)
+
+    def abort(self, req_id: str) -> None:
+        with self._lock:
+            self._aborts.append(req_id)
+
+    @property
+    def has_work(self) -> bool:
+        with self._lock:
+            queued = bool(self._inbox or self._aborts)
+        return queued or self.scheduler.has_runner_work
+
+    # -- the worker thread --------------------------------------------------------------
+
+    def run(self, should_yield: Callable[[], bool]) -> None:
+        """Step until no request is left or should_yield() (checked between steps)."""
+        while True:
+            self._take_inbox()
+            if not self.scheduler.has_requests:
+                self._drop_finished()
+                return
+            if should_yield():
+                logger.info("serving pauses for other runner work: %d running requests "
+                            "preempted, %d waiting", len(self.scheduler.running),
+                            len(self.scheduler.waiting))
+                self.scheduler.preempt_all()
+                self._drop_finished()
+                return
+            self.step()
+
+    def step(self) -> None:
+        """Take what was submitted, then run one scheduler step."""
+        self._take_inbox()
+        start = self._clock()
+        plan = self.scheduler.schedule(start)
+        if plan.errors:
+            self._emit(plan.errors)
+        if plan.is_empty:
+            self._drop_finished()
+            if self.scheduler.running:  # only possible on a bug; never spin on it
+                raise RuntimeError("the scheduler scheduled nothing with requests running")
+            return
+        try:
+            out = self.runner.execute_model(plan.scheduler_output)
+            if out is None:
+                out = self.runner.sample_tokens(None)
+        except Exception as exc:
+            self._fail(plan, exc)
+            return
+        end = self._clock()
+        self.num_steps += 1
+        self._emit(self.scheduler.update(plan, out, end))
+        if self._on_step is not None:
+            so = plan.scheduler_output
+            s = self.scheduler
+            self._on_step(StepStats(end - start, so.num_reqs, so.total_num_scheduled_tokens,
+                                    len(s.running), len(s.waiting), s.num_blocks_used,
+                                    s.pool.num_usable))
+
+    def _take_inbox(self) -> None:
+        with self._lock:
+            new, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+        for req in new:
+            self.scheduler.add(req)
+        for req_id in aborts:
+            if self.scheduler.abort(req_id):
+                logger.info("aborted %s (stream cancelled); %d blocks free", req_id,
+                            self.scheduler.pool.num_free)
+
+    def _drop_finished(self) -> None:
+        """Tell the runner to drop finished and preempted requests' state."""
+        so = self.scheduler.drop_only_output()
+        if so.finished_req_ids:
+            self.runner.execute_model(so)
+
+    def _fail(self, plan: StepPlan, exc: Exception) -> None:
+        if is_fatal_device_error(exc):
+            raise FatalDeviceError("serving", exc) from exc
+        logger.exception("a serving step of %d requests / %d tokens failed; they end with "
+                         "the error", plan.scheduler_output.num_reqs,
+                         plan.scheduler_output.total_num_scheduled_tokens)
+        self._emit(self.scheduler.fail(plan, exc, self._clock()))
+        self._drop_finished()

@@ -1,0 +1,90 @@
+"""One Generate request as the scheduler tracks it, and what a step reports about it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from warmgate.server.runner.scheduler_output import SamplingParams
+from warmgate.server.serving.ngram import NgramIndex
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"  # max_tokens produced
+    STOP = "stop"  # a stop token produced
+    MAX_MODEL_LEN = "max_model_len"  # the sequence filled the context
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # not in the KV cache: new, or preempted
+    RUNNING = "running"  # holds KV blocks; the runner holds its state
+    FINISHED = "finished"
+
+
+@dataclass
+class Usage:
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    # perf_counter() stamps; None until they happen.
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+
+
+@dataclass
+class ServingRequest:
+    req_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    # time.perf_counter() when the server received it.
+    arrival_s: float
+    drafter: NgramIndex | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    # Tokens whose KV is in this request's blocks (0 while waiting).
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    # How many of block_ids the runner has been told about.
+    num_blocks_sent: int = 0
+    # Whether the runner holds this request's state (scheduled since it last (re)started).
+    in_runner: bool = False
+    finish_reason: FinishReason | None = None
+    usage: Usage = field(default_factory=Usage)
+
+    def __post_init__(self) -> None:
+        if self.drafter is not None:
+            self.drafter.extend(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens: the stream whose KV the request needs."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens of the stream not in the KV cache yet: the rest of the prompt (or, after a
+        preemption, of prompt + outputs), or 1 when decoding (the last sampled token)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def num_tokens_left(self) -> int:
+        """Tokens it may still generate before max_tokens."""
+        return self.params.max_tokens - len(self.output_token_ids)
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What one step produced for one request (sent to its stream)."""
+
+    req_id: str
+    token_ids: list[int]
+    # time.perf_counter() when the step's tokens were on the host.
+    time_s: float
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    finish_reason: FinishReason | None = None
+    # The request's counters; set with finish_reason.
+    usage: Usage | None = None
+    # Set instead of tokens when the request failed (the stream ends with this error).
+    error: BaseException | None = None

@@ -1,0 +1,340 @@
+"""Continuous batching over the paged KV cache: what runs in each step.
+
+Each step, in this order (vLLM V1's policy, trimmed):
+1. Running requests, oldest first: a decoding request gets its last sampled token plus up to
+   num_speculative_steps drafts; one still prefilling gets the next chunk of its prompt that
+   the token budget allows (chunked prefill). When the KV cache cannot hold a request's new
+   tokens, the newest running request is preempted (its blocks freed; it restarts later by
+   recomputing prompt + outputs) until it can, or until the request itself is the newest.
+2. Waiting requests, first come first served, while max_num_seqs, the token budget and free
+   blocks allow; none are admitted in a step that had to preempt (they would take the blocks
+   the preempted request needs back).
+So one step can mix prefill chunks and decodes, and a request enters the batch the step after
+it arrives. The scheduler never touches the runner: it builds a SchedulerOutput and reads the
+ModelRunnerOutput back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmgate.server.config import RunnerConfig, cdiv
+from warmgate.server.runner.scheduler_output import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from warmgate.server.serving.block_pool import BlockPool
+from warmgate.server.serving.request import (
+    FinishReason,
+    RequestStatus,
+    ServingRequest,
+    StepEvent,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+    num_speculative_steps: int = 0
+
+    @classmethod
+    def of_runner(cls, runner: Any) -> SchedulerLimits:
+        """The limits of a ModelRunner (or anything with its attributes)."""
+        kv = runner.kv_cache_config
+        return cls(max_num_seqs=runner.max_num_reqs,
+                   max_num_batched_tokens=runner.max_num_tokens,
+                   block_size=kv.kv_cache_groups[0].kv_cache_spec.block_size,
+                   num_blocks=kv.num_blocks,
+                   max_model_len=runner.config.model.max_model_len,
+                   num_speculative_steps=runner.num_speculative_steps)
+
+    @classmethod
+    def of_config(cls, config: RunnerConfig) -> SchedulerLimits:
+        """The same limits from a resolved config, before any runner exists."""
+        if config.cache.num_blocks is None:
+            raise ValueError("SchedulerLimits need a resolved config (cache.num_blocks set)")
+        return cls(max_num_seqs=config.scheduler.max_num_seqs,
+                   max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+                   block_size=config.cache.block_size, num_blocks=config.cache.num_blocks,
+                   max_model_len=config.model.max_model_len,
+                   num_speculative_steps=config.speculative.num_speculative_steps)
+
+    @property
+    def max_tokens_in_cache(self) -> int:
+        return (self.num_blocks - 1) * self.block_size
+
+
+@dataclass(frozen=True)
+class ScheduledWork:
+    req: ServingRequest
+    num_tokens: int  # drafts included
+    draft_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class StepPlan:
+    scheduler_output: SchedulerOutput
+    work: list[ScheduledWork] = field(default_factory=list)
+    # Requests the step could not take at all (their streams end with the error).
+    errors: list[StepEvent] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.work
+
+
+class Scheduler:
+    def __init__(self, limits: SchedulerLimits) -> None:
+        self.limits = limits
+        self.pool = BlockPool(limits.num_blocks)
+        self.waiting: deque[ServingRequest] = deque()
+        self.running: list[ServingRequest] = []
+        # Requests the runner holds state for that must be dropped before the next step.
+        self._drop: set[str] = set()
+        self.num_preemptions = 0
+
+    # -- requests in and out ------------------------------------------------------------
+
+    def add(self, req: ServingRequest) -> None:
+        self.waiting.append(req)
+
+    def abort(self, req_id: str) -> bool:
+        """Drop a request wherever it is (a cancelled stream); its blocks are freed now."""
+        for req in self.waiting:
+            if req.req_id == req_id:
+                self.waiting.remove(req)
+                req.status = RequestStatus.FINISHED
+                return True
+        for req in self.running:
+            if req.req_id == req_id:
+                self._release(req)
+                req.status = RequestStatus.FINISHED
+                return True
+        return False
+
+    @property
+    def has_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def has_runner_work(self) -> bool:
+        """Something for the runner to do: requests, or runner state still to drop."""
+        return self.has_requests or bool(self._drop)
+
+    @property
+    def num_blocks_used(self) -> int:
+        return self.pool.num_usable - self.pool.num_free
+
+    def preempt_all(self) -> None:
+        """Free every running request's blocks (they recompute later), e.g. before a warmup
+        that writes into the KV cache."""
+        for req in reversed(list(self.running)):
+            self._preempt(req)
+
+    # -- one step -----------------------------------------------------------------------
+
+    def schedule(self, now: float) -> StepPlan:
+        budget = self.limits.max_num_batched_tokens
+        work: list[ScheduledWork] = []
+        errors: list[StepEvent] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            drafts = self._drafts(req, budget)
+            n = (1 + len(drafts) if req.num_uncomputed_tokens == 1
+                 else min(req.num_uncomputed_tokens, budget))
+            grown = self._grow(req, n)
+            if grown is None:  # admission checks make this unreachable; never loop on it
+                self._release(req)
+                req.status = RequestStatus.FINISHED
+                errors.append(StepEvent(req.req_id, [], now, error=MemoryError(
+                    f"request {req.req_id} needs more KV blocks than the cache holds "
+                    f"({self.pool.num_usable}); raise --num-blocks")))
+                continue
+            if not grown:
+                preempted = True
+                if req.status is not RequestStatus.RUNNING:
+                    break  # it was the newest: it waits, and so does everything after it
+                continue  # the same request again, now that a newer one gave up its blocks
+            work.append(ScheduledWork(req, n, tuple(drafts)))
+            budget -= n
+            i += 1
+        while (self.waiting and not preempted and budget > 0
+               and len(self.running) < self.limits.max_num_seqs):
+            req = self.waiting[0]
+            n = min(req.num_uncomputed_tokens, budget)
+            blocks = self.pool.allocate(cdiv(n, self.limits.block_size))
+            if blocks is None:
+                break  # waits for blocks to come free
+            self.waiting.popleft()
+            req.block_ids, req.status = blocks, RequestStatus.RUNNING
+            self.running.append(req)
+            work.append(ScheduledWork(req, n))
+            budget -= n
+        for w in work:
+            if w.req.usage.first_scheduled_s is None:
+                w.req.usage.first_scheduled_s = now
+        return StepPlan(self._scheduler_output(work), work, errors)
+
+    def update(self, plan: StepPlan, out: ModelRunnerOutput | None, now: float
+               ) -> list[StepEvent]:
+        """Advance every scheduled request by what the runner produced; returns an event per
+        request that got tokens, and finishes the ones that are done."""
+        produced: dict[str, list[int]] = {}
+        if out is not None:
+            produced = dict(zip(out.req_ids, out.sampled_token_ids, strict=True))
+        events = []
+        for w in plan.work:
+            req = w.req
+            if req.status is not RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            req.usage.num_steps += 1
+            tokens = produced.get(req.req_id, [])
+            if not tokens:  # a prefill chunk short of the end of the stream
+                req.num_computed_tokens += w.num_tokens
+                continue
+            accepted = len(tokens) - 1
+            # Rejected drafts' KV slots will be overwritten: only accepted ones count.
+            req.num_computed_tokens += w.num_tokens - len(w.draft_token_ids) + accepted
+            req.usage.num_draft_tokens += len(w.draft_token_ids)
+            req.usage.num_accepted_draft_tokens += accepted
+            events.append(self._append(req, tokens, now, len(w.draft_token_ids), accepted))
+        return events
+
+    def fail(self, plan: StepPlan, error: BaseException, now: float) -> list[StepEvent]:
+        """End every request of a step that raised (the runner state is dropped too)."""
+        events = []
+        for w in plan.work:
+            if w.req.status is RequestStatus.RUNNING:
+                self._release(w.req)
+                w.req.status = RequestStatus.FINISHED
+                events.append(StepEvent(w.req.req_id, [], now, error=error))
+        return events
+
+    def drop_only_output(self) -> SchedulerOutput:
+        """A step that schedules nothing and only drops finished requests' runner state."""
+        return self._scheduler_output([])
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _drafts(self, req: ServingRequest, budget: int) -> list[int]:
+        """Up to num_speculative_steps drafts for a decoding request.
+
+        A request the drafter has nothing for is padded with its last token, so every
+        decoding request has the same query length (1 + k) and the batch stays a uniform
+        decode that replays a captured CUDA graph; a padded draft is simply rejected. Fewer
+        drafts only near max_tokens, max_model_len or the end of the token budget.
+        """
+        k = self.limits.num_speculative_steps
+        if k == 0 or req.drafter is None or req.num_uncomputed_tokens != 1:
+            return []
+        room = min(k, budget - 1, req.num_tokens_left - 1,
+                   self.limits.max_model_len - req.num_tokens)
+        if room <= 0:
+            return []
+        drafts = req.drafter.propose(room)
+        last = req.output_token_ids[-1] if req.output_token_ids else req.prompt_token_ids[-1]
+        return drafts + [last] * (room - len(drafts))
+
+    def _grow(self, req: ServingRequest, num_new_tokens: int) -> bool | None:
+        """Give req the blocks for num_new_tokens more, preempting newer requests if needed.
+
+        True when it has them; False when a request was preempted for them (req itself, if it
+        was the newest; otherwise call again); None when even an empty cache cannot hold it.
+        """
+        need = (cdiv(req.num_computed_tokens + num_new_tokens, self.limits.block_size)
+                - len(req.block_ids))
+        if need <= 0:
+            return True
+        blocks = self.pool.allocate(need)
+        if blocks is not None:
+            req.block_ids += blocks
+            return True
+        victim = self.running[-1]
+        if victim is req and len(self.running) == 1:
+            return None
+        self._preempt(victim)
+        return False
+
+    def _preempt(self, req: ServingRequest) -> None:
+        self._release(req)
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        req.usage.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        logger.info("preempted %s (%d tokens to recompute; %d blocks free, %d running)",
+                    req.req_id, req.num_tokens, self.pool.num_free, len(self.running))
+
+    def _release(self, req: ServingRequest) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        self.pool.free(req.block_ids)
+        req.block_ids, req.num_blocks_sent = [], 0
+        if req.in_runner:
+            self._drop.add(req.req_id)
+            req.in_runner = False
+
+    def _append(self, req: ServingRequest, tokens: list[int], now: float, num_drafts: int,
+                accepted: int) -> StepEvent:
+        """Append sampled tokens up to the first stop condition; finish the request there."""
+        kept: list[int] = []
+        reason: FinishReason | None = None
+        for token in tokens:
+            kept.append(token)
+            req.output_token_ids.append(token)
+            if token in req.params.stop_token_ids:
+                reason = FinishReason.STOP
+            elif req.num_tokens_left <= 0:
+                reason = FinishReason.LENGTH
+            elif req.num_tokens >= self.limits.max_model_len:
+                reason = FinishReason.MAX_MODEL_LEN
+            if reason is not None:
+                break
+        if req.drafter is not None:
+            req.drafter.extend(kept)
+        if req.usage.first_token_s is None:
+            req.usage.first_token_s = now
+        if reason is not None:
+            self._release(req)
+            req.status, req.finish_reason = RequestStatus.FINISHED, reason
+        return StepEvent(req.req_id, kept, now, num_drafts, accepted, reason,
+                         req.usage if reason is not None else None)
+
+    def _scheduler_output(self, work: list[ScheduledWork]) -> SchedulerOutput:
+        new, cached = [], CachedRequestData()
+        for w in work:
+            req = w.req
+            if not req.in_runner:
+                new.append(NewRequestData(
+                    req_id=req.req_id, prompt_token_ids=list(req.prompt_token_ids),
+                    block_ids=(list(req.block_ids),), num_computed_tokens=0,
+                    sampling_params=req.params, output_token_ids=list(req.output_token_ids)))
+                req.in_runner = True
+            else:
+                fresh = req.block_ids[req.num_blocks_sent:]
+                cached.req_ids.append(req.req_id)
+                cached.new_block_ids.append((fresh,) if fresh else None)
+                cached.num_computed_tokens.append(req.num_computed_tokens)
+            req.num_blocks_sent = len(req.block_ids)
+        scheduled = {w.req.req_id: w.num_tokens for w in work}
+        so = SchedulerOutput(
+            scheduled_new_reqs=new, scheduled_cached_reqs=cached,
+            num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
+            scheduled_spec_decode_tokens={w.req.req_id: list(w.draft_token_ids)
+                                          for w in work if w.draft_token_ids},
+            finished_req_ids=self._drop)
+        self._drop = set()
+        return so

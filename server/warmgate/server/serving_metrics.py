@@ -1,0 +1,68 @@
+"""Prometheus series of the serving path, on the server's registry (see metrics.py)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from warmgate.server.serving.loop import StepStats
+from warmgate.server.serving.request import FinishReason, Usage
+
+FINISH_REASONS = (*(r.value for r in FinishReason), "cancelled", "error")
+# Time to first token: sub-millisecond on a warm GPU decode, seconds when a request queues
+# behind a long prefill or pays a cold compile.
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+                120)
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
+
+
+class ServingMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.requests = Counter("warmgate_generate_requests_total",
+                                "Generate requests ended, by finish reason.",
+                                ["finish_reason"], registry=r)
+        self.ttft = Histogram("warmgate_time_to_first_token_seconds",
+                              "Arrival to first generated token, server side.",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.queue_time = Histogram("warmgate_request_queue_seconds",
+                                    "Arrival to the first scheduled step.",
+                                    buckets=TTFT_BUCKETS, registry=r)
+        self.generated = Counter("warmgate_generated_tokens_total",
+                                 "Tokens generated and returned.", registry=r)
+        self.drafts = Counter("warmgate_spec_draft_tokens_total",
+                              "Draft tokens verified.", registry=r)
+        self.accepted = Counter("warmgate_spec_accepted_tokens_total",
+                                "Draft tokens accepted.", registry=r)
+        self.preemptions = Counter("warmgate_preemptions_total",
+                                   "Requests preempted (KV blocks freed, recomputed later).",
+                                   registry=r)
+        self.step_duration = Histogram("warmgate_step_duration_seconds",
+                                       "One scheduler step: schedule, forward, sample.",
+                                       buckets=STEP_BUCKETS, registry=r)
+        self.running = Gauge("warmgate_requests_running", "Requests holding KV blocks.",
+                             registry=r)
+        self.waiting = Gauge("warmgate_requests_waiting", "Requests queued for a slot.",
+                             registry=r)
+        self.kv_usage = Gauge("warmgate_kv_cache_usage_ratio",
+                              "Fraction of the KV cache's usable blocks held by requests.",
+                              registry=r)
+
+    def observe_step(self, stats: StepStats) -> None:
+        """Called on the worker thread; prometheus_client is thread-safe."""
+        self.step_duration.observe(stats.seconds)
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.num_blocks_used / max(1, stats.num_blocks_usable))
+
+    def observe_finish(self, reason: str, usage: Usage, completion_tokens: int,
+                       arrival_s: float) -> None:
+        self.requests.labels(finish_reason=reason if reason in FINISH_REASONS
+                             else "error").inc()
+        self.generated.inc(completion_tokens)
+        self.drafts.inc(usage.num_draft_tokens)
+        self.accepted.inc(usage.num_accepted_draft_tokens)
+        self.preemptions.inc(usage.num_preemptions)
+        if usage.first_token_s is not None:
+            self.ttft.observe(usage.first_token_s - arrival_s)
+        if usage.first_scheduled_s is not None:
+            self.queue_time.observe(usage.first_scheduled_s - arrival_s)
