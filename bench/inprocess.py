@@ -35,6 +35,8 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--no-warm-gemm-shapes", dest="warm_gemm_shapes", action="store_false",
+                   help="skip the compile phase's dense GEMM sweep (CUDA)")
 
 
 def runner_config(args: argparse.Namespace, **overrides: Any) -> RunnerConfig:
@@ -49,7 +51,8 @@ def runner_config(args: argparse.Namespace, **overrides: Any) -> RunnerConfig:
         speculative=SpeculativeConfig(num_speculative_steps=opts["num_speculative_steps"]),
         device=DeviceConfig(device=opts["device"], dtype=opts["dtype"],
                             attention_backend=opts["attention_backend"]),
-        compilation=CompilationConfig(compile=opts["compile"]))
+        compilation=CompilationConfig(compile=opts["compile"],
+                                      warm_gemm_shapes=opts["warm_gemm_shapes"]))
 
 
 def build(config: RunnerConfig) -> tuple[Any, PhaseResult, JitMonitor]:

@@ -76,7 +76,9 @@ class SamplingParams(_message.Message):
     seed: _builtins.int
     """Makes a stochastic request's tokens reproducible, whatever else shares its batches."""
     max_tokens: _builtins.int
-    """Tokens to generate at most; unset means 16. prompt + max_tokens must fit max_model_len."""
+    """Tokens to generate at most; unset means 16. Generation also ends (FINISH_REASON_MAX_MODEL_LEN)
+    when the sequence fills the server's max_model_len.
+    """
     @_builtins.property
     def stop_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Generation stops after producing any of these tokens (the stop token is returned)."""

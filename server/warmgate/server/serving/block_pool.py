@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from warmgate.server.runner.kv_cache import NULL_BLOCK_ID
+# The runner's null block (runner.kv_cache.NULL_BLOCK_ID, which imports torch; this module is
+# imported by the server before torch may be): padded tokens write there, no request owns it.
+NULL_BLOCK_ID = 0
 
 
 class BlockPool:

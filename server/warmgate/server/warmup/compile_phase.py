@@ -16,6 +16,7 @@ from typing import Any
 
 from warmgate.server.config import cdiv
 from warmgate.server.runner.scheduler_output import GREEDY
+from warmgate.server.warmup.gemm_shapes import gemm_plan, sweep_gemm_shapes
 from warmgate.server.warmup.progress import PhaseProgress, ProgressCallback
 from warmgate.server.warmup.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
 from warmgate.server.warmup.steps import (
@@ -78,11 +79,16 @@ def run_compile_warmup(model_runner: Any, worker_execute_model: ExecuteModel,
                        worker_sample_tokens: SampleTokens, *,
                        progress: ProgressCallback | None = None,
                        req_id_prefix: str = "_warmup_compile") -> WarmupResult:
-    """Truthy iff it ran; SKIPPED (DISABLED) when torch.compile is off."""
+    """Truthy iff it ran: the torch.compile buckets (--compile) and, on CUDA, every dense
+    GEMM shape (--warm-gemm-shapes); SKIPPED (DISABLED) when neither applies."""
     buckets = buckets_to_warm(model_runner)
-    if not buckets:
+    sweep = _sweeps_gemms(model_runner)
+    if not buckets and not sweep:
         return WarmupResult.skipped(COMPILE, SkipReason.DISABLED,
-                                    "torch.compile is off (--compile turns it on)")
+                                    "torch.compile is off (--compile turns it on) and there "
+                                    "are no CUDA GEMM shapes to warm")
+    if not buckets:
+        return _gemm_only_phase(model_runner, progress)
     block_sizes = kv_block_sizes(model_runner)
     batches, unreachable = plan_batches(
         buckets, max_num_seqs=model_runner.scheduler_config.max_num_seqs,
@@ -110,11 +116,36 @@ def run_compile_warmup(model_runner: Any, worker_execute_model: ExecuteModel,
             finally:
                 finish(execute, ids)
             tracker.step()
+        num_gemms = sweep_gemm_shapes(model_runner) if sweep else 0
     warmed = [b for b, _ in batches]
     phase = PhaseResult(
         name=COMPILE, status=PhaseStatus.RAN, duration_s=t[0],
         num_reqs=max((len(lengths) for _, lengths in batches), default=0),
         num_tokens=max((sum(lengths) for _, lengths in batches), default=0),
         num_steps=len(batches), shapes={"buckets": warmed, "unreachable": unreachable},
-        detail=f"compiled {len(warmed)} token buckets {warmed}; every batch pads up to one")
+        detail=f"compiled {len(warmed)} token buckets {warmed}; every batch pads up to one"
+               + (f"; ran {num_gemms} dense GEMM shapes" if sweep else ""))
+    return WarmupResult(ran=True, phases=[phase])
+
+
+def _sweeps_gemms(model_runner: Any) -> bool:
+    config = getattr(model_runner, "config", None)
+    device = getattr(model_runner, "device", None)
+    return (config is not None and getattr(device, "type", None) == "cuda"
+            and config.compilation.warm_gemm_shapes)
+
+
+def _gemm_only_phase(model_runner: Any, progress: ProgressCallback | None) -> WarmupResult:
+    plan = gemm_plan(model_runner)
+    tracker = PhaseProgress(COMPILE, len(plan), progress)
+    with synced_timer(model_runner) as t:
+        num_gemms = sweep_gemm_shapes(model_runner, tracker)
+    logger.info("compile phase: %d dense GEMM shapes (%d weights, M up to %d) in %.3f s",
+                num_gemms, len(plan), model_runner.max_num_tokens, t[0])
+    phase = PhaseResult(
+        name=COMPILE, status=PhaseStatus.RAN, duration_s=t[0], num_tokens=num_gemms,
+        num_steps=len(plan), shapes={"gemm_weights": len(plan),
+                                     "gemm_max_m": [m for _, m in plan]},
+        detail=f"torch.compile is off; ran every dense GEMM shape ({len(plan)} weights x "
+               f"token counts 1..M, {num_gemms} GEMMs) so cuBLAS picks its algorithms now")
     return WarmupResult(ran=True, phases=[phase])

@@ -1,0 +1,41 @@
+"""The serving loop on a warmed CUDA runner: real scheduler traffic (chunked prefills, mixed
+steps, decodes with drafts) finds every kernel compiled and every uniform decode
+graph-captured (padded drafts keep decode batches uniform)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.runner_helpers import prompt, tiny_config
+from tests.serving_helpers import Served, greedy
+from warmgate.server.jit import JitMonitor
+from warmgate.server.jit.events import CUDA_GRAPH_MISS, JitEvent
+from warmgate.server.warmup.plan import load_runner, run_warmup_plan
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+@pytest.mark.parametrize("num_spec", [0, 3])
+def test_serving_after_warmup_compiles_nothing_and_misses_no_graph(backend: str,
+                                                                   num_spec: int) -> None:
+    pytest.importorskip(backend)
+    config = tiny_config(device="cuda", dtype="bfloat16", attention_backend=backend,
+                         num_spec=num_spec, max_num_seqs=8, max_num_batched_tokens=128,
+                         block_size=16, num_blocks=128, max_model_len=256)
+    monitor = JitMonitor()
+    runner, load_phase = load_runner(config, jit_monitor=monitor)
+    report = run_warmup_plan(runner, load_phase=load_phase)
+    assert report.succeeded, report.to_dict()
+    monitor.mark_ready()
+    late: list[JitEvent] = []
+    monitor.add_listener(lambda e: late.append(e) if e.after_ready and (
+        e.compiled or e.kind == CUDA_GRAPH_MISS) else None)
+    served = Served(runner)
+    reqs = [served.submit(f"r{i}", prompt(3 + 7 * i, offset=i), greedy(40)) for i in range(8)]
+    served.run()
+    monitor.close()
+    assert all(len(r.output_token_ids) == 40 for r in reqs)
+    assert not late, [e.describe() for e in late]
+    if num_spec:
+        assert sum(r.usage.num_draft_tokens for r in reqs) > 0
