@@ -133,3 +133,15 @@ def test_speculative_steps_never_overshoot_max_tokens(max_tokens: int) -> None:
     assert len(req.output_token_ids) == max_tokens
     last_event = [e for e in served.events if e.req_id == "r"][-1]
     assert last_event.finish_reason is FinishReason.LENGTH and last_event.usage is not None
+
+
+def test_the_block_pool_never_hands_out_the_runners_null_block() -> None:
+    from warmgate.server.runner.kv_cache import NULL_BLOCK_ID
+    from warmgate.server.serving.block_pool import NULL_BLOCK_ID as POOL_NULL
+    from warmgate.server.serving.block_pool import BlockPool
+
+    assert POOL_NULL == NULL_BLOCK_ID
+    pool = BlockPool(5)
+    assert pool.allocate(5) is None and pool.num_free == 4  # all or nothing
+    blocks = pool.allocate(4)
+    assert blocks is not None and NULL_BLOCK_ID not in blocks and pool.num_free == 0
