@@ -5,19 +5,21 @@ median: with the warmup plan run before ready, and with it disabled.
 
 A ratio near 1 means the first request of that shape costs what every later one does; the
 "warmup off" column shows what a request pays when the plan did not run (torch.compile
-buckets, Triton/FlashInfer JIT and first-use costs land on it). Runners with warmup off are
-measured first, with torch.compile's and Triton's caches pointed at a fresh directory, so
-their first batches compile from cold as on a new pod; classes run in the order listed on
-one runner per speculative length, so a later class can find a bucket an earlier one
-compiled, as it would in a server.
+buckets, Triton/FlashInfer JIT and first-use costs land on it). Every runner (warmup off and
+on, per speculative length) is measured in a fresh process with torch.compile's and Triton's
+caches pointed at a fresh directory, as on a new pod: nothing one runner ran (kernels loaded,
+cuBLAS algorithm choices, graph uploads) helps another. Within a runner, classes run in the
+order listed, so a later class can find what an earlier one touched, as in a server.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -129,25 +131,36 @@ CLASSES = (
 )
 
 
-def measure(args: argparse.Namespace, warmup: bool) -> tuple[dict[str, tuple[float, float]],
-                                                             float]:
-    """{class: (first s, steady median s)} and the warmup plan's seconds."""
+def measure(args: argparse.Namespace, warmup: bool, num_spec: int
+            ) -> tuple[dict[str, tuple[float, float]], float]:
+    """{class: (first s, steady median s)} for one runner, and its warmup plan's seconds."""
     results: dict[str, tuple[float, float]] = {}
     warm_s = 0.0
-    for num_spec in sorted({c.num_spec for c in CLASSES}):
-        runner, load_phase, monitor = build(runner_config(args, num_speculative_steps=num_spec))
-        if warmup:
-            report = warm(runner, load_phase, monitor)
-            if not report.succeeded:
-                raise SystemExit(f"warmup failed: {report.to_dict()}")
-            warm_s += report.total_duration_s
-        sched = CoverageScheduler(runner)
-        rng = random.Random(args.seed)
-        for cls in (c for c in CLASSES if c.num_spec == num_spec):
-            times = cls.run(Case(sched, cls.name.replace(" ", "_"), rng), args.repeats)
-            results[cls.name] = (times[0], statistics.median(times[1:]))
-        monitor.close()
+    runner, load_phase, monitor = build(runner_config(args, num_speculative_steps=num_spec))
+    if warmup:
+        report = warm(runner, load_phase, monitor)
+        if not report.succeeded:
+            raise SystemExit(f"warmup failed: {report.to_dict()}")
+        warm_s = report.total_duration_s
+    sched = CoverageScheduler(runner)
+    rng = random.Random(args.seed)
+    for cls in (c for c in CLASSES if c.num_spec == num_spec):
+        times = cls.run(Case(sched, cls.name.replace(" ", "_"), rng), args.repeats)
+        results[cls.name] = (times[0], statistics.median(times[1:]))
+    monitor.close()
     return results, warm_s
+
+
+def measure_in_subprocess(argv: list[str], warmup: bool, num_spec: int
+                          ) -> tuple[dict[str, tuple[float, float]], float]:
+    """measure() in a fresh interpreter: nothing another runner of this benchmark ran (cuBLAS
+    algorithm choices, loaded kernels, graph uploads) can make this one's first batch look
+    cheaper than on a new pod."""
+    one = f"{'on' if warmup else 'off'}:{num_spec}"
+    proc = subprocess.run([sys.executable, __file__, *argv, "--one", one], check=True,
+                          capture_output=True, text=True)
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {k: (v[0], v[1]) for k, v in data["results"].items()}, data["warm_s"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -161,6 +174,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-caches", action="store_true",
                    help="use the usual compile caches instead of a fresh directory")
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--one", default=None, metavar="on|off:K", help=argparse.SUPPRESS)
     return p
 
 
@@ -174,8 +188,20 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or (1 if not args.device.startswith("cuda") else None)
     if threads:
         torch.set_num_threads(threads)
-    off, _ = measure(args, warmup=False)
-    on, warm_s = measure(args, warmup=True)
+    if args.one is not None:  # a child of the run below: one runner, JSON on stdout
+        mode, _, k = args.one.partition(":")
+        results, warm_s = measure(args, mode == "on", int(k))
+        print(json.dumps({"results": results, "warm_s": warm_s}))
+        return 0
+    argv = sys.argv[1:] if argv is None else argv
+    off: dict[str, tuple[float, float]] = {}
+    on: dict[str, tuple[float, float]] = {}
+    warm_s = 0.0
+    for num_spec in sorted({c.num_spec for c in CLASSES}):
+        off.update(measure_in_subprocess(argv, False, num_spec)[0])
+        results, seconds = measure_in_subprocess(argv, True, num_spec)
+        on.update(results)
+        warm_s += seconds
     print(f"first-batch latency / steady-state median ({args.model}, {args.device}, "
           f"compile={'on' if args.compile else 'off'}, {args.repeats} steady steps; warmup "
           f"plan {warm_s:.1f} s)")

@@ -63,13 +63,13 @@ coverage)
 first)
   # First batch after ready over the steady median, per batch class, warmup on vs off.
   stage "first batch llama-3.2-1b ${FIRST_BACKEND:-triton}"
-  timeout 150 python3 bench/first_batch.py --device cuda --model llama-3.2-1b \
+  timeout 240 python3 bench/first_batch.py --device cuda --model llama-3.2-1b \
     --attention-backend ${FIRST_BACKEND:-triton} --max-num-seqs 16 --max-num-batched-tokens 1024 \
     --max-model-len 1024 2>"$OUT/first_batch.err" | tee "$OUT/first_batch.txt" | tail -14 ;;
 first-nogemm)
   # The same without the compile phase's dense GEMM sweep: what the sweep buys.
   stage "first batch llama-3.2-1b ${FIRST_BACKEND:-triton} --no-warm-gemm-shapes"
-  timeout 150 python3 bench/first_batch.py --device cuda --model llama-3.2-1b \
+  timeout 240 python3 bench/first_batch.py --device cuda --model llama-3.2-1b \
     --attention-backend ${FIRST_BACKEND:-triton} --max-num-seqs 16 --max-num-batched-tokens 1024 \
     --max-model-len 1024 --no-warm-gemm-shapes 2>"$OUT/first_batch_nogemm.err" \
     | tee "$OUT/first_batch_nogemm.txt" | tail -14 ;;
@@ -90,5 +90,13 @@ serve)
     --repeats 20 --streams 64 --num-speculative-steps 3 --output-len fixed:128 \
     --out "$OUT/ttft_first.json" 2>"$OUT/ttft_first.err" | tee "$OUT/ttft_first.txt"
   tail -5 "$OUT/ttft_first.err" ;;
+serve-nogemm)
+  # TTFT only, without the compile phase's dense GEMM sweep: what the sweep buys a first request.
+  stage "generate ttft llama-3.2-1b ${SERVE_BACKEND:-triton} --no-warm-gemm-shapes"
+  timeout 200 python3 bench/ttft_first.py --server-args "--model llama-3.2-1b --device cuda \
+    --attention-backend ${SERVE_BACKEND:-triton} --max-num-seqs 64 --max-num-batched-tokens 2048 \
+    --max-model-len 2048 --no-warm-gemm-shapes" --prompt-len 128 --max-tokens 16 --repeats 20 \
+    --num-speculative-steps 3 --skip-throughput --out "$OUT/ttft_nogemm.json" \
+    2>"$OUT/ttft_nogemm.err" | tee "$OUT/ttft_nogemm.txt" ;;
 esac; done
 stage done

@@ -4,7 +4,8 @@ The recipe: static max-size input buffers (the InputBatch's device buffers); cap
 requests (so in tokens every size is a multiple of decode_query_len); capture largest first
 into one memory pool; one eager run of the same batch before each capture; at replay pad the
 batch to the nearest captured size and reset the padding; fall back to eager when no captured
-size fits. Padded requests read and write only the null block 0.
+size fits. Padded requests read and write only the null block 0. Every graph is replayed
+once right after capture, so its upload is part of warmup, not of the first real decode.
 """
 
 from __future__ import annotations
@@ -107,6 +108,11 @@ class CudaGraphRunner:
                 self.outputs[size] = self.forward(b.input_ids.gpu[:t], b.positions.gpu[:t], meta)
             self.graphs[size] = graph
         self.backend.end_graph_capture()
+        # Replay each graph once now: the first launch of an instantiated graph also uploads
+        # it to the device, which would otherwise land on the first real decode of that size.
+        for size in sorted(self.graphs):
+            self.backend.plan(self._pad(0, size))
+            self.graphs[size].replay()
         torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
         free_after = _free_bytes(self.device)

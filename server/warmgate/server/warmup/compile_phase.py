@@ -16,7 +16,6 @@ from typing import Any
 
 from warmgate.server.config import cdiv
 from warmgate.server.runner.scheduler_output import GREEDY
-from warmgate.server.warmup.gemm_shapes import gemm_plan, sweep_gemm_shapes
 from warmgate.server.warmup.progress import PhaseProgress, ProgressCallback
 from warmgate.server.warmup.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
 from warmgate.server.warmup.steps import (
@@ -116,7 +115,7 @@ def run_compile_warmup(model_runner: Any, worker_execute_model: ExecuteModel,
             finally:
                 finish(execute, ids)
             tracker.step()
-        num_gemms = sweep_gemm_shapes(model_runner) if sweep else 0
+        num_gemms = _sweep(model_runner) if sweep else 0
     warmed = [b for b, _ in batches]
     phase = PhaseResult(
         name=COMPILE, status=PhaseStatus.RAN, duration_s=t[0],
@@ -135,11 +134,19 @@ def _sweeps_gemms(model_runner: Any) -> bool:
             and config.compilation.warm_gemm_shapes)
 
 
+def _sweep(model_runner: Any, tracker: PhaseProgress | None = None) -> int:
+    from warmgate.server.warmup.gemm_shapes import sweep_gemm_shapes  # torch, only on CUDA
+
+    return sweep_gemm_shapes(model_runner, tracker)
+
+
 def _gemm_only_phase(model_runner: Any, progress: ProgressCallback | None) -> WarmupResult:
+    from warmgate.server.warmup.gemm_shapes import gemm_plan
+
     plan = gemm_plan(model_runner)
     tracker = PhaseProgress(COMPILE, len(plan), progress)
     with synced_timer(model_runner) as t:
-        num_gemms = sweep_gemm_shapes(model_runner, tracker)
+        num_gemms = _sweep(model_runner, tracker)
     logger.info("compile phase: %d dense GEMM shapes (%d weights, M up to %d) in %.3f s",
                 num_gemms, len(plan), model_runner.max_num_tokens, t[0])
     phase = PhaseResult(
