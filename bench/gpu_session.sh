@@ -2,7 +2,7 @@
 # Everything the GPU machine is for, in one call (device time is scarce and caches die with the
 # machine): install the carried wheels, then each stage with its own time limit, logs to $OUT.
 #   STAGES="sanity tests warmup bench" bash bench/gpu_session.sh   (also: spec, cache, coverage,
-#   first, first-nogemm, touch, serve)
+#   first, first-nosweep, touch, serve)
 set -uo pipefail
 OUT=${OUT:-/tmp/warmgate-out}
 mkdir -p "$OUT"
@@ -66,19 +66,19 @@ first)
   timeout 240 python3 bench/first_batch.py --device cuda --model llama-3.2-1b \
     --attention-backend ${FIRST_BACKEND:-triton} --max-num-seqs 16 --max-num-batched-tokens 1024 \
     --max-model-len 1024 2>"$OUT/first_batch.err" | tee "$OUT/first_batch.txt" | tail -14 ;;
-first-nogemm)
+first-nosweep)
   # The same without the compile phase's dense GEMM sweep: what the sweep buys.
-  stage "first batch llama-3.2-1b ${FIRST_BACKEND:-triton} --no-warm-gemm-shapes"
+  stage "first batch llama-3.2-1b ${FIRST_BACKEND:-triton} --no-shape-sweeps"
   timeout 240 python3 bench/first_batch.py --device cuda --model llama-3.2-1b \
     --attention-backend ${FIRST_BACKEND:-triton} --max-num-seqs 16 --max-num-batched-tokens 1024 \
-    --max-model-len 1024 --no-warm-gemm-shapes 2>"$OUT/first_batch_nogemm.err" \
-    | tee "$OUT/first_batch_nogemm.txt" | tail -14 ;;
+    --max-model-len 1024 --no-shape-sweeps 2>"$OUT/first_batch_nosweep.err" \
+    | tee "$OUT/first_batch_nosweep.txt" | tail -14 ;;
 touch)
   # Where a first batch's extra time goes after warmup (cuBLAS per-shape state, host ops).
   stage "first touch llama-3.2-1b triton"
   timeout 120 python3 bench/first_touch.py --device cuda --model llama-3.2-1b \
     --attention-backend triton --max-num-seqs 16 --max-num-batched-tokens 1024 \
-    --max-model-len 1024 --no-warm-gemm-shapes 2>"$OUT/first_touch.err" \
+    --max-model-len 1024 --no-shape-sweeps 2>"$OUT/first_touch.err" \
     | grep -v USDT | tee "$OUT/first_touch.txt" ;;
 serve)
   # Issue 7: Generate's first TTFT after ready / steady median (warmup on, off) and 64-stream
@@ -90,13 +90,13 @@ serve)
     --repeats 20 --streams 64 --num-speculative-steps 3 --output-len fixed:128 \
     --out "$OUT/ttft_first.json" 2>"$OUT/ttft_first.err" | tee "$OUT/ttft_first.txt"
   tail -5 "$OUT/ttft_first.err" ;;
-serve-nogemm)
+serve-nosweep)
   # TTFT only, without the compile phase's dense GEMM sweep: what the sweep buys a first request.
-  stage "generate ttft llama-3.2-1b ${SERVE_BACKEND:-triton} --no-warm-gemm-shapes"
+  stage "generate ttft llama-3.2-1b ${SERVE_BACKEND:-triton} --no-shape-sweeps"
   timeout 200 python3 bench/ttft_first.py --server-args "--model llama-3.2-1b --device cuda \
     --attention-backend ${SERVE_BACKEND:-triton} --max-num-seqs 64 --max-num-batched-tokens 2048 \
-    --max-model-len 2048 --no-warm-gemm-shapes" --prompt-len 128 --max-tokens 16 --repeats 20 \
-    --num-speculative-steps 3 --skip-throughput --out "$OUT/ttft_nogemm.json" \
-    2>"$OUT/ttft_nogemm.err" | tee "$OUT/ttft_nogemm.txt" ;;
+    --max-model-len 2048 --no-shape-sweeps" --prompt-len 128 --max-tokens 16 --repeats 20 \
+    --num-speculative-steps 3 --skip-throughput --out "$OUT/ttft_nosweep.json" \
+    2>"$OUT/ttft_nosweep.err" | tee "$OUT/ttft_nosweep.txt" ;;
 esac; done
 stage done

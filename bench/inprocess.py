@@ -35,7 +35,7 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--no-warm-gemm-shapes", dest="warm_gemm_shapes", action="store_false",
+    p.add_argument("--no-shape-sweeps", dest="shape_sweeps", action="store_false",
                    help="skip the compile phase's dense GEMM sweep (CUDA)")
 
 
@@ -52,7 +52,7 @@ def runner_config(args: argparse.Namespace, **overrides: Any) -> RunnerConfig:
         device=DeviceConfig(device=opts["device"], dtype=opts["dtype"],
                             attention_backend=opts["attention_backend"]),
         compilation=CompilationConfig(compile=opts["compile"],
-                                      warm_gemm_shapes=opts["warm_gemm_shapes"]))
+                                      shape_sweeps=opts["shape_sweeps"]))
 
 
 def build(config: RunnerConfig) -> tuple[Any, PhaseResult, JitMonitor]:

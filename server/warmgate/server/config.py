@@ -125,9 +125,11 @@ class CompilationConfig:
     # torch.compile the dense part of every layer, one static-shape graph per token bucket
     # (runner.compile_buckets); attention stays eager. Off by default: compiling costs start-up.
     compile: bool = False
-    # On CUDA, run every dense GEMM shape (token counts 1..max_num_batched_tokens) in the
-    # compile phase so cuBLAS picks its algorithms before ready (warmup.gemm_shapes).
-    warm_gemm_shapes: bool = True
+    # On CUDA, the compile phase runs every dense GEMM shape (token counts
+    # 1..max_num_batched_tokens) and the sampler at every batch size, so cuBLAS picks its
+    # algorithms and size-specific kernels load before ready (warmup.gemm_shapes,
+    # warmup.sampler_rows).
+    shape_sweeps: bool = True
 
     def __post_init__(self) -> None:
         if self.cuda_graph_sizes is not None:

@@ -217,9 +217,9 @@ _BOOL_OPTIONS = (
     _Option("--cuda-graphs", _bool, True, "capture uniform-decode CUDA graphs"),
     _Option("--compile", _bool, False, "torch.compile the model's dense layers, one graph per "
             "token bucket, all compiled by the warmup's compile phase"),
-    _Option("--warm-gemm-shapes", _bool, True, "on CUDA, run every dense GEMM shape (token "
-            "counts 1..max-num-batched-tokens) before ready, so no first batch of a new size "
-            "waits for cuBLAS to pick an algorithm"),
+    _Option("--shape-sweeps", _bool, True, "on CUDA, run every dense GEMM shape (token "
+            "counts 1..max-num-batched-tokens) and the sampler at every batch size before "
+            "ready, so no first batch of a new size waits for cuBLAS or kernel loading"),
     _Option("--warmup-only", _bool, False, "load, warm up, fill --cache-dir, print the report "
             "and exit (0: succeeded); binds no port (a Kubernetes Job, an image build)"),
     _Option("--json", _bool, False, "with --warmup-only: print the report as JSON"),
@@ -290,7 +290,7 @@ def _runner_config(args: argparse.Namespace) -> RunnerConfig:
         device=DeviceConfig(device=args.device, dtype=args.dtype,
                             attention_backend=args.attention_backend),
         compilation=CompilationConfig(enable_cuda_graphs=args.cuda_graphs, compile=args.compile,
-                                      warm_gemm_shapes=args.warm_gemm_shapes),
+                                      shape_sweeps=args.shape_sweeps),
     )
 
 

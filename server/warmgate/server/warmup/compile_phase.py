@@ -78,14 +78,15 @@ def run_compile_warmup(model_runner: Any, worker_execute_model: ExecuteModel,
                        worker_sample_tokens: SampleTokens, *,
                        progress: ProgressCallback | None = None,
                        req_id_prefix: str = "_warmup_compile") -> WarmupResult:
-    """Truthy iff it ran: the torch.compile buckets (--compile) and, on CUDA, every dense
-    GEMM shape (--warm-gemm-shapes); SKIPPED (DISABLED) when neither applies."""
+    """Truthy iff it ran: the torch.compile buckets (--compile) and, on CUDA, the shape
+    sweeps (--shape-sweeps: every dense GEMM shape, the sampler at every batch size);
+    SKIPPED (DISABLED) when neither applies."""
     buckets = buckets_to_warm(model_runner)
     sweep = _sweeps_gemms(model_runner)
     if not buckets and not sweep:
         return WarmupResult.skipped(COMPILE, SkipReason.DISABLED,
-                                    "torch.compile is off (--compile turns it on) and there "
-                                    "are no CUDA GEMM shapes to warm")
+                                    "torch.compile is off (--compile turns it on) and the "
+                                    "shape sweeps run only on CUDA")
     if not buckets:
         return _gemm_only_phase(model_runner, progress)
     block_sizes = kv_block_sizes(model_runner)
@@ -123,7 +124,7 @@ def run_compile_warmup(model_runner: Any, worker_execute_model: ExecuteModel,
         num_tokens=max((sum(lengths) for _, lengths in batches), default=0),
         num_steps=len(batches), shapes={"buckets": warmed, "unreachable": unreachable},
         detail=f"compiled {len(warmed)} token buckets {warmed}; every batch pads up to one"
-               + (f"; ran {num_gemms} dense GEMM shapes" if sweep else ""))
+               + (f"; ran {num_gemms} shape-sweep calls" if sweep else ""))
     return WarmupResult(ran=True, phases=[phase])
 
 
@@ -131,28 +132,37 @@ def _sweeps_gemms(model_runner: Any) -> bool:
     config = getattr(model_runner, "config", None)
     device = getattr(model_runner, "device", None)
     return (config is not None and getattr(device, "type", None) == "cuda"
-            and config.compilation.warm_gemm_shapes)
+            and config.compilation.shape_sweeps)
 
 
 def _sweep(model_runner: Any, tracker: PhaseProgress | None = None) -> int:
+    """Dense GEMMs at every token count, then (generative models) the sampler at every row
+    count; returns the calls made."""
     from warmgate.server.warmup.gemm_shapes import sweep_gemm_shapes  # torch, only on CUDA
+    from warmgate.server.warmup.sampler_rows import sweep_sampler_rows
 
-    return sweep_gemm_shapes(model_runner, tracker)
+    calls = sweep_gemm_shapes(model_runner, tracker)
+    if not model_runner.is_pooling_model:
+        calls += sweep_sampler_rows(model_runner)
+    return calls
 
 
 def _gemm_only_phase(model_runner: Any, progress: ProgressCallback | None) -> WarmupResult:
     from warmgate.server.warmup.gemm_shapes import gemm_plan
 
     plan = gemm_plan(model_runner)
-    tracker = PhaseProgress(COMPILE, len(plan), progress)
+    tracker = PhaseProgress(COMPILE, len(plan) + 1, progress)
     with synced_timer(model_runner) as t:
-        num_gemms = _sweep(model_runner, tracker)
-    logger.info("compile phase: %d dense GEMM shapes (%d weights, M up to %d) in %.3f s",
-                num_gemms, len(plan), model_runner.max_num_tokens, t[0])
+        num_calls = _sweep(model_runner, tracker)
+        tracker.step()
+    logger.info("compile phase: %d shape-sweep calls (dense GEMMs over %d weights, M up to "
+                "%d; sampler rows up to %d requests) in %.3f s", num_calls, len(plan),
+                model_runner.max_num_tokens, model_runner.max_num_reqs, t[0])
     phase = PhaseResult(
-        name=COMPILE, status=PhaseStatus.RAN, duration_s=t[0], num_tokens=num_gemms,
+        name=COMPILE, status=PhaseStatus.RAN, duration_s=t[0], num_tokens=num_calls,
         num_steps=len(plan), shapes={"gemm_weights": len(plan),
                                      "gemm_max_m": [m for _, m in plan]},
         detail=f"torch.compile is off; ran every dense GEMM shape ({len(plan)} weights x "
-               f"token counts 1..M, {num_gemms} GEMMs) so cuBLAS picks its algorithms now")
+               f"token counts 1..M) and the sampler at every batch size, {num_calls} calls, "
+               "so no first batch of a new size pays for algorithm choice or kernel loading")
     return WarmupResult(ran=True, phases=[phase])
