@@ -21,10 +21,11 @@ import asyncio
 import multiprocessing as mp
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from bench.load_gen import InProcessServer
 
 GOAL_P99_MS = 50.0
 PROBE_TIMEOUT_S = 1.0  # the kubelet's default gRPC probe timeout
@@ -61,30 +62,6 @@ def probe_main(target: str, until: float, clients: int, interval: float, out: An
 
     asyncio.run(run())
     out.put((samples, errors))
-
-
-# -- the server side --------------------------------------------------------------------
-
-class _Server:
-    def __init__(self, flags: Sequence[str]) -> None:
-        from warmgate.server.app import create_server
-        from warmgate.server.server_config import load_server_config
-
-        config = load_server_config(["--host", "127.0.0.1", "--port", "0", "--metrics-port",
-                                     "-1", "--no-warmup-on-start", *flags], environ={})
-        self.config = config
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        self.running = asyncio.run_coroutine_threadsafe(create_server(config),
-                                                        self._loop).result(120)
-        self.target = f"127.0.0.1:{self.running.port}"
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.running.stop(0, wait_for_runner=True),
-                                         self._loop).result(120)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 def _warm_for(target: str, seconds: float) -> tuple[list[tuple[float, float]], list[float]]:
@@ -142,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.torch_threads)
-    server = _Server(["--model", args.model, "--device", args.device, *args.server_flags])
+    server = InProcessServer(["--no-warmup-on-start", "--model", args.model, "--device",
+                              args.device, *args.server_flags])
     try:
         from warmgate.client.api import WarmgateClient
 

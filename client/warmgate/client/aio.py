@@ -29,6 +29,17 @@ async def _call(call: Awaitable[T]) -> T:
         raise from_rpc_error(exc) from None
 
 
+async def _stream(call: Any) -> AsyncIterator[Any]:
+    """A server stream's messages; errors as WarmgateRpcError; cancelled when left early."""
+    try:
+        async for message in call:
+            yield message
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc) from None
+    finally:
+        call.cancel()
+
+
 class AsyncWarmgateClient:
     """See WarmgateClient; every method is a coroutine and watch_status an async iterator.
 
@@ -75,35 +86,20 @@ class AsyncWarmgateClient:
         return await _call(self._warmup.GetStatus(
             pb.GetStatusRequest(), timeout=self._timeout(timeout), metadata=self._metadata))
 
-    async def watch_status(self, follow: bool = False, *, timeout: float | None = None
-                           ) -> AsyncIterator[pb.WarmupStatus]:
+    def watch_status(self, follow: bool = False, *, timeout: float | None = None
+                     ) -> AsyncIterator[pb.WarmupStatus]:
         """Statuses as they change; ends when the warmup settles (unless `follow`).
 
         No deadline unless `timeout` is given: a watch lasts as long as the warmup.
         """
-        call = self._warmup.WatchStatus(pb.WatchStatusRequest(follow=follow), timeout=timeout,
-                                        metadata=self._metadata)
-        try:
-            async for status in call:
-                yield status
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
-        finally:
-            call.cancel()
+        return _stream(self._warmup.WatchStatus(pb.WatchStatusRequest(follow=follow),
+                                                timeout=timeout, metadata=self._metadata))
 
-    async def generate(self, prompt_token_ids: Sequence[int], *,
-                       timeout: float | None = None, **sampling: Any
-                       ) -> AsyncIterator[gen_pb.GenerateResponse]:
-        """See WarmgateClient.generate."""
-        call = self._generation.Generate(generate_request(prompt_token_ids, **sampling),
-                                         timeout=timeout, metadata=self._metadata)
-        try:
-            async for message in call:
-                yield message
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
-        finally:
-            call.cancel()
+    def generate(self, prompt_token_ids: Sequence[int], *, timeout: float | None = None,
+                 **sampling: Any) -> AsyncIterator[gen_pb.GenerateResponse]:
+        """See WarmgateClient.generate. The call starts here; iterate (or aclose) the result."""
+        return _stream(self._generation.Generate(generate_request(prompt_token_ids, **sampling),
+                                                 timeout=timeout, metadata=self._metadata))
 
     async def health(self, service: str = "", *, timeout: float | None = None,
                      wait_for_ready: bool = False

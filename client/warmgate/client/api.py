@@ -40,6 +40,16 @@ def _call(fn: Callable[[], T]) -> T:
         raise from_rpc_error(exc) from None
 
 
+def _stream(call: Any) -> Iterator[Any]:
+    """A server stream's messages; errors as WarmgateRpcError; cancelled when left early."""
+    try:
+        yield from call
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc) from None
+    finally:
+        call.cancel()
+
+
 class WarmgateClient:
     """Calls warmgate.v1.Warmup and grpc.health.v1.Health on one channel.
 
@@ -95,14 +105,8 @@ class WarmgateClient:
 
         No deadline unless `timeout` is given: a watch lasts as long as the warmup.
         """
-        stream = self._warmup.WatchStatus(pb.WatchStatusRequest(follow=follow), timeout=timeout,
-                                          metadata=self._metadata)
-        try:
-            yield from stream
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
-        finally:
-            stream.cancel()
+        yield from _stream(self._warmup.WatchStatus(pb.WatchStatusRequest(follow=follow),
+                                                timeout=timeout, metadata=self._metadata))
 
     def generate(self, prompt_token_ids: Sequence[int], *, timeout: float | None = None,
                  **sampling: Any) -> Iterator[gen_pb.GenerateResponse]:
@@ -112,14 +116,8 @@ class WarmgateClient:
         No deadline unless `timeout` is given. Leaving the loop early cancels the request on
         the server, which frees its KV blocks.
         """
-        stream = self._generation.Generate(generate_request(prompt_token_ids, **sampling),
-                                           timeout=timeout, metadata=self._metadata)
-        try:
-            yield from stream
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
-        finally:
-            stream.cancel()
+        yield from _stream(self._generation.Generate(generate_request(prompt_token_ids, **sampling),
+                                                 timeout=timeout, metadata=self._metadata))
 
     def health(self, service: str = "", *, timeout: float | None = None,
                wait_for_ready: bool = False) -> health_pb2.HealthCheckResponse.ServingStatus:
