@@ -23,6 +23,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.grpc_harness import FakeEngine, ServerThread, server_config
+from warmgate.v1 import generate_pb2 as gen_pb
+from warmgate.v1 import generate_pb2_grpc as gen_grpc
 from warmgate.v1 import warmup_pb2 as pb
 from warmgate.v1 import warmup_pb2_grpc as pb_grpc
 
@@ -260,3 +262,53 @@ def test_server_serves_and_memory_stays_flat_after_thousands_of_bad_calls(
         health_pb2.HealthCheckResponse.SERVING
     status = pb_grpc.WarmupStub(ready).GetStatus(pb.GetStatusRequest(), timeout=CALL_S)
     assert status.state == pb.WARMUP_STATE_READY
+
+
+# -- Generate (a real tiny runner: the request reaches the scheduler when it parses) -----
+
+@pytest.fixture(scope="module")
+def generating() -> Iterator[grpc.Channel]:
+    with ServerThread(server_config("--max-model-len", "64")) as server, \
+            grpc.insecure_channel(server.target) as channel:
+        pb_grpc.WarmupStub(channel).WarmupKernels(pb.WarmupKernelsRequest(), timeout=60)
+        yield channel
+
+
+FLOATS = st.floats(width=32, allow_nan=True, allow_infinity=True)
+
+
+@SETTINGS
+@given(prompt=st.lists(st.integers(-3, 515) | INT32, max_size=6), temperature=FLOATS,
+       top_k=st.integers(-2, 50) | INT32, top_p=st.none() | FLOATS,
+       seed=st.none() | st.integers(0, 2**64 - 1),
+       max_tokens=st.none() | st.integers(-2, 6) | INT32,
+       stops=st.lists(st.integers(-2, 515) | INT32, max_size=3))
+@example(prompt=[1] * 64, temperature=0.0, top_k=0, top_p=None, seed=None, max_tokens=1,
+         stops=[]).via("a prompt that fills max_model_len")
+def test_generate_fields(generating: grpc.Channel, prompt: list[int], temperature: float,
+                         top_k: int, top_p: float | None, seed: int | None,
+                         max_tokens: int | None, stops: list[int]) -> None:
+    sampling = gen_pb.SamplingParams(temperature=temperature, top_k=top_k,
+                                     stop_token_ids=stops)
+    for name, value in (("top_p", top_p), ("seed", seed), ("max_tokens", max_tokens)):
+        if value is not None:
+            setattr(sampling, name, value)
+    request = gen_pb.GenerateRequest(prompt_token_ids=prompt, sampling=sampling)
+    stub = gen_grpc.GenerationStub(generating)
+    code, error = outcome("Generate", lambda: list(stub.Generate(request, timeout=CALL_S)))
+    assert code in (Code.OK, Code.INVALID_ARGUMENT), (code, error)
+    if code is Code.INVALID_ARGUMENT:
+        assert violations(error)
+
+
+@settings(max_examples=50, deadline=None, database=None)
+@given(payload=st.binary(max_size=256))
+@example(payload=b"\x0a\x03\x01\x02\x03").via("a valid three-token prompt")
+@example(payload=b"\x0a\x02\xff\xff").via("a truncated packed varint")
+def test_raw_bytes_on_generate(generating: grpc.Channel, payload: bytes) -> None:
+    method = "/warmgate.v1.Generation/Generate"
+    code, error = outcome("Generate (raw)", lambda: list(
+        generating.unary_stream(method)(payload, timeout=CALL_S)))
+    assert code in (Code.OK, Code.INVALID_ARGUMENT, Code.RESOURCE_EXHAUSTED), code
+    if code is Code.INVALID_ARGUMENT:
+        assert violations(error), payload[:32]
