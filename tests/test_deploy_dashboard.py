@@ -45,7 +45,8 @@ _IDENT = re.compile(r"(?<![\w.])([a-zA-Z_:][\w:]*)(\s*\()?")
 def exported_series() -> dict[str, set[str]]:
     """Sample name -> label names, for every metric the server's registry holds."""
     metrics = Metrics()
-    labels_of = {m._name: set(m._labelnames) for m in vars(metrics).values()
+    labels_of = {m._name: set(m._labelnames)
+                 for m in [*vars(metrics).values(), *vars(metrics.serving).values()]
                  if isinstance(m, MetricWrapperBase)}
     series: dict[str, set[str]] = {}
     for family in metrics.registry.collect():

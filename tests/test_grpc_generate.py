@@ -87,7 +87,8 @@ def test_32_concurrent_streams_all_finish_and_free_every_block() -> None:
             for i, got in enumerate(results):
                 assert got.finish_reason == "length"
                 assert len(got.token_ids) == 10 + i % 5
-            assert blocks_all_free(s)
+            # The runner drops the last request's state at the step after its final token.
+            await eventually(lambda: blocks_all_free(s), 10)
             drafts = sum(r.usage.num_draft_tokens for r in results if r.usage)
             assert drafts > 0  # k=3: every decode step verified drafts
 

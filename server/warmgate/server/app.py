@@ -28,7 +28,6 @@ from warmgate.server.metrics import Metrics, MetricsEndpoint
 from warmgate.server.security import ServerSecurity
 from warmgate.server.server_config import ServerConfig
 from warmgate.server.service import WarmupService
-from warmgate.server.serving_metrics import ServingMetrics
 from warmgate.server.status import Identity
 from warmgate.v1 import generate_pb2, generate_pb2_grpc, warmup_pb2, warmup_pb2_grpc
 
@@ -140,7 +139,7 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
     warmup_pb2_grpc.add_WarmupServicer_to_server(WarmupService(controller), server)
     generation = GenerationService(controller, engine, config.runner, config.serving,
-                                   ServingMetrics(metrics.registry))
+                                   metrics.serving)
     generate_pb2_grpc.add_GenerationServicer_to_server(generation, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((

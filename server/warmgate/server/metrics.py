@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from warmgate.server.jit.events import CACHED_KINDS, JitEvent
+from warmgate.server.serving_metrics import ServingMetrics
 from warmgate.server.warmup.results import PhaseStatus, SkipReason, WarmupReport
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ class Metrics:
                                     ["method", "code"], registry=r)
         self.rpc_duration = Histogram("warmgate_rpc_duration_seconds", "RPC handling time.",
                                       ["method"], buckets=RPC_BUCKETS, registry=r)
+        # The Generate path's series, on the same registry.
+        self.serving = ServingMetrics(r)
         self.set_state("pending")
         self.ready.set(0)
         self._load_observed = False
