@@ -168,6 +168,9 @@ def _parser() -> argparse.ArgumentParser:
     add_runner_args(p)
     p.add_argument("--repeats", type=int, default=15, help="steady-state steps per class")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trials", type=int, default=3,
+                   help="fresh processes per (warmup on/off, k): a first batch is one sample "
+                        "per process, so the table shows the median (and range) over these")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default 1 on the CPU: steadier timings on a busy "
                         "machine)")
@@ -194,23 +197,31 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"results": results, "warm_s": warm_s}))
         return 0
     argv = sys.argv[1:] if argv is None else argv
-    off: dict[str, tuple[float, float]] = {}
-    on: dict[str, tuple[float, float]] = {}
-    warm_s = 0.0
-    for num_spec in sorted({c.num_spec for c in CLASSES}):
-        off.update(measure_in_subprocess(argv, False, num_spec)[0])
-        results, seconds = measure_in_subprocess(argv, True, num_spec)
-        on.update(results)
-        warm_s += seconds
+    # mode -> class -> [(first s, steady median s)], one per trial (fresh process each).
+    runs: dict[str, dict[str, list[tuple[float, float]]]] = {"on": {}, "off": {}}
+    warm_s: list[float] = []
+    for _ in range(args.trials):
+        for num_spec in sorted({c.num_spec for c in CLASSES}):
+            for mode in ("off", "on"):
+                results, seconds = measure_in_subprocess(argv, mode == "on", num_spec)
+                for name, pair in results.items():
+                    runs[mode].setdefault(name, []).append(pair)
+                if mode == "on":
+                    warm_s.append(seconds)
     print(f"first-batch latency / steady-state median ({args.model}, {args.device}, "
-          f"compile={'on' if args.compile else 'off'}, {args.repeats} steady steps; warmup "
-          f"plan {warm_s:.1f} s)")
-    print(f"{'class':<20} {'on: first ms':>13} {'steady ms':>10} {'ratio':>7}   "
-          f"{'off: first ms':>14} {'steady ms':>10} {'ratio':>8}")
+          f"compile={'on' if args.compile else 'off'}, {args.repeats} steady steps, "
+          f"{args.trials} fresh processes per cell, medians; warmup plan "
+          f"{statistics.median(warm_s):.1f} s per runner)")
+    print(f"{'class':<20} {'on: first ms':>13} {'steady ms':>10} {'ratio':>7} "
+          f"{'(trials)':>13}   {'off: first ms':>14} {'steady ms':>10} {'ratio':>8}")
     for cls in CLASSES:
-        (f_on, s_on), (f_off, s_off) = on[cls.name], off[cls.name]
-        print(f"{cls.name:<20} {1e3 * f_on:>13.2f} {1e3 * s_on:>10.2f} {f_on / s_on:>7.2f}   "
-              f"{1e3 * f_off:>14.2f} {1e3 * s_off:>10.2f} {f_off / s_off:>8.1f}")
+        on, off = runs["on"][cls.name], runs["off"][cls.name]
+        f_on, s_on = (statistics.median(x) for x in zip(*on, strict=True))
+        f_off, s_off = (statistics.median(x) for x in zip(*off, strict=True))
+        each = sorted(f / st for f, st in on)
+        spread = f"{each[0]:.2f}-{each[-1]:.2f}"
+        print(f"{cls.name:<20} {1e3 * f_on:>13.2f} {1e3 * s_on:>10.2f} {f_on / s_on:>7.2f} "
+              f"{spread:>13}   {1e3 * f_off:>14.2f} {1e3 * s_off:>10.2f} {f_off / s_off:>8.1f}")
     return 0
 
 
