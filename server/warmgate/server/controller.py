@@ -25,7 +25,7 @@ from warmgate.server.engine import MIXED_PHASES, PLAN_PHASES, WarmupEngine
 from warmgate.server.errors import FailedPrecondition, FieldViolation, InvalidArgument, ShuttingDown
 from warmgate.server.jit import JitMonitor, StrictJitPolicy
 from warmgate.server.metrics import Metrics
-from warmgate.server.report_log import log_report
+from warmgate.server.report_log import log_phase, log_report
 from warmgate.server.singleflight import Shared, SingleFlight
 from warmgate.server.status import Identity, StatusSnapshot, StatusTracker, WarmupState
 from warmgate.server.warmup.failures import FatalDeviceError, describe_fatal
@@ -377,6 +377,7 @@ class WarmupController:
 
     def _failed_report(self, name: str, detail: str) -> WarmupReport:
         phase = PhaseResult(name=name, status=PhaseStatus.FAILED, detail=detail)
+        log_phase(phase)  # the plan never saw this failure
         i = self._identity
         return WarmupReport(WarmupOutcome.FAILED, [phase], 0.0, i.config_hash, device=i.device,
                             attention_backend=i.attention_backend, model=i.model)

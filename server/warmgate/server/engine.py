@@ -17,6 +17,7 @@ from warmgate.server.cache.store import CompileCache
 from warmgate.server.config import RunnerConfig
 from warmgate.server.faults import FaultInjector
 from warmgate.server.jit import JitMonitor
+from warmgate.server.report_log import log_phase
 from warmgate.server.warmup.failures import (
     FatalDeviceError,
     describe_failure,
@@ -102,6 +103,7 @@ class PlanEngine:
             phase = PhaseResult(name="load", status=PhaseStatus.FAILED,
                                 duration_s=time.perf_counter() - start,
                                 detail=describe_failure("load", exc))
+            log_phase(phase)
         self._load_phase = phase
         return phase
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from warmgate.server.config import RunnerConfig, resolve_runner_config
 from warmgate.server.jit import JitMonitor
+from warmgate.server.report_log import log_phase
 from warmgate.server.warmup.compile_ledger import PhaseLedger
 from warmgate.server.warmup.compile_phase import COMPILE, run_compile_warmup
 from warmgate.server.warmup.failures import (
@@ -43,14 +44,6 @@ logger = logging.getLogger(__name__)
 LOAD, FLASHINFER, CUDA_GRAPHS = "load", "flashinfer", "cuda_graphs"
 PHASES = (LOAD, FLASHINFER, COMPILE, PREFILL, DECODE, SAMPLER, MIXED, CUDA_GRAPHS)
 DEFAULT_MIXED_NUM_TOKENS = 16  # vLLM's mixed FlashInfer attention warmup uses 16 tokens
-
-
-def log_phase(p: PhaseResult) -> None:
-    reason = p.skip_reason.value if p.skip_reason else "-"
-    level = logging.ERROR if p.status is PhaseStatus.FAILED else logging.INFO
-    logger.log(level, "phase=%s status=%s seconds=%.3f reason=%s num_reqs=%d num_tokens=%d "
-               "steps=%d detail=%s", p.name, p.status.value, p.duration_s, reason, p.num_reqs,
-               p.num_tokens, p.num_steps, p.detail)
 
 
 def load_runner(config: RunnerConfig, *, jit_monitor: JitMonitor | None = None
@@ -262,9 +255,7 @@ def _report(runner: Any, phases: list[PhaseResult], seconds: float) -> WarmupRep
         outcome=WarmupOutcome.FAILED if failed else WarmupOutcome.SUCCEEDED, phases=phases,
         total_duration_s=seconds, config_hash=cfg.config_hash(), device=cfg.device.device,
         attention_backend=cfg.device.attention_backend, model=cfg.model.name)
-    logger.info("warmup outcome=%s seconds=%.3f phases=%d", report.outcome.value, seconds,
-                len(phases))
-    return report
+    return report  # its summary line is the caller's (the server's report_log)
 
 
 __all__ = ["PHASES", "PhaseProgress", "load_runner", "run_mixed_warmup", "run_warmup_plan"]
