@@ -65,7 +65,7 @@ first)
   stage "first batch llama-3.2-1b ${FIRST_BACKEND:-triton}"
   timeout 240 python3 bench/first_batch.py --device cuda --model llama-3.2-1b \
     --attention-backend ${FIRST_BACKEND:-triton} --max-num-seqs 16 --max-num-batched-tokens 1024 \
-    --max-model-len 1024 2>"$OUT/first_batch.err" | tee "$OUT/first_batch.txt" | tail -14 ;;
+    --max-model-len 1024 --trials ${FIRST_TRIALS:-3} 2>"$OUT/first_batch.err" | tee "$OUT/first_batch.txt" | tail -14 ;;
 first-nosweep)
   # The same without the compile phase's dense GEMM sweep: what the sweep buys.
   stage "first batch llama-3.2-1b ${FIRST_BACKEND:-triton} --no-shape-sweeps"
@@ -87,7 +87,7 @@ serve)
   timeout ${SERVE_TIMEOUT:-330} python3 bench/ttft_first.py --server-args "--model llama-3.2-1b \
     --device cuda --attention-backend ${SERVE_BACKEND:-triton} --max-num-seqs 64 \
     --max-num-batched-tokens 2048 --max-model-len 2048" --prompt-len 128 --max-tokens 16 \
-    --repeats 20 --streams 64 --num-speculative-steps 3 --output-len fixed:128 \
+    --repeats 20 --trials ${SERVE_TRIALS:-3} --streams 64 --num-speculative-steps 3 --output-len fixed:128 \
     --out "$OUT/ttft_first.json" 2>"$OUT/ttft_first.err" | tee "$OUT/ttft_first.txt"
   tail -5 "$OUT/ttft_first.err" ;;
 serve-nosweep)
@@ -96,7 +96,7 @@ serve-nosweep)
   timeout 200 python3 bench/ttft_first.py --server-args "--model llama-3.2-1b --device cuda \
     --attention-backend ${SERVE_BACKEND:-triton} --max-num-seqs 64 --max-num-batched-tokens 2048 \
     --max-model-len 2048 --no-shape-sweeps" --prompt-len 128 --max-tokens 16 --repeats 20 \
-    --num-speculative-steps 3 --skip-throughput --out "$OUT/ttft_nosweep.json" \
+    --trials ${SERVE_TRIALS:-3} --num-speculative-steps 3 --skip-throughput --out "$OUT/ttft_nosweep.json" \
     2>"$OUT/ttft_nosweep.err" | tee "$OUT/ttft_nosweep.txt" ;;
 esac; done
 stage done

@@ -314,6 +314,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="throughput prompts repeat a short motif (drafts get accepted)")
     p.add_argument("--temperature", type=float, default=0.0, help="throughput sampling")
     p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--trials", type=typed(positive_int), default=1,
+                   help="fresh servers per TTFT case; the table adds the median ratio")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep-caches", action="store_true",
                    help="leave the compile cache variables as they are")
@@ -323,6 +325,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object, no table")
     p.add_argument("--out", default=None, help="also write the JSON object to this file")
     return p
+
+
+def _trial(i: int, trials: int) -> str:
+    return f" #{i + 1}" if trials > 1 else ""
+
+
+def _median_ratio(results: Sequence[FirstResult]) -> dict[str, float]:
+    return {"client": round(statistics.median(r.ratio for r in results), 4),
+            "server": round(statistics.median(r.server_ratio for r in results), 4)}
 
 
 def _throughput_row(k: int, s: Summary) -> str:
@@ -347,10 +358,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"--prompt-len + --max-tokens exceed the model's max_model_len "
                          f"({model.max_model_len})")
 
-    on = measure_first("warmup on", args, [*k_flags, "--warmup-on-start"], model.vocab_size,
-                       warmup=True)
-    off = measure_first("warmup off", args, [*k_flags, *NO_WARMUP_FLAGS], model.vocab_size,
-                        warmup=False)
+    # A first request is one sample per server process: --trials fresh servers per case.
+    ons = [measure_first(f"warmup on{_trial(i, args.trials)}", args,
+                         [*k_flags, "--warmup-on-start"], model.vocab_size, warmup=True)
+           for i in range(args.trials)]
+    offs = [measure_first(f"warmup off{_trial(i, args.trials)}", args,
+                          [*k_flags, *NO_WARMUP_FLAGS], model.vocab_size, warmup=False)
+            for i in range(args.trials)]
+    on = ons[0]
     throughput: dict[int, Summary] = {}
     if not args.skip_throughput:
         for steps in dict.fromkeys((0, k)):  # one run when K is 0
@@ -367,7 +382,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "repeats": args.repeats, "streams": args.streams,
                   "output_len": str(args.output_len), "repetitive": args.repetitive,
                   "keep_caches": args.keep_caches, "seed": args.seed},
-        "ttft": {"warmup_on": on.to_dict(), "warmup_off": off.to_dict()},
+        "ttft": {"warmup_on": [r.to_dict() for r in ons],
+                 "warmup_off": [r.to_dict() for r in offs],
+                 "median_ratio": {"warmup_on": _median_ratio(ons),
+                                  "warmup_off": _median_ratio(offs)}},
         "throughput": {f"k{steps}": s.to_dict() for steps, s in throughput.items()},
         "throughput_ratio": None if tp_ratio is None else round(tp_ratio, 4),
     }
@@ -381,14 +399,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"first TTFT after ready / steady median: {model.name} on {on.device} "
           f"({on.backend}), k={k}, prompt {args.prompt_len}, max_tokens {args.max_tokens}, "
           f"{args.repeats} repeats, caches {'kept' if args.keep_caches else 'fresh'}")
-    print(f"{'':<11} {'':>8} {'client (send -> first message)':^30}   "
+    print(f"{'':<14} {'':>8} {'client (send -> first message)':^30}   "
           f"{'server (arrival -> first token)':^30}")
-    print(f"{'case':<11} {'ready_s':>8} {'first_ms':>10} {'median_ms':>10} {'ratio':>8}   "
+    print(f"{'case':<14} {'ready_s':>8} {'first_ms':>10} {'median_ms':>10} {'ratio':>8}   "
           f"{'first_ms':>10} {'median_ms':>10} {'ratio':>8} {'retries':>8}")
-    for r in (on, off):
-        print(f"{r.name:<11} {r.ready_s:>8.2f} {r.first_s * 1e3:>10.2f} "
+    for r in (*ons, *offs):
+        print(f"{r.name:<14} {r.ready_s:>8.2f} {r.first_s * 1e3:>10.2f} "
               f"{r.median_s * 1e3:>10.2f} {r.ratio:>8.2f}   {r.server_first_s * 1e3:>10.2f} "
               f"{r.server_median_s * 1e3:>10.2f} {r.server_ratio:>8.2f} {r.retries:>8}")
+    if args.trials > 1:
+        print(f"median over {args.trials} servers of first / steady median: warmup on "
+              f"{_median_ratio(ons)['client']:.2f} (server side "
+              f"{_median_ratio(ons)['server']:.2f}), warmup off "
+              f"{_median_ratio(offs)['client']:.2f}")
     if throughput:
         any_s = next(iter(throughput.values()))
         print(f"throughput at {args.streams} streams ({any_s.num_requests} requests, prompt "
