@@ -16,7 +16,7 @@ from warmgate.client import cli
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.errors import WarmgateRpcError
 from warmgate.client.generate import Generation
-from warmgate.server.app import RunningServer
+from warmgate.server.app import RunningServer, create_server
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.v1 import generate_pb2 as gen_pb
 
@@ -203,3 +203,26 @@ def test_finish_reasons_map_to_the_proto_enum() -> None:
 
     assert set(_FINISH) == {r.value for r in FinishReason}
     assert gen_pb.FinishReason.Name(_FINISH["stop"]) == "FINISH_REASON_STOP"
+
+
+def test_shutdown_lets_open_streams_finish_within_the_grace_and_refuses_new_ones() -> None:
+    async def body() -> None:
+        s = await create_server(server_config())
+        try:
+            async with AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
+                await c.warmup_kernels()
+                stream = asyncio.ensure_future(collect(c, prompt(8), max_tokens=60))
+                await eventually(lambda: s.generation.serving_loop is not None
+                                 and s.generation.serving_loop.num_steps > 2, 30)
+                stopping = asyncio.ensure_future(s.stop(10.0, wait_for_runner=True))
+                await eventually(lambda: s.generation._closing, 10)
+                with pytest.raises(WarmgateRpcError) as info:
+                    await collect(c, [1, 2], max_tokens=2)
+                assert info.value.code is grpc.StatusCode.UNAVAILABLE
+                got = await stream
+                assert len(got.token_ids) == 60 and got.finish_reason == "length"
+                await stopping
+        finally:
+            await s.stop(0)
+
+    run(body(), 120)
