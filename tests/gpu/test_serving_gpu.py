@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.gpu.test_backends_gpu import SHAPES
 from tests.runner_helpers import prompt, tiny_config
 from tests.serving_helpers import Served, greedy
 from warmgate.server.jit import JitMonitor
@@ -13,6 +14,8 @@ from warmgate.server.jit.events import CUDA_GRAPH_MISS, JitEvent
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
 
 pytestmark = pytest.mark.gpu
+# Real Llama-3.2-1B head shapes: FlashInfer's SM90 prefill kernels need head_dim >= 64 (the
+# tiny preset's 16 fails their static assertion at JIT time).
 
 
 @pytest.mark.parametrize("backend", ["triton", "flashinfer"])
@@ -22,7 +25,7 @@ def test_serving_after_warmup_compiles_nothing_and_misses_no_graph(backend: str,
     pytest.importorskip(backend)
     config = tiny_config(device="cuda", dtype="bfloat16", attention_backend=backend,
                          num_spec=num_spec, max_num_seqs=8, max_num_batched_tokens=128,
-                         block_size=16, num_blocks=128, max_model_len=256)
+                         block_size=16, num_blocks=128, max_model_len=256, **SHAPES)
     monitor = JitMonitor()
     runner, load_phase = load_runner(config, jit_monitor=monitor)
     report = run_warmup_plan(runner, load_phase=load_phase)
