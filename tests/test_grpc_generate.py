@@ -107,6 +107,10 @@ def test_a_cancelled_stream_frees_its_blocks_and_the_server_keeps_serving() -> N
             assert loop is not None and loop.scheduler.num_blocks_used > 0
             await stream.aclose()  # cancels the call
             await eventually(lambda: blocks_all_free(s), 30)
+            # A cancel is CANCELLED in the metrics, not an internal error.
+            await eventually(lambda: s.metrics.registry.get_sample_value(
+                "warmgate_rpc_requests_total", {"method": "/warmgate.v1.Generation/Generate",
+                                                "code": "CANCELLED"}) == 1, 10)
             got = await collect(c, [9, 9, 9], max_tokens=3)
             assert len(got.token_ids) == 3
 

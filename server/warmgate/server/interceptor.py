@@ -89,8 +89,9 @@ class _Outcome:
 async def _on_error(exc: BaseException, context: grpc.aio.ServicerContext,
                     outcome: _Outcome, on_fatal: OnFatal | None) -> None:
     """Re-raise exc as the status it maps to; record the code."""
-    if isinstance(exc, asyncio.CancelledError):
-        # The client went away (cancel or deadline): nothing to answer.
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        # The client went away (cancel or deadline; a stream's generator is closed with
+        # GeneratorExit): nothing to answer, and aborting a finished call would fail.
         outcome.code = grpc.StatusCode.CANCELLED.name
         raise exc
     if isinstance(exc, grpc.aio.AbortError):
@@ -126,12 +127,18 @@ def _wrap_stream(behavior: Callable[..., Any], metrics: Metrics | None,
 
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         outcome = _Outcome(metrics, method)
+        stream: AsyncIterator[Any] | None = None
         try:
-            async for message in behavior(_check(request), context):
+            stream = behavior(_check(request), context)
+            async for message in stream:
                 yield message
         except BaseException as exc:
             await _on_error(exc, context, outcome, on_fatal)
         finally:
+            # Close the handler's generator now, not whenever it is collected: its own
+            # clean-up (a cancelled Generate freeing its KV blocks) must run at the cancel.
+            if stream is not None:
+                await stream.aclose()  # type: ignore[attr-defined]
             outcome.record()
 
     return handler
