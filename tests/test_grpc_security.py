@@ -103,6 +103,10 @@ def test_token_guards_the_mutating_rpcs_and_leaves_reads_and_probes_open(
                                                security=ClientSecurity(token=token)) as c:
                     for call in (c.warmup_kernels(), c.mixed_warmup(8)):
                         assert await code_of(call) is grpc.StatusCode.UNAUTHENTICATED
+                    # Generate is protected too, though no list names it (deny by default).
+                    with pytest.raises(WarmgateRpcError) as info:
+                        await c.generate([1, 2, 3]).__anext__()
+                    assert info.value.code is grpc.StatusCode.UNAUTHENTICATED
                     # Open: probes, reads and reflection.
                     assert await c.health() == NOT_SERVING
                     assert await c.health("liveness") == SERVING
@@ -132,7 +136,7 @@ async def _reflection_lists_services(target: str) -> None:
         request = reflection_pb2.ServerReflectionRequest(list_services="")
         async for response in stub.ServerReflectionInfo(iter([request]), timeout=CALL_S):
             names = {s.name for s in response.list_services_response.service}
-            assert "warmgate.v1.Warmup" in names
+            assert {"warmgate.v1.Warmup", "warmgate.v1.Generation"} <= names
             break
 
 
