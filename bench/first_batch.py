@@ -32,13 +32,13 @@ from bench.coverage_scheduler import CoverageScheduler, Request, Work
 from bench.inprocess import add_runner_args, build, configure_logging, runner_config, warm
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
 from warmgate.server.warmup.kernels import SEEDED, STOCHASTIC
+from warmgate.server.warmup.sampler_rows import TEMPERATURE_ONLY  # no top-k/top-p
 
 # A decode's untimed set-up prefills PROMPT_LEN - 1 = 32 tokens per request: a compile bucket
 # (32, 128) that none of the timed steps (4, 16, 96 tokens) uses, so set-up warms nothing
 # that a timed first batch would otherwise pay for.
 PROMPT_LEN = 33
 NUM_REQS = 4
-TEMPERATURE_ONLY = SamplingParams(temperature=0.8)  # the stochastic path without top-k/p
 
 
 def _sync(sched: CoverageScheduler) -> None:

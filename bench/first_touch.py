@@ -9,7 +9,9 @@ prefill and decode batches 12-39 % over their steady median. This separates the 
    algorithm per new problem shape);
 2. a first prefill / decode batch vs the same batch again, under torch.profiler: device
    kernel time vs host time, and the host ops whose self time grew;
-3. the same first-batch ratio after every dense GEMM shape 1..max_num_batched_tokens was run.
+3. the same first-batch ratio after the warmup's GEMM sweep (warmup.gemm_shapes) ran. (The
+   run in bench/results/h200-first-touch.txt predates that module: it swept its own list,
+   the vocabulary head up to max_num_batched_tokens rows.)
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from bench.coverage_scheduler import CoverageScheduler
 from bench.first_batch import NUM_REQS, PROMPT_LEN, Case, decode
 from bench.inprocess import add_runner_args, build, configure_logging, runner_config, warm
 from warmgate.server.runner.scheduler_output import SamplingParams
+from warmgate.server.warmup.gemm_shapes import gemm_plan, sweep_gemm_shapes
 from warmgate.server.warmup.kernels import STOCHASTIC
 
 
@@ -45,13 +48,10 @@ def _ms(fn: Callable[[], object]) -> float:
     return 1e3 * (time.perf_counter() - start)
 
 
-def dense_weights(runner: object) -> dict[tuple[int, int], torch.Tensor]:
-    """One weight per distinct (out, in) shape of the model's linear layers."""
-    shapes: dict[tuple[int, int], torch.Tensor] = {}
-    for p in runner.model.parameters():  # type: ignore[attr-defined]
-        if p.dim() == 2 and tuple(p.shape) not in shapes:
-            shapes[tuple(p.shape)] = p
-    return shapes
+def dense_weights(runner: object) -> list[torch.Tensor]:
+    """The weights the warmup's GEMM sweep runs: one per distinct projection shape, and the
+    vocabulary head."""
+    return [w for w, _ in gemm_plan(runner)]
 
 
 def gemm_first_touch(runner: object, token_counts: list[int]) -> None:
@@ -60,7 +60,7 @@ def gemm_first_touch(runner: object, token_counts: list[int]) -> None:
     print(f"1. dense GEMMs at new token counts ({len(weights)} weight shapes)")
     for m in token_counts:
         firsts, seconds = [], []
-        for w in weights.values():
+        for w in weights:
             if w.shape[1] != hidden and w.shape[0] != hidden:
                 continue
             k = w.shape[1]
@@ -69,17 +69,6 @@ def gemm_first_touch(runner: object, token_counts: list[int]) -> None:
             seconds.append(_ms(lambda: F.linear(x, w)))  # noqa: B023
         print(f"   M={m:5d}: first {sum(firsts):7.3f} ms, second {sum(seconds):7.3f} ms over "
               f"{len(firsts)} GEMMs")
-
-
-def sweep_gemms(runner: object, max_tokens: int) -> float:
-    weights = dense_weights(runner)
-    start = time.perf_counter()
-    for w in weights.values():
-        x = torch.randn(max_tokens, w.shape[1], device=w.device, dtype=w.dtype)
-        for m in range(1, max_tokens + 1):
-            F.linear(x[:m], w)
-    _sync()
-    return time.perf_counter() - start
 
 
 def profiled(fn: Callable[[], float]) -> tuple[float, float, list[tuple[str, float]]]:
@@ -147,9 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     times = dec(Case(sched, "d2", rng), args.repeats)
     print(f"   decode k=0 again, new requests: first {1e3 * times[0]:.2f} ms, ratio "
           f"{times[0] / statistics.median(times[1:]):.2f}")
-    seconds = sweep_gemms(runner, args.max_num_batched_tokens)
-    print(f"3. swept every dense GEMM shape for M=1..{args.max_num_batched_tokens} in "
-          f"{seconds:.2f} s; a new prefill shape now:")
+    start = time.perf_counter()
+    sweep_gemm_shapes(runner)  # what the compile phase's --shape-sweeps runs
+    _sync()
+    print(f"3. ran the warmup's GEMM sweep (M=1..{args.max_num_batched_tokens}, the head up "
+          f"to the logits rows) in {time.perf_counter() - start:.2f} s; a new prefill shape "
+          "now:")
     compare("prefill 4x31", lambda: prefill_once(Case(sched, "q", rng), 31), args.repeats)
     print(f"   (prompt length of the decode set-up: {PROMPT_LEN})")
     monitor.close()

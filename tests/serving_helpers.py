@@ -26,7 +26,7 @@ class Served:
         self.runner = runner
         self.events: list[StepEvent] = []
         self.steps: list[SchedulerOutput] = []
-        self.scheduler = Scheduler(SchedulerLimits.of_runner(runner))
+        self.scheduler = Scheduler(SchedulerLimits.of_config(runner.config))
         self.loop = ServingLoop(runner, self.scheduler, self.events.extend)
         original = runner.execute_model
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from tests.runner_helpers import make_runner
-from warmgate.server.warmup.compile_phase import _sweeps_gemms, run_compile_warmup
+from warmgate.server.warmup.compile_phase import _runs_shape_sweeps, run_compile_warmup
 from warmgate.server.warmup.gemm_shapes import gemm_plan, layer_weights, sweep_gemm_shapes
 from warmgate.server.warmup.results import PhaseStatus
 from warmgate.server.warmup.sampler_rows import VARIANTS, sweep_sampler_rows
@@ -30,7 +30,7 @@ def test_sampler_sweep_runs_sample_and_verify_for_every_batch_size() -> None:
 
 def test_the_compile_phase_sweeps_only_on_cuda_and_only_when_enabled() -> None:
     runner = make_runner()
-    assert not _sweeps_gemms(runner)  # CPU: cuBLAS is not involved
+    assert not _runs_shape_sweeps(runner)  # CPU: cuBLAS is not involved
     result = run_compile_warmup(runner, runner.execute_model, runner.sample_tokens)
     assert result.phases[0].status is PhaseStatus.SKIPPED
     off = dataclasses.replace(runner.config, compilation=dataclasses.replace(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from warmgate.server.config import RunnerConfig
 from warmgate.server.errors import FieldViolation, InvalidArgument
 from warmgate.server.runner.scheduler_output import SamplingParams
+from warmgate.server.serving.scheduler import SchedulerLimits
 from warmgate.v1 import generate_pb2 as gen_pb
 
 DEFAULT_MAX_TOKENS = 16
@@ -78,7 +79,7 @@ def _check_fits_cache(config: RunnerConfig, prompt_len: int, max_tokens: int,
                       bad: list[FieldViolation]) -> None:
     """A request the whole KV cache cannot hold would wait (or be preempted) forever."""
     num_blocks = config.cache.num_blocks or 0
-    capacity = (num_blocks - 1) * config.cache.block_size
+    capacity = SchedulerLimits.of_config(config).max_tokens_in_cache
     longest = min(prompt_len + max_tokens, config.model.max_model_len)
     if longest > capacity:
         bad.append(FieldViolation("sampling.max_tokens", f"prompt + max_tokens reach {longest} "

@@ -168,7 +168,7 @@ class GenerationService(gen_grpc.GenerationServicer):
         if self._serving is None:
             self._loop = asyncio.get_running_loop()
             self._serving = ServingLoop(
-                runner, Scheduler(SchedulerLimits.of_runner(runner)), self._emit_threadsafe,
+                runner, Scheduler(self._limits), self._emit_threadsafe,
                 on_step=self._metrics.observe_step if self._metrics is not None else None)
         return self._serving
 

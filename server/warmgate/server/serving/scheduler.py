@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from warmgate.server.config import RunnerConfig, cdiv
 from warmgate.server.runner.scheduler_output import (
@@ -49,19 +48,9 @@ class SchedulerLimits:
     num_speculative_steps: int = 0
 
     @classmethod
-    def of_runner(cls, runner: Any) -> SchedulerLimits:
-        """The limits of a ModelRunner (or anything with its attributes)."""
-        kv = runner.kv_cache_config
-        return cls(max_num_seqs=runner.max_num_reqs,
-                   max_num_batched_tokens=runner.max_num_tokens,
-                   block_size=kv.kv_cache_groups[0].kv_cache_spec.block_size,
-                   num_blocks=kv.num_blocks,
-                   max_model_len=runner.config.model.max_model_len,
-                   num_speculative_steps=runner.num_speculative_steps)
-
-    @classmethod
     def of_config(cls, config: RunnerConfig) -> SchedulerLimits:
-        """The same limits from a resolved config, before any runner exists."""
+        """The limits of a resolved config (a runner's `config`, or the server's before
+        any runner exists)."""
         if config.cache.num_blocks is None:
             raise ValueError("SchedulerLimits need a resolved config (cache.num_blocks set)")
         return cls(max_num_seqs=config.scheduler.max_num_seqs,
@@ -111,15 +100,9 @@ class Scheduler:
 
     def abort(self, req_id: str) -> bool:
         """Drop a request wherever it is (a cancelled stream); its blocks are freed now."""
-        for req in self.waiting:
+        for req in (*self.waiting, *self.running):
             if req.req_id == req_id:
-                self.waiting.remove(req)
-                req.status = RequestStatus.FINISHED
-                return True
-        for req in self.running:
-            if req.req_id == req_id:
-                self._release(req)
-                req.status = RequestStatus.FINISHED
+                self._finish(req)
                 return True
         return False
 
@@ -157,8 +140,7 @@ class Scheduler:
                  else min(req.num_uncomputed_tokens, budget))
             grown = self._grow(req, n)
             if grown is None:  # admission checks make this unreachable; never loop on it
-                self._release(req)
-                req.status = RequestStatus.FINISHED
+                self._finish(req)
                 errors.append(StepEvent(req.req_id, [], now, error=MemoryError(
                     f"request {req.req_id} needs more KV blocks than the cache holds "
                     f"({self.pool.num_usable}); raise --num-blocks")))
@@ -218,8 +200,7 @@ class Scheduler:
         events = []
         for w in plan.work:
             if w.req.status is RequestStatus.RUNNING:
-                self._release(w.req)
-                w.req.status = RequestStatus.FINISHED
+                self._finish(w.req)
                 events.append(StepEvent(w.req.req_id, [], now, error=error))
         return events
 
@@ -278,6 +259,13 @@ class Scheduler:
         logger.info("preempted %s (%d tokens to recompute; %d blocks free, %d running)",
                     req.req_id, req.num_tokens, self.pool.num_free, len(self.running))
 
+    def _finish(self, req: ServingRequest, reason: FinishReason | None = None) -> None:
+        """Out of the scheduler for good (None: aborted or failed, no finish reason)."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self._release(req)
+        req.status, req.finish_reason = RequestStatus.FINISHED, reason
+
     def _release(self, req: ServingRequest) -> None:
         if req in self.running:
             self.running.remove(req)
@@ -308,8 +296,7 @@ class Scheduler:
         if req.usage.first_token_s is None:
             req.usage.first_token_s = now
         if reason is not None:
-            self._release(req)
-            req.status, req.finish_reason = RequestStatus.FINISHED, reason
+            self._finish(req, reason)
         return StepEvent(req.req_id, kept, now, num_drafts, accepted, reason,
                          req.usage if reason is not None else None)
 

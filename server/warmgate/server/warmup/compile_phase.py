@@ -82,7 +82,7 @@ def run_compile_warmup(model_runner: Any, worker_execute_model: ExecuteModel,
     sweeps (--shape-sweeps: every dense GEMM shape, the sampler at every batch size);
     SKIPPED (DISABLED) when neither applies."""
     buckets = buckets_to_warm(model_runner)
-    sweep = _sweeps_gemms(model_runner)
+    sweep = _runs_shape_sweeps(model_runner)
     if not buckets and not sweep:
         return WarmupResult.skipped(COMPILE, SkipReason.DISABLED,
                                     "torch.compile is off (--compile turns it on) and the "
@@ -128,7 +128,7 @@ def run_compile_warmup(model_runner: Any, worker_execute_model: ExecuteModel,
     return WarmupResult(ran=True, phases=[phase])
 
 
-def _sweeps_gemms(model_runner: Any) -> bool:
+def _runs_shape_sweeps(model_runner: Any) -> bool:
     config = getattr(model_runner, "config", None)
     device = getattr(model_runner, "device", None)
     return (config is not None and getattr(device, "type", None) == "cuda"

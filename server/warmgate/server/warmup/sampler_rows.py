@@ -18,7 +18,7 @@ from warmgate.server.runner.sampler import make_generator
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
 from warmgate.server.warmup.kernels import SEEDED, STOCHASTIC
 
-TEMPERATURE_ONLY = SamplingParams(temperature=0.8)
+TEMPERATURE_ONLY = SamplingParams(temperature=0.8)  # the stochastic path without top-k/p
 VARIANTS: tuple[tuple[SamplingParams, ...], ...] = (
     (GREEDY,), (TEMPERATURE_ONLY,), (STOCHASTIC,), (SEEDED,),
     (GREEDY, STOCHASTIC, SEEDED, TEMPERATURE_ONLY))
