@@ -74,6 +74,31 @@ def test_serve_before_ready_answers_before_any_warmup() -> None:
     run(body(), 120)
 
 
+def test_the_serving_loop_is_built_before_health_turns_serving(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Its block pool (one entry per KV block, 30k+ on a large GPU) is not the first
+    request's cost; a failing ready listener is logged and readiness goes on."""
+
+    def broken() -> None:
+        raise RuntimeError("listener bug")
+
+    async def body() -> None:
+        async with serving(server_config()) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
+            s.controller.add_ready_listener(broken)
+            assert s.generation.serving_loop is None  # loaded, not warmed: nothing built yet
+            await c.warmup_kernels()
+            assert await c.health() == SERVING
+            loop = s.generation.serving_loop
+            assert loop is not None and loop.num_steps == 0
+            num_blocks = loop.runner.config.cache.num_blocks  # the runner's resolved cache
+            assert loop.scheduler.pool.num_free == num_blocks - 1  # all but the null block
+            got = await collect(c, [5, 6, 7], max_tokens=3)
+            assert len(got.token_ids) == 3 and s.generation.serving_loop is loop
+
+    run(body(), 120)
+    assert "a ready listener failed" in caplog.text
+
+
 def test_32_concurrent_streams_all_finish_and_free_every_block() -> None:
     async def body() -> None:
         async with serving(server_config("--num-speculative-steps", "3", "--max-model-len",

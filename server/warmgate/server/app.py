@@ -141,6 +141,7 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     generation = GenerationService(controller, engine, config.runner, config.serving,
                                    metrics.serving)
     generate_pb2_grpc.add_GenerationServicer_to_server(generation, server)
+    controller.add_ready_listener(generation.prepare)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((
         warmup_pb2.DESCRIPTOR.services_by_name["Warmup"].full_name,

@@ -84,6 +84,8 @@ class WarmupController:
         self._fatal_event = asyncio.Event()
         self._jobs_waiting = 0
         self._serving = False
+        # Called on the event loop just before health turns SERVING (see add_ready_listener).
+        self._ready_listeners: list[Callable[[], None]] = []
         # Ready once a plan succeeded; every compile it sees from then on is traffic's.
         self._jit = jit_monitor
         if jit_monitor is not None:
@@ -400,7 +402,20 @@ class WarmupController:
         self._plans.forget()  # a stored success no longer describes the runner
         self._spawn(self._set_serving(False))
 
+    def add_ready_listener(self, fn: Callable[[], None]) -> None:
+        """fn() on the event loop each time a plan succeeds, before health turns SERVING:
+        for set-up the first request would otherwise pay for (the serving loop's KV block
+        pool). An exception is logged, and readiness goes on without it."""
+        self._ready_listeners.append(fn)
+
     async def _set_serving(self, serving: bool) -> None:
+        if serving:
+            for fn in self._ready_listeners:
+                try:
+                    fn()
+                except Exception:
+                    logger.exception("a ready listener failed; the first request pays for "
+                                     "what it would have prepared")
         self._serving = serving
         if self._health is not None:
             status = (health_pb2.HealthCheckResponse.SERVING if serving

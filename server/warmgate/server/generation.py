@@ -165,11 +165,26 @@ class GenerationService(gen_grpc.GenerationServicer):
                                     f"(max_num_seqs {self._limits.max_num_seqs} + "
                                     f"--max-waiting-requests "
                                     f"{self._config.max_waiting_requests}); retry later")
+        return self._build_loop(runner)
+
+    def prepare(self) -> None:
+        """Build the serving loop now if the model is loaded (the controller calls this just
+        before health turns SERVING): its block pool holds one entry per KV block, about a
+        millisecond at a large GPU's 30k+ blocks, which the first request would pay for."""
+        runner = getattr(self._engine, "runner", None)
+        if runner is not None:
+            self._build_loop(runner)
+
+    def _build_loop(self, runner: Any) -> ServingLoop:
+        """The serving loop, built once, on the event loop (its emits are scheduled there)."""
         if self._serving is None:
             self._loop = asyncio.get_running_loop()
             self._serving = ServingLoop(
                 runner, Scheduler(self._limits), self._emit_threadsafe,
                 on_step=self._metrics.observe_step if self._metrics is not None else None)
+            logger.info("serving loop ready: %d KV blocks of %d tokens, max_num_seqs %d, "
+                        "token budget %d", self._limits.num_blocks, self._limits.block_size,
+                        self._limits.max_num_seqs, self._limits.max_num_batched_tokens)
         return self._serving
 
     # -- the driver ---------------------------------------------------------------------
