@@ -10,6 +10,12 @@ on, per speculative length) is measured in a fresh process with torch.compile's 
 caches pointed at a fresh directory, as on a new pod: nothing one runner ran (kernels loaded,
 cuBLAS algorithm choices, graph uploads) helps another. Within a runner, classes run in the
 order listed, so a later class can find what an earlier one touched, as in a server.
+
+Every timed step (the first included) follows the same idle gap (--gap-s), as requests do in
+a server: a host-bound step right after a pause or after other work runs slower than the same
+step back to back (cold CPU caches and clocks; bench/first_probe.py measures it), so comparing
+a first batch that follows the warmup's other work with a steady median taken back to back
+would charge that to the first batch. The back-to-back median is printed beside it.
 """
 
 from __future__ import annotations
@@ -46,20 +52,23 @@ def _sync(sched: CoverageScheduler) -> None:
         torch.cuda.synchronize(sched.runner.device)
 
 
-def _timed(sched: CoverageScheduler, plan: dict[str, Work]) -> float:
-    _sync(sched)
-    start = time.perf_counter()
-    sched.step(plan)
-    _sync(sched)
-    return time.perf_counter() - start
-
-
 class Case:
-    """Builds requests with ids unique per case, so cases can share one scheduler."""
+    """Builds requests with ids unique per case, so cases can share one scheduler, and
+    times steps, each after `gap_s` of idleness."""
 
-    def __init__(self, sched: CoverageScheduler, name: str, rng: random.Random) -> None:
-        self.sched, self.name, self.rng = sched, name, rng
+    def __init__(self, sched: CoverageScheduler, name: str, rng: random.Random,
+                 gap_s: float = 0.0) -> None:
+        self.sched, self.name, self.rng, self.gap_s = sched, name, rng, gap_s
         self._n = 0
+
+    def timed(self, plan: dict[str, Work]) -> float:
+        _sync(self.sched)
+        if self.gap_s:
+            time.sleep(self.gap_s)
+        start = time.perf_counter()
+        self.sched.step(plan)
+        _sync(self.sched)
+        return time.perf_counter() - start
 
     def request(self, prompt_len: int, params: SamplingParams) -> Request:
         self._n += 1
@@ -78,7 +87,7 @@ def prefill(case: Case, repeats: int) -> list[float]:
     times = []
     for _ in range(repeats + 1):
         reqs = [case.request(24, STOCHASTIC) for _ in range(NUM_REQS)]
-        times.append(_timed(case.sched, {r.req_id: Work(24) for r in reqs}))
+        times.append(case.timed({r.req_id: Work(24) for r in reqs}))
         for r in reqs:
             case.sched.finish(r.req_id)
     return times
@@ -91,7 +100,7 @@ def decode(params: SamplingParams, k: int) -> Callable[[Case, int], list[float]]
     def run(case: Case, repeats: int) -> list[float]:
         reqs = [case.request(PROMPT_LEN, params) for _ in range(NUM_REQS)]
         case.sched.step({r.req_id: Work(PROMPT_LEN - 1) for r in reqs})
-        times = [_timed(case.sched, {r.req_id: Work(1 + k, case.drafts(k)) for r in reqs})
+        times = [case.timed({r.req_id: Work(1 + k, case.drafts(k)) for r in reqs})
                  for _ in range(repeats + 1)]
         for r in reqs:
             case.sched.finish(r.req_id)
@@ -107,7 +116,7 @@ def mixed(case: Case, repeats: int) -> list[float]:
     times = []
     for _ in range(repeats + 1):
         fresh = case.request(15, STOCHASTIC)
-        times.append(_timed(case.sched, {decoding.req_id: Work(1), fresh.req_id: Work(15)}))
+        times.append(case.timed({decoding.req_id: Work(1), fresh.req_id: Work(15)}))
         case.sched.finish(fresh.req_id)
     case.sched.finish(decoding.req_id)
     return times
@@ -131,10 +140,13 @@ CLASSES = (
 )
 
 
+Timings = tuple[float, float, float]  # first s, steady median s, back-to-back median s
+
+
 def measure(args: argparse.Namespace, warmup: bool, num_spec: int
-            ) -> tuple[dict[str, tuple[float, float]], float]:
-    """{class: (first s, steady median s)} for one runner, and its warmup plan's seconds."""
-    results: dict[str, tuple[float, float]] = {}
+            ) -> tuple[dict[str, Timings], float]:
+    """{class: timings} for one runner, and its warmup plan's seconds."""
+    results: dict[str, Timings] = {}
     warm_s = 0.0
     runner, load_phase, monitor = build(runner_config(args, num_speculative_steps=num_spec))
     if warmup:
@@ -144,15 +156,21 @@ def measure(args: argparse.Namespace, warmup: bool, num_spec: int
         warm_s = report.total_duration_s
     sched = CoverageScheduler(runner)
     rng = random.Random(args.seed)
-    for cls in (c for c in CLASSES if c.num_spec == num_spec):
-        times = cls.run(Case(sched, cls.name.replace(" ", "_"), rng), args.repeats)
-        results[cls.name] = (times[0], statistics.median(times[1:]))
+    classes = [c for c in CLASSES if c.num_spec == num_spec]
+    gapped = {c.name: c.run(Case(sched, c.name.replace(" ", "_"), rng, args.gap_s),
+                            args.repeats) for c in classes}
+    # Then every class again without gaps (all of it steady by now), for the other median.
+    for cls in classes:
+        again = cls.run(Case(sched, "b2b_" + cls.name.replace(" ", "_"), rng), args.repeats)
+        times = gapped[cls.name]
+        results[cls.name] = (times[0], statistics.median(times[1:]),
+                             statistics.median(again[1:]))
     monitor.close()
     return results, warm_s
 
 
 def measure_in_subprocess(argv: list[str], warmup: bool, num_spec: int
-                          ) -> tuple[dict[str, tuple[float, float]], float]:
+                          ) -> tuple[dict[str, Timings], float]:
     """measure() in a fresh interpreter: nothing another runner of this benchmark ran (cuBLAS
     algorithm choices, loaded kernels, graph uploads) can make this one's first batch look
     cheaper than on a new pod."""
@@ -160,7 +178,7 @@ def measure_in_subprocess(argv: list[str], warmup: bool, num_spec: int
     proc = subprocess.run([sys.executable, __file__, *argv, "--one", one], check=True,
                           capture_output=True, text=True)
     data = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {k: (v[0], v[1]) for k, v in data["results"].items()}, data["warm_s"]
+    return {k: (v[0], v[1], v[2]) for k, v in data["results"].items()}, data["warm_s"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -168,6 +186,9 @@ def _parser() -> argparse.ArgumentParser:
     add_runner_args(p)
     p.add_argument("--repeats", type=int, default=15, help="steady-state steps per class")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gap-s", type=float, default=0.1,
+                   help="idle seconds before every timed step, the first included (0: back "
+                        "to back, as before)")
     p.add_argument("--trials", type=int, default=3,
                    help="fresh processes per (warmup on/off, k): a first batch is one sample "
                         "per process, so the table shows the median (and range) over these")
@@ -197,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"results": results, "warm_s": warm_s}))
         return 0
     argv = sys.argv[1:] if argv is None else argv
-    # mode -> class -> [(first s, steady median s)], one per trial (fresh process each).
-    runs: dict[str, dict[str, list[tuple[float, float]]]] = {"on": {}, "off": {}}
+    # mode -> class -> [timings], one per trial (fresh process each).
+    runs: dict[str, dict[str, list[Timings]]] = {"on": {}, "off": {}}
     warm_s: list[float] = []
     for _ in range(args.trials):
         for num_spec in sorted({c.num_spec for c in CLASSES}):
@@ -210,18 +231,22 @@ def main(argv: list[str] | None = None) -> int:
                     warm_s.append(seconds)
     print(f"first-batch latency / steady-state median ({args.model}, {args.device}, "
           f"compile={'on' if args.compile else 'off'}, {args.repeats} steady steps, "
-          f"{args.trials} fresh processes per cell, medians; warmup plan "
-          f"{statistics.median(warm_s):.1f} s per runner)")
+          f"{args.trials} fresh processes per cell, medians; {args.gap_s:g} s idle before "
+          f"each timed step; warmup plan {statistics.median(warm_s):.1f} s per runner)")
     print(f"{'class':<20} {'on: first ms':>13} {'steady ms':>10} {'ratio':>7} "
-          f"{'(trials)':>13}   {'off: first ms':>14} {'steady ms':>10} {'ratio':>8}")
+          f"{'(trials)':>13} {'b2b ms':>8} {'ratio':>6}   {'off: first ms':>14} "
+          f"{'steady ms':>10} {'ratio':>8}")
     for cls in CLASSES:
         on, off = runs["on"][cls.name], runs["off"][cls.name]
-        f_on, s_on = (statistics.median(x) for x in zip(*on, strict=True))
-        f_off, s_off = (statistics.median(x) for x in zip(*off, strict=True))
-        each = sorted(f / st for f, st in on)
+        f_on, s_on, b_on = (statistics.median(x) for x in zip(*on, strict=True))
+        f_off, s_off, _ = (statistics.median(x) for x in zip(*off, strict=True))
+        each = sorted(t[0] / t[1] for t in on)
         spread = f"{each[0]:.2f}-{each[-1]:.2f}"
         print(f"{cls.name:<20} {1e3 * f_on:>13.2f} {1e3 * s_on:>10.2f} {f_on / s_on:>7.2f} "
-              f"{spread:>13}   {1e3 * f_off:>14.2f} {1e3 * s_off:>10.2f} {f_off / s_off:>8.1f}")
+              f"{spread:>13} {1e3 * b_on:>8.2f} {f_on / b_on:>6.2f}   {1e3 * f_off:>14.2f} "
+              f"{1e3 * s_off:>10.2f} {f_off / s_off:>8.1f}")
+    print("steady: the median after the same idle gap as the first batch; b2b: back to back "
+          "(the first batch over it includes the host's warm-up from idle)")
     return 0
 
 

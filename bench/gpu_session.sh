@@ -2,7 +2,7 @@
 # Everything the GPU machine is for, in one call (device time is scarce and caches die with the
 # machine): install the carried wheels, then each stage with its own time limit, logs to $OUT.
 #   STAGES="sanity tests warmup bench" bash bench/gpu_session.sh   (also: spec, cache, coverage,
-#   first, first-nosweep, touch, serve)
+#   first, first-nosweep, probe, touch, serve, serve-nosweep)
 set -uo pipefail
 OUT=${OUT:-/tmp/warmgate-out}
 mkdir -p "$OUT"
@@ -73,6 +73,14 @@ first-nosweep)
     --attention-backend ${FIRST_BACKEND:-triton} --max-num-seqs 16 --max-num-batched-tokens 1024 \
     --max-model-len 1024 --no-shape-sweeps 2>"$OUT/first_batch_nosweep.err" \
     | tee "$OUT/first_batch_nosweep.txt" | tail -14 ;;
+probe)
+  # Is a first step after ready slow for being first, or for the idle / other work before it?
+  for a in "--first prefill" "--first decode --num-speculative-steps 3"; do
+    stage "first probe llama-3.2-1b triton $a"
+    timeout 120 python3 bench/first_probe.py --device cuda --model llama-3.2-1b \
+      --attention-backend triton --max-num-seqs 16 --max-num-batched-tokens 1024 \
+      --max-model-len 1024 $a 2>>"$OUT/first_probe.err" | tee -a "$OUT/first_probe.txt"
+  done ;;
 touch)
   # Where a first batch's extra time goes after warmup (cuBLAS per-shape state, host ops).
   stage "first touch llama-3.2-1b triton"
@@ -88,7 +96,7 @@ serve)
     --device cuda --attention-backend ${SERVE_BACKEND:-triton} --max-num-seqs 64 \
     --max-num-batched-tokens 2048 --max-model-len 2048" --prompt-len 128 --max-tokens 16 \
     --repeats 20 --trials ${SERVE_TRIALS:-3} --streams 64 --num-speculative-steps 3 --output-len fixed:128 \
-    --out "$OUT/ttft_first.json" 2>"$OUT/ttft_first.err" | tee "$OUT/ttft_first.txt"
+    ${SERVE_SKIP_THROUGHPUT:+--skip-throughput} --out "$OUT/ttft_first.json" 2>"$OUT/ttft_first.err" | tee "$OUT/ttft_first.txt"
   tail -5 "$OUT/ttft_first.err" ;;
 serve-nosweep)
   # TTFT only, without the compile phase's dense GEMM sweep: what the sweep buys a first request.

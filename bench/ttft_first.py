@@ -13,7 +13,11 @@ FLASHINFER_WORKSPACE_BASE, so on-disk compile caches are cold too.
 
 TTFT (client side: request sent -> first message with tokens): one request right after the
 server turns ready, then --repeats more, one at a time, each with a fresh random prompt of
-the same length; ratio = first / median of the rest.
+the same length; ratio = first / median of the rest. Every one of these requests (the first
+included) follows --gap-s of idleness, as requests to a lightly loaded pod do: a step after
+a pause runs slower than back to back (cold host caches and clocks; bench/first_probe.py),
+so a first request after the readiness wait against a back-to-back median would charge that
+to the first request. --repeats more back to back give the other median, printed beside.
   (a) warmup on: wait for health SERVING.
   (b) warmup off (`--no-warmup-on-start --serve-before-ready`): wait until GetStatus says the
       model is loaded (PENDING, no runner work in flight), retrying while Generate answers
@@ -137,6 +141,8 @@ class FirstResult:
     server_first_s: float
     repeats_s: list[float] = field(default_factory=list)
     server_repeats_s: list[float] = field(default_factory=list)
+    # The same requests again with no gap between them.
+    back_to_back_s: list[float] = field(default_factory=list)
     # Times Generate answered UNAVAILABLE before the first request was taken.
     retries: int = 0
     device: str = ""
@@ -149,6 +155,11 @@ class FirstResult:
     @property
     def ratio(self) -> float:
         return self.first_s / self.median_s
+
+    @property
+    def back_to_back_ratio(self) -> float:
+        return self.first_s / statistics.median(self.back_to_back_s) if self.back_to_back_s \
+            else math.nan
 
     @property
     def server_median_s(self) -> float:
@@ -166,6 +177,8 @@ class FirstResult:
                 "server_median_s": round(self.server_median_s, 6),
                 "server_ratio": round(self.server_ratio, 4),
                 "server_repeats_s": [round(t, 6) for t in self.server_repeats_s],
+                "back_to_back_s": [round(t, 6) for t in self.back_to_back_s],
+                "back_to_back_ratio": round(self.back_to_back_ratio, 4),
                 "retries": self.retries}
 
 
@@ -243,6 +256,7 @@ def measure_first(name: str, args: argparse.Namespace, flags: Sequence[str], voc
                                    + server.log_tail())
             ready_s = time.perf_counter() - server.started
             _warm_client(client)
+            time.sleep(args.gap_s)
             first, server_first = _timed_stream(client, prompt(), args.max_tokens,
                                                 args.request_timeout)
         else:
@@ -250,6 +264,7 @@ def measure_first(name: str, args: argparse.Namespace, flags: Sequence[str], voc
             ready_s = time.perf_counter() - server.started
             _warm_client(client)
             first_prompt = prompt()
+            time.sleep(args.gap_s)
             while True:
                 try:
                     first, server_first = _timed_stream(client, first_prompt, args.max_tokens,
@@ -263,11 +278,16 @@ def measure_first(name: str, args: argparse.Namespace, flags: Sequence[str], voc
                         raise
                     retries += 1
                     time.sleep(POLL_S)
-        repeats = [_timed_stream(client, prompt(), args.max_tokens, args.request_timeout)
-                   for _ in range(args.repeats)]
+        repeats = []
+        for _ in range(args.repeats):
+            time.sleep(args.gap_s)
+            repeats.append(_timed_stream(client, prompt(), args.max_tokens,
+                                         args.request_timeout))
+        back_to_back = [_timed_stream(client, prompt(), args.max_tokens, args.request_timeout)[0]
+                        for _ in range(args.repeats)]
         status = client.get_status()
     return FirstResult(name, ready_s, first, server_first, [c for c, _ in repeats],
-                       [sv for _, sv in repeats], retries, status.device,
+                       [sv for _, sv in repeats], back_to_back, retries, status.device,
                        status.attention_backend)
 
 
@@ -300,6 +320,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=typed(positive_int), default=16,
                    help="tokens per TTFT request")
     p.add_argument("--repeats", type=typed(positive_int), default=20, help="steady-state requests")
+    p.add_argument("--gap-s", type=float, default=0.25,
+                   help="idle seconds before the first and each steady request (0: back to "
+                        "back)")
     p.add_argument("--num-speculative-steps", type=typed(non_negative_int), default=3,
                    metavar="K",
                    help="K of the TTFT servers and of the second throughput server")
@@ -333,7 +356,9 @@ def _trial(i: int, trials: int) -> str:
 
 def _median_ratio(results: Sequence[FirstResult]) -> dict[str, float]:
     return {"client": round(statistics.median(r.ratio for r in results), 4),
-            "server": round(statistics.median(r.server_ratio for r in results), 4)}
+            "server": round(statistics.median(r.server_ratio for r in results), 4),
+            "client_back_to_back": round(
+                statistics.median(r.back_to_back_ratio for r in results), 4)}
 
 
 def _throughput_row(k: int, s: Summary) -> str:
@@ -398,20 +423,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"first TTFT after ready / steady median: {model.name} on {on.device} "
           f"({on.backend}), k={k}, prompt {args.prompt_len}, max_tokens {args.max_tokens}, "
-          f"{args.repeats} repeats, caches {'kept' if args.keep_caches else 'fresh'}")
+          f"{args.repeats} repeats, {args.gap_s:g} s idle before each, caches "
+          f"{'kept' if args.keep_caches else 'fresh'}")
     print(f"{'':<14} {'':>8} {'client (send -> first message)':^30}   "
-          f"{'server (arrival -> first token)':^30}")
+          f"{'server (arrival -> first token)':^30}   {'client, back to back':^18}")
     print(f"{'case':<14} {'ready_s':>8} {'first_ms':>10} {'median_ms':>10} {'ratio':>8}   "
-          f"{'first_ms':>10} {'median_ms':>10} {'ratio':>8} {'retries':>8}")
+          f"{'first_ms':>10} {'median_ms':>10} {'ratio':>8}   {'median_ms':>10} {'ratio':>7} "
+          f"{'retries':>8}")
     for r in (*ons, *offs):
+        b2b = statistics.median(r.back_to_back_s)
         print(f"{r.name:<14} {r.ready_s:>8.2f} {r.first_s * 1e3:>10.2f} "
               f"{r.median_s * 1e3:>10.2f} {r.ratio:>8.2f}   {r.server_first_s * 1e3:>10.2f} "
-              f"{r.server_median_s * 1e3:>10.2f} {r.server_ratio:>8.2f} {r.retries:>8}")
+              f"{r.server_median_s * 1e3:>10.2f} {r.server_ratio:>8.2f}   {b2b * 1e3:>10.2f} "
+              f"{r.back_to_back_ratio:>7.2f} {r.retries:>8}")
     if args.trials > 1:
+        on_r, off_r = _median_ratio(ons), _median_ratio(offs)
         print(f"median over {args.trials} servers of first / steady median: warmup on "
-              f"{_median_ratio(ons)['client']:.2f} (server side "
-              f"{_median_ratio(ons)['server']:.2f}), warmup off "
-              f"{_median_ratio(offs)['client']:.2f}")
+              f"{on_r['client']:.2f} (server side {on_r['server']:.2f}; over the "
+              f"back-to-back median {on_r['client_back_to_back']:.2f}), warmup off "
+              f"{off_r['client']:.2f}")
     if throughput:
         any_s = next(iter(throughput.values()))
         print(f"throughput at {args.streams} streams ({any_s.num_requests} requests, prompt "
