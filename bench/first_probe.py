@@ -11,6 +11,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -49,6 +50,28 @@ def timed(sched: CoverageScheduler, plan: dict) -> tuple[float, float, int, int]
     return w, c, len(GC_PAUSES), segments() - seg
 
 
+def trace_new_segments(step: Callable[[], object]) -> None:
+    """Run step() with the allocator's history on; print the segments it had to cudaMalloc
+    and, for each block in them, the Python frames (ours) that allocated it."""
+    before = {seg["address"] for seg in torch.cuda.memory_snapshot()}
+    torch.cuda.memory._record_memory_history(max_entries=200000)
+    step()
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    for seg in snap["segments"]:
+        if seg["address"] in before:
+            continue
+        print(f"  new segment {seg['total_size'] / 2**20:.2f} MiB ({seg.get('segment_type')}, "
+              f"stream {seg.get('stream')})")
+        for block in seg["blocks"]:
+            ours = [f"{f['filename'].rsplit('/', 2)[-1]}:{f['line']}({f['name']})"
+                    for f in block.get("frames", ())
+                    if "warmgate" in f["filename"] or "bench" in f["filename"]]
+            print(f"    block {block['size'] / 2**20:8.3f} MiB {block['state']:<16} "
+                  f"{' < '.join(ours[:4])}")
+
+
 def show(label: str, r: tuple[float, float, int, int], steady: float | None = None) -> None:
     ratio = f" ratio {r[0] / steady:.2f}" if steady else ""
     print(f"  {label:<34} wall {r[0] * 1e3:7.2f} ms  cpu {r[1] * 1e3:7.2f} ms  gc {r[2]}  "
@@ -77,6 +100,9 @@ def main() -> int:
     p = argparse.ArgumentParser()
     add_runner_args(p)
     p.add_argument("--first", default="prefill", choices=("prefill", "decode"))
+    p.add_argument("--trace-segments", action="store_true",
+                   help="instead of timing: which allocations of the first step (and of "
+                        "the second) needed new CUDA segments")
     args = p.parse_args()
     gc.callbacks.append(_gc_cb)
     k = args.num_speculative_steps
@@ -87,6 +113,16 @@ def main() -> int:
           f"{[th.name for th in threading.enumerate()]}; gc counts {gc.get_count()}")
     sched = CoverageScheduler(runner)
     case = Case(sched, "p", random.Random(0))
+    if args.trace_segments:
+        if args.first == "decode":
+            reqs = decode_set(case, k)
+            run_step: Callable[[], object] = lambda: decode_once(case, reqs, k)  # noqa: E731
+        else:
+            run_step = lambda: prefill_once(case)  # noqa: E731
+        for label in ("first", "second", "third"):
+            print(f"{args.first} k={k}, {label} step:")
+            trace_new_segments(run_step)
+        return 0
     if args.first == "decode":
         reqs = decode_set(case, k)
         first = decode_once(case, reqs, k)

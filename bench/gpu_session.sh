@@ -63,13 +63,13 @@ coverage)
 first)
   # First batch after ready over the steady median, per batch class, warmup on vs off.
   stage "first batch llama-3.2-1b ${FIRST_BACKEND:-triton}"
-  timeout 240 python3 bench/first_batch.py --device cuda --model llama-3.2-1b \
+  timeout ${FIRST_TIMEOUT:-240} python3 bench/first_batch.py --device cuda --model llama-3.2-1b \
     --attention-backend ${FIRST_BACKEND:-triton} --max-num-seqs 16 --max-num-batched-tokens 1024 \
-    --max-model-len 1024 --trials ${FIRST_TRIALS:-3} 2>"$OUT/first_batch.err" | tee "$OUT/first_batch.txt" | tail -14 ;;
+    --max-model-len 1024 --trials ${FIRST_TRIALS:-3} --gap-s ${FIRST_GAP:-0.1} 2>"$OUT/first_batch.err" | tee "$OUT/first_batch.txt" | tail -14 ;;
 first-nosweep)
   # The same without the compile phase's dense GEMM sweep: what the sweep buys.
   stage "first batch llama-3.2-1b ${FIRST_BACKEND:-triton} --no-shape-sweeps"
-  timeout 240 python3 bench/first_batch.py --device cuda --model llama-3.2-1b \
+  timeout ${FIRST_TIMEOUT:-240} python3 bench/first_batch.py --device cuda --model llama-3.2-1b \
     --attention-backend ${FIRST_BACKEND:-triton} --max-num-seqs 16 --max-num-batched-tokens 1024 \
     --max-model-len 1024 --no-shape-sweeps 2>"$OUT/first_batch_nosweep.err" \
     | tee "$OUT/first_batch_nosweep.txt" | tail -14 ;;
@@ -80,6 +80,14 @@ probe)
     timeout 120 python3 bench/first_probe.py --device cuda --model llama-3.2-1b \
       --attention-backend triton --max-num-seqs 16 --max-num-batched-tokens 1024 \
       --max-model-len 1024 $a 2>>"$OUT/first_probe.err" | tee -a "$OUT/first_probe.txt"
+  done ;;
+segments)
+  # Which allocations of the first steps after ready need new CUDA segments (cudaMalloc).
+  for a in "--first prefill" "--first decode --num-speculative-steps 3"; do
+    stage "segments llama-3.2-1b triton $a"
+    timeout 120 python3 bench/first_probe.py --device cuda --model llama-3.2-1b \
+      --attention-backend triton --max-num-seqs 16 --max-num-batched-tokens 1024 \
+      --max-model-len 1024 --trace-segments $a 2>>"$OUT/segments.err" | tee -a "$OUT/segments.txt"
   done ;;
 touch)
   # Where a first batch's extra time goes after warmup (cuBLAS per-shape state, host ops).

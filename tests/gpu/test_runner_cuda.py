@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.runner_helpers import MiniScheduler, full_prefill_logits, prompt, tiny_config
+from warmgate.server.runner.cuda_graphs import capturing
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.scheduler_output import SamplingParams
 
@@ -87,3 +88,22 @@ def test_uniform_decode_forward_does_not_sync(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(runner, "_run_model", strict)
     sched.step(drafts={f"r{i}": [1] for i in range(3)})
     assert seen == [True]
+
+
+def test_graph_capture_keeps_the_allocators_cached_blocks() -> None:
+    """torch.cuda.graph would empty the cache here; our capture leaves it, and the graph
+    still replays what it recorded."""
+    scratch = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    del scratch  # now a cached, free 64 MiB block
+    reserved = torch.cuda.memory_reserved()
+    x = torch.ones(4, device="cuda")
+    (x * 2).sum()  # kernels loaded before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with capturing(graph, torch.cuda.graph_pool_handle(), torch.cuda.Stream()):
+        y = x * 2
+    assert torch.cuda.memory_reserved() >= reserved
+    x.fill_(3)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert y.tolist() == [6.0] * 4

@@ -1,10 +1,12 @@
 """The serving loop on a warmed CUDA runner: real scheduler traffic (chunked prefills, mixed
-steps, decodes with drafts) finds every kernel compiled and every uniform decode
-graph-captured (padded drafts keep decode batches uniform)."""
+steps, decodes with drafts) finds every kernel compiled, every uniform decode
+graph-captured (padded drafts keep decode batches uniform), and the caching allocator
+holding the memory it needs (no cudaMalloc after ready)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.gpu.test_backends_gpu import SHAPES
 from tests.runner_helpers import prompt, tiny_config
@@ -31,6 +33,7 @@ def test_serving_after_warmup_compiles_nothing_and_misses_no_graph(backend: str,
     report = run_warmup_plan(runner, load_phase=load_phase)
     assert report.succeeded, report.to_dict()
     monitor.mark_ready()
+    segments = torch.cuda.memory_stats()["segment.all.allocated"]
     late: list[JitEvent] = []
     monitor.add_listener(lambda e: late.append(e) if e.after_ready and (
         e.compiled or e.kind == CUDA_GRAPH_MISS) else None)
@@ -40,5 +43,7 @@ def test_serving_after_warmup_compiles_nothing_and_misses_no_graph(backend: str,
     monitor.close()
     assert all(len(r.output_token_ids) == 40 for r in reqs)
     assert not late, [e.describe() for e in late]
+    new_segments = torch.cuda.memory_stats()["segment.all.allocated"] - segments
+    assert new_segments == 0, f"serving after ready allocated {new_segments} CUDA segments"
     if num_spec:
         assert sum(r.usage.num_draft_tokens for r in reqs) > 0

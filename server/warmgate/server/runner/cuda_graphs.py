@@ -6,14 +6,22 @@ into one memory pool; one eager run of the same batch before each capture; at re
 batch to the nearest captured size and reset the padding; fall back to eager when no captured
 size fits. Padded requests read and write only the null block 0. Every graph is replayed
 once right after capture, so its upload is part of warmup, not of the first real decode.
+
+Capture does not go through torch.cuda.graph: its __enter__ empties the caching allocator
+(and the pinned host cache) before every capture, handing back every block the warmup's eager
+phases had cached, so the first eager step after ready - any prefill, the sampler of every
+step - had to cudaMalloc its memory again (on the H200: 3 new segments for the first
+prefill, 6 for the first k=3 decode, about +0.4 ms and +1.4 ms; bench/first_probe.py
+--trace-segments). The graphs' own pool is separate either way.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -28,6 +36,19 @@ ForwardFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tens
 def _free_bytes(device: torch.device) -> int:
     free, _ = torch.cuda.mem_get_info(device)
     return int(free)
+
+
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream
+              ) -> Iterator[None]:
+    """Record the work issued inside into `graph` (memory from `pool`), on a side stream as
+    capture requires; what torch.cuda.graph does, minus emptying the allocator caches."""
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool)
+        try:
+            yield
+        finally:
+            graph.capture_end()
 
 
 class CudaGraphRunner:
@@ -94,6 +115,7 @@ class CudaGraphRunner:
         self.graphs.clear()
         self.outputs.clear()
         pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(self.device)
         b = self.buffers
         for size in sorted(self.sizes, reverse=True):
             self.backend.begin_graph_capture(size)
@@ -104,7 +126,7 @@ class CudaGraphRunner:
             self.forward(b.input_ids.gpu[:t], b.positions.gpu[:t], meta)
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with capturing(graph, pool, stream):
                 self.outputs[size] = self.forward(b.input_ids.gpu[:t], b.positions.gpu[:t], meta)
             self.graphs[size] = graph
         self.backend.end_graph_capture()
