@@ -76,7 +76,7 @@ first-nosweep)
 probe)
   # Is a first step after ready slow for being first, or for the idle / other work before it?
   for a in "--first prefill" "--first decode --num-speculative-steps 3"; do
-    stage "first probe llama-3.2-1b triton $a"
+    stage "first probe llama-3.2-1b triton $a ${CUDA_MODULE_LOADING:+(CUDA_MODULE_LOADING=$CUDA_MODULE_LOADING)}"
     timeout 120 python3 bench/first_probe.py --device cuda --model llama-3.2-1b \
       --attention-backend triton --max-num-seqs 16 --max-num-batched-tokens 1024 \
       --max-model-len 1024 $a 2>>"$OUT/first_probe.err" | tee -a "$OUT/first_probe.txt"
@@ -88,6 +88,14 @@ segments)
     timeout 120 python3 bench/first_probe.py --device cuda --model llama-3.2-1b \
       --attention-backend triton --max-num-seqs 16 --max-num-batched-tokens 1024 \
       --max-model-len 1024 --trace-segments $a 2>>"$OUT/segments.err" | tee -a "$OUT/segments.txt"
+  done ;;
+breakdown)
+  # Where the first Generate's time to first token goes, against steady requests (issue 7).
+  for i in $(seq ${BREAKDOWN_TRIALS:-3}); do
+    stage "ttft breakdown llama-3.2-1b triton #$i"
+    timeout 120 python3 bench/ttft_breakdown.py --model llama-3.2-1b --device cuda \
+      --attention-backend triton --max-num-seqs 64 --max-num-batched-tokens 2048 \
+      --max-model-len 2048 --num-speculative-steps 3 2>>"$OUT/breakdown.err" | tee -a "$OUT/breakdown.txt"
   done ;;
 touch)
   # Where a first batch's extra time goes after warmup (cuBLAS per-shape state, host ops).
@@ -103,7 +111,7 @@ serve)
   timeout ${SERVE_TIMEOUT:-330} python3 bench/ttft_first.py --server-args "--model llama-3.2-1b \
     --device cuda --attention-backend ${SERVE_BACKEND:-triton} --max-num-seqs 64 \
     --max-num-batched-tokens 2048 --max-model-len 2048" --prompt-len 128 --max-tokens 16 \
-    --repeats 20 --trials ${SERVE_TRIALS:-3} --streams 64 --num-speculative-steps 3 --output-len fixed:128 \
+    --repeats 20 --trials ${SERVE_TRIALS:-3} --off-trials ${SERVE_OFF_TRIALS:-${SERVE_TRIALS:-3}} --streams 64 --num-speculative-steps 3 --output-len fixed:128 \
     ${SERVE_SKIP_THROUGHPUT:+--skip-throughput} --out "$OUT/ttft_first.json" 2>"$OUT/ttft_first.err" | tee "$OUT/ttft_first.txt"
   tail -5 "$OUT/ttft_first.err" ;;
 serve-nosweep)
