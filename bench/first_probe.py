@@ -96,14 +96,16 @@ def decode_once(case: Case, reqs: list, k: int) -> tuple[float, float, int, int]
     return timed(case.sched, {q.req_id: Work(1 + k, case.drafts(k)) for q in reqs})
 
 
-def main() -> int:
-    p = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_runner_args(p)
     p.add_argument("--first", default="prefill", choices=("prefill", "decode"))
     p.add_argument("--trace-segments", action="store_true",
                    help="instead of timing: which allocations of the first step (and of "
                         "the second) needed new CUDA segments")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.trace_segments and not args.device.startswith("cuda"):
+        p.error("--trace-segments reads the CUDA caching allocator: pass --device cuda")
     gc.callbacks.append(_gc_cb)
     k = args.num_speculative_steps
     runner, load_phase, monitor = build(runner_config(args))

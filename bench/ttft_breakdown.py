@@ -1,21 +1,29 @@
 """Diagnostic: where the first Generate after ready spends its time to first token, against
 the steady requests, in one process (client and server share the clock).
 
-    PYTHONPATH=client:server:. python bench/ttft_breakdown.py --model llama-3.2-1b --device cuda
+    PYTHONPATH=client:server:. python bench/ttft_breakdown.py [--gap-s 0.25 --repeats 20] \
+        --model llama-3.2-1b --device cuda --num-speculative-steps 3   (server flags)
+
+Every request follows --gap-s of idleness; a first request faster than the steady median
+here, with slower ones across fresh server processes, points at run-to-run host noise.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import functools
 import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from tests.grpc_harness import serving
 from warmgate.client.aio import AsyncWarmgateClient
+from warmgate.client.errors import WarmgateRpcError
+from warmgate.server.app import create_server
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.server_config import load_server_config
 from warmgate.server.serving.loop import ServingLoop
@@ -25,7 +33,9 @@ LOG: list[tuple[str, float, float]] = []
 PARTS = ("step", "schedule", "execute_model", "sample_tokens", "update")
 
 
-def _wrap(cls: Any, name: str) -> None:
+def _wrap(cls: Any, name: str) -> Any:
+    """Log (name, start, seconds) of every call of cls.name, from whichever thread; returns
+    the original."""
     orig = getattr(cls, name)
 
     @functools.wraps(orig)
@@ -37,14 +47,24 @@ def _wrap(cls: Any, name: str) -> None:
             LOG.append((name, t, time.perf_counter() - t))
 
     setattr(cls, name, timed)
+    return orig
 
 
-for _cls, _name in ((ServingLoop, "step"), (Scheduler, "schedule"), (Scheduler, "update"),
-                    (ModelRunner, "execute_model"), (ModelRunner, "sample_tokens")):
-    _wrap(_cls, _name)
+@contextlib.contextmanager
+def instrumented() -> Iterator[None]:
+    timed = ((ServingLoop, "step"), (Scheduler, "schedule"), (Scheduler, "update"),
+             (ModelRunner, "execute_model"), (ModelRunner, "sample_tokens"))
+    originals = [(cls, name, _wrap(cls, name)) for cls, name in timed]
+    try:
+        yield
+    finally:
+        for cls, name, orig in originals:
+            setattr(cls, name, orig)
 
 
 async def one(c: AsyncWarmgateClient, prompt: list[int]) -> dict[str, float]:
+    """One request's client TTFT, split at its first step (the prefill that samples the
+    first token): before it, its parts, and after it (emit -> the client has the token)."""
     LOG.clear()
     sent = time.perf_counter()
     first = None
@@ -58,22 +78,26 @@ async def one(c: AsyncWarmgateClient, prompt: list[int]) -> dict[str, float]:
             "after_step": (first or 0.0) - (s0[1] - sent) - s0[2]}
 
 
-async def body(flags: list[str], gap: float, repeats: int) -> None:
+async def body(flags: Sequence[str], gap: float, repeats: int, prompt_len: int) -> None:
     config = load_server_config(["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1",
                                  "--no-warmup-on-start", *flags], environ={})
     vocab = config.runner.model.vocab_size
     rng = random.Random(0)
-    async with serving(config) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
-        await c.warmup_kernels(timeout=600)
-        try:
-            async for _ in c.generate([], max_tokens=1):
+    server = await create_server(config)
+    try:
+        async with AsyncWarmgateClient(f"127.0.0.1:{server.port}") as c:
+            await c.warmup_kernels(timeout=600)
+            try:
+                async for _ in c.generate([], max_tokens=1):
+                    pass
+            except WarmgateRpcError:  # INVALID_ARGUMENT: only the call set-up was wanted
                 pass
-        except Exception:  # INVALID_ARGUMENT: only the call set-up was wanted
-            pass
-        rows = []
-        for _ in range(repeats + 1):
-            await asyncio.sleep(gap)
-            rows.append(await one(c, [rng.randrange(vocab) for _ in range(128)]))
+            rows = []
+            for _ in range(repeats + 1):
+                await asyncio.sleep(gap)
+                rows.append(await one(c, [rng.randrange(vocab) for _ in range(prompt_len)]))
+    finally:
+        await server.stop(0, wait_for_runner=True)
     keys = ("client", "to_step", "step", "schedule", "execute_model", "sample_tokens",
             "update", "after_step")
     print("  ".join(f"{k:>13}" for k in ("ms", *keys)))
@@ -83,5 +107,18 @@ async def body(flags: list[str], gap: float, repeats: int) -> None:
         f"{statistics.median(r.get(k, 0) for r in rows[1:]) * 1e3:.2f}" for k in keys))))
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """argv: server flags, after optional --gap-s S --repeats N --prompt-len L."""
+    # No abbreviations: every other flag is the server's, passed through whole.
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--gap-s", type=float, default=0.25)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--prompt-len", type=int, default=128)
+    args, flags = p.parse_known_args(argv)
+    with instrumented():
+        asyncio.run(body(flags, args.gap_s, args.repeats, args.prompt_len))
+    return 0
+
+
 if __name__ == "__main__":
-    asyncio.run(body(sys.argv[1:], 0.25, 20))
+    sys.exit(main())
