@@ -78,19 +78,21 @@ class CoverageScheduler:
 
     def step(self, plan: dict[str, Work]) -> ModelRunnerOutput | None:
         """Run one step over `plan` (request id -> work); returns the runner's output."""
-        out = self.runner.execute_model(self._schedule(plan))
+        out = self.runner.execute_model(self.build_output(plan))
         if out is None:
             out = self.runner.sample_tokens(None)
         if out is not None:
-            self._update(out)
+            self.apply_output(out)
         return out
 
     def flush(self) -> None:
         """Send pending finishes with an empty step, so the runner drops their state."""
         if self._finished:
-            self.runner.execute_model(self._schedule({}))
+            self.runner.execute_model(self.build_output({}))
 
-    def _schedule(self, plan: dict[str, Work]) -> SchedulerOutput:
+    def build_output(self, plan: dict[str, Work]) -> SchedulerOutput:
+        """The SchedulerOutput of `plan`, blocks allocated (lowest ids first); pending
+        finishes ride along. Call apply_output with the runner's answer."""
         new: list[NewRequestData] = []
         cached = CachedRequestData()
         for rid, work in plan.items():
@@ -99,7 +101,7 @@ class CoverageScheduler:
             if need > len(self.free_blocks):
                 raise RuntimeError(f"{rid}: needs {need} KV blocks, {len(self.free_blocks)} "
                                    "free (the batch drawer should have made room)")
-            fresh = [self.free_blocks.pop() for _ in range(need)]
+            fresh, self.free_blocks = self.free_blocks[:need], self.free_blocks[need:]
             req.blocks += fresh
             if not req.sent:
                 new.append(NewRequestData(rid, list(req.prompt), (list(req.blocks),),
@@ -119,7 +121,9 @@ class CoverageScheduler:
         self._finished = set()
         return so
 
-    def _update(self, out: ModelRunnerOutput) -> None:
+    def apply_output(self, out: ModelRunnerOutput) -> None:
+        """Follow the runner's output: computed tokens (only accepted drafts count after a
+        speculative step) and sampled ones."""
         for rid, tokens in zip(out.req_ids, out.sampled_token_ids, strict=True):
             req = self.reqs[rid]
             if tokens:

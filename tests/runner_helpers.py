@@ -1,21 +1,22 @@
 """Shared by the runner tests (and by anyone driving a real ModelRunner in a test).
 
 `tiny_config` gives a resolved CPU float32 config small enough for milliseconds per step;
-`MiniScheduler` is just enough of a scheduler to drive a runner: it hands out blocks, chunks
-prompts, attaches drafts, and follows the runner's outputs the way a scheduler does (after a
-speculative step it counts only the accepted drafts as computed).
+`MiniScheduler` is just enough of a scheduler to drive a runner (bench's CoverageScheduler
+with a default policy): it hands out blocks, chunks prompts, attaches drafts, and follows the
+runner's outputs the way a scheduler does (after a speculative step it counts only the
+accepted drafts as computed).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import torch
 
+from bench.coverage_scheduler import CoverageScheduler, Request, Work
 from warmgate.server.config import (
     CacheConfig,
     DeviceConfig,
@@ -23,15 +24,12 @@ from warmgate.server.config import (
     RunnerConfig,
     SchedulerConfig,
     SpeculativeConfig,
-    cdiv,
     resolve_runner_config,
 )
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.scheduler_output import (
     GREEDY,
-    CachedRequestData,
     ModelRunnerOutput,
-    NewRequestData,
     SamplingParams,
     SchedulerOutput,
 )
@@ -64,96 +62,62 @@ def prompt(n: int, offset: int = 0, vocab: int = 512) -> list[int]:
     return [(offset + 37 * i + 11) % vocab for i in range(n)]
 
 
-@dataclass
-class _Req:
-    req_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams | None
-    blocks: list[int] = field(default_factory=list)
-    num_computed: int = 0
-    output: list[int] = field(default_factory=list)
-    sent: bool = False
-    last_scheduled: int = 0
-    last_drafts: int = 0
-
-
 class MiniScheduler:
+    """bench's CoverageScheduler (blocks, new/cached requests, outputs followed) with a
+    default policy: each step, the rest of every prompt, else one decode token plus drafts."""
+
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
-        self.block_size = runner.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
-        self.free_blocks = list(range(1, runner.kv_cache_config.num_blocks))  # 0 is null
-        self.reqs: dict[str, _Req] = {}
-        self._finished: set[str] = set()
+        self.core = CoverageScheduler(runner)
+
+    @property
+    def reqs(self) -> dict[str, Request]:
+        return self.core.reqs
+
+    @property
+    def free_blocks(self) -> list[int]:
+        return self.core.free_blocks
+
+    @free_blocks.setter
+    def free_blocks(self, blocks: list[int]) -> None:
+        self.core.free_blocks = blocks
 
     def add(self, req_id: str, prompt_token_ids: Sequence[int],
             params: SamplingParams | None = GREEDY) -> None:
         if self.runner.is_pooling_model:
             params = None
-        self.reqs[req_id] = _Req(req_id, list(prompt_token_ids), params)
+        self.core.add(Request(req_id, list(prompt_token_ids), params, max_new_tokens=0))
 
     def finish(self, req_id: str) -> None:
-        req = self.reqs.pop(req_id)
-        self.free_blocks.extend(req.blocks)
-        self._finished.add(req_id)
+        self.core.finish(req_id)
 
     def tokens(self, req_id: str) -> list[int]:
         return self.reqs[req_id].output
 
-    def schedule(self, num_tokens: dict[str, int] | None = None,
-                 drafts: dict[str, list[int]] | None = None) -> SchedulerOutput:
-        """Schedule the given requests (default: all): the rest of the prompt, or one decode
-        token plus drafts; num_tokens caps a prefill chunk."""
+    def plan(self, num_tokens: dict[str, int] | None = None,
+             drafts: dict[str, list[int]] | None = None) -> dict[str, Work]:
+        """The given requests (default: all): the rest of the prompt, or one decode token
+        plus drafts; num_tokens caps a prefill chunk."""
         drafts = drafts or {}
         ids = list(num_tokens) if num_tokens is not None else list(self.reqs)
-        new, cached = [], CachedRequestData()
-        scheduled: dict[str, int] = {}
+        plan: dict[str, Work] = {}
         for rid in ids:
-            req = self.reqs[rid]
-            k = len(drafts.get(rid, []))
-            remaining = len(req.prompt_token_ids) - req.num_computed
-            default = remaining if remaining > 0 else 1 + k
-            n = (num_tokens or {}).get(rid, default)
-            need = cdiv(req.num_computed + n, self.block_size) - len(req.blocks)
-            fresh = [self.free_blocks.pop(0) for _ in range(max(0, need))]
-            req.blocks += fresh
-            if not req.sent:
-                new.append(NewRequestData(rid, list(req.prompt_token_ids), (list(req.blocks),),
-                                          req.num_computed, req.params))
-                req.sent = True
-            else:
-                cached.req_ids.append(rid)
-                cached.new_block_ids.append((fresh,) if fresh else None)
-                cached.num_computed_tokens.append(req.num_computed)
-            scheduled[rid] = n
-            req.last_scheduled, req.last_drafts = n, k
-        so = SchedulerOutput(scheduled_new_reqs=new, scheduled_cached_reqs=cached,
-                             num_scheduled_tokens=scheduled,
-                             total_num_scheduled_tokens=sum(scheduled.values()),
-                             scheduled_spec_decode_tokens={r: list(d) for r, d in drafts.items()},
-                             finished_req_ids=self._finished)
-        self._finished = set()
-        return so
+            d = tuple(drafts.get(rid, ()))
+            remaining = self.reqs[rid].remaining_prompt
+            n = (num_tokens or {}).get(rid, remaining if remaining > 0 else 1 + len(d))
+            plan[rid] = Work(n, d)
+        return plan
+
+    def schedule(self, num_tokens: dict[str, int] | None = None,
+                 drafts: dict[str, list[int]] | None = None) -> SchedulerOutput:
+        return self.core.build_output(self.plan(num_tokens, drafts))
 
     def update(self, out: ModelRunnerOutput) -> None:
-        for rid, toks in zip(out.req_ids, out.sampled_token_ids, strict=True):
-            req = self.reqs[rid]
-            if toks:
-                # Only the accepted drafts entered the cache for good; the last token did not.
-                accepted = len(toks) - 1
-                req.num_computed += req.last_scheduled - req.last_drafts + accepted
-                req.output += toks
-            else:
-                req.num_computed += req.last_scheduled
+        self.core.apply_output(out)
 
     def step(self, num_tokens: dict[str, int] | None = None,
              drafts: dict[str, list[int]] | None = None) -> ModelRunnerOutput | None:
-        so = self.schedule(num_tokens, drafts)
-        out = self.runner.execute_model(so)
-        if out is None:
-            out = self.runner.sample_tokens(None)
-        if out is not None:
-            self.update(out)
-        return out
+        return self.core.step(self.plan(num_tokens, drafts))
 
     def logits_of(self, req_id: str) -> torch.Tensor:
         """The last step's logits rows of one request, [rows, V]."""

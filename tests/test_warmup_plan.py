@@ -132,3 +132,32 @@ def test_module_entry_point_prints_the_phase_table() -> None:
     table = subprocess.run([sys.executable, "-m", "warmgate.server.warmup"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=120, check=True).stdout
     assert "kernels.decode" in table and "NO_CUDA" in table and "outcome SUCCEEDED" in table
+
+
+def test_module_entry_point_takes_the_servers_runner_flags(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Same names, parsing and errors as warmgate-server: a bad value names its flag."""
+    from warmgate.server.warmup.__main__ import main
+
+    for argv, flag in ((["--model", "nope"], "--model"),
+                       (["--num-speculative-steps", "-1"], "--num-speculative-steps"),
+                       (["--max-num-seqs", "0"], "--max-num-seqs")):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_bench_runner_flags_build_the_servers_runner_config() -> None:
+    import argparse
+
+    from bench.inprocess import add_runner_args, runner_config
+
+    p = argparse.ArgumentParser()
+    add_runner_args(p)
+    args = p.parse_args(["--no-shape-sweeps", "--compile", "--max-num-seqs", "4"])
+    config = runner_config(args, num_speculative_steps=2)
+    assert config.device.device == "cpu"  # the benchmarks' default, not the server's auto
+    assert config.compilation.compile and not config.compilation.shape_sweeps
+    assert config.scheduler.max_num_seqs == 4
+    assert config.speculative.num_speculative_steps == 2

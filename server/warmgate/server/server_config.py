@@ -242,13 +242,25 @@ def _argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return convert
 
 
-def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="warmgate-server",
-        description="Serve warmgate.v1.Warmup, health and metrics; warm the model's kernels. "
-                    f"Every flag defaults to its {ENV_PREFIX}<FLAG> environment variable.")
-    for opt in _OPTIONS + _BOOL_OPTIONS:
-        default = opt.default
+# The flags that shape a runner, for the tools that build one without a server
+# (`python -m warmgate.server.warmup`, bench/): the server's names, parsing and defaults.
+RUNNER_FLAGS = ("--model", "--num-speculative-steps", "--max-num-seqs",
+                "--max-num-batched-tokens", "--max-model-len", "--num-blocks", "--block-size",
+                "--device", "--dtype", "--attention-backend", "--cuda-graphs", "--compile",
+                "--shape-sweeps")
+
+
+def add_options(parser: argparse.ArgumentParser, flags: Sequence[str],
+                environ: Mapping[str, str], defaults: Mapping[str, Any] | None = None) -> None:
+    """Add the named server options to `parser`, each defaulting to its environment variable,
+    else to `defaults[flag]`, else to the server's default."""
+    by_flag = {opt.flag: opt for opt in _OPTIONS + _BOOL_OPTIONS}
+    unknown = [f for f in flags if f not in by_flag]
+    if unknown:
+        raise ValueError(f"no such server options: {', '.join(unknown)}")
+    for flag in flags:
+        opt = by_flag[flag]
+        default = (defaults or {}).get(flag, opt.default)
         raw = environ.get(opt.env)
         if raw is not None:
             try:
@@ -262,6 +274,14 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         else:
             parser.add_argument(opt.flag, dest=opt.dest, default=default, help=text,
                                 type=_argtype(opt.parse))
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="warmgate-server",
+        description="Serve warmgate.v1.Warmup, health and metrics; warm the model's kernels. "
+                    f"Every flag defaults to its {ENV_PREFIX}<FLAG> environment variable.")
+    add_options(parser, [opt.flag for opt in _OPTIONS + _BOOL_OPTIONS], environ)
     return parser
 
 
@@ -280,7 +300,9 @@ def _model_config(model: str, max_model_len: int | None) -> ModelConfig:
                                "nor a local directory")
 
 
-def _runner_config(args: argparse.Namespace) -> RunnerConfig:
+def runner_config_from_args(args: argparse.Namespace) -> RunnerConfig:
+    """The (unresolved) runner the RUNNER_FLAGS in `args` describe; ConfigError names the
+    bad field."""
     return RunnerConfig(
         model=_model_config(args.model, args.max_model_len),
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks),
@@ -294,7 +316,8 @@ def _runner_config(args: argparse.Namespace) -> RunnerConfig:
     )
 
 
-def _fail(parser: argparse.ArgumentParser, exc: ConfigError) -> NoReturn:
+def report_config_error(parser: argparse.ArgumentParser, exc: ConfigError) -> NoReturn:
+    """Exit 2 with argparse's message for the flag behind a ConfigError's field."""
     flag = _FIELD_FLAGS.get(exc.field_name, exc.field_name)
     parser.error(f"argument {flag}: {exc.message}")
 
@@ -311,11 +334,11 @@ def load_server_config(argv: Sequence[str] | None = None,
     parser = build_parser(environ)
     args = parser.parse_args(argv)
     try:
-        runner = _runner_config(args)
+        runner = runner_config_from_args(args)
         if resolve:
             runner = resolve_runner_config(runner)
     except ConfigError as exc:
-        _fail(parser, exc)
+        report_config_error(parser, exc)
     if args.mixed_num_tokens is not None and \
             args.mixed_num_tokens > runner.scheduler.max_num_batched_tokens:
         parser.error(f"argument --mixed-num-tokens: {args.mixed_num_tokens} is more than "
@@ -331,7 +354,7 @@ def load_server_config(argv: Sequence[str] | None = None,
                                 ngram_min=args.ngram_min, ngram_max=args.ngram_max,
                                 max_waiting_requests=args.max_waiting_requests)
     except ConfigError as exc:
-        _fail(parser, exc)
+        report_config_error(parser, exc)
     try:
         faults = parse_faults(environ.get(FAULT_ENV_VAR, ""))
     except ValueError as exc:

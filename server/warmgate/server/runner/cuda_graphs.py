@@ -10,9 +10,9 @@ once right after capture, so its upload is part of warmup, not of the first real
 Capture does not go through torch.cuda.graph: its __enter__ empties the caching allocator
 (and the pinned host cache) before every capture, handing back every block the warmup's eager
 phases had cached, so the first eager step after ready - any prefill, the sampler of every
-step - had to cudaMalloc its memory again (on the H200: 3 new segments for the first
-prefill, 6 for the first k=3 decode, about +0.4 ms and +1.4 ms; bench/first_probe.py
---trace-segments). The graphs' own pool is separate either way.
+step - had to cudaMalloc its memory again (on the H200, bench/first_probe.py
+--trace-segments: 3 new segments for the first prefill and 6 for the first k=3 decode, which
+ran 1.5 and 1.4 ms over their steady medians). The graphs' own pool is separate either way.
 """
 
 from __future__ import annotations
