@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from warmgate.server.app import create_server
+from warmgate.server.cpu_threads import apply_cpu_threads
 from warmgate.server.server_config import ServerConfig, configure_logging, load_server_config
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = load_server_config(sys.argv[1:] if argv is None else argv)
     configure_logging(config)
     logger.info("config_hash=%s runner=%s", config.runner.config_hash(), config.runner.to_dict())
+    apply_cpu_threads(config.cpu_threads, config.runner.device.device)
     if config.warmup_only:
         from warmgate.server.prewarm import run_warmup_only
 

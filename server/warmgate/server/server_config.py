@@ -75,6 +75,8 @@ class ServerConfig:
     json_output: bool = False
     # The Generate RPC's scheduler and drafter settings.
     serving: ServingConfig = field(default_factory=ServingConfig)
+    # torch intra-op threads; 0: all usable cores but one on a CPU device (cpu_threads.py).
+    cpu_threads: int = 0
 
     @property
     def metrics_enabled(self) -> bool:
@@ -209,6 +211,9 @@ _OPTIONS = (
     _Option("--ngram-min", int, 1, "smallest suffix n-gram the speculative drafter matches"),
     _Option("--ngram-max", int, 4, "largest suffix n-gram the speculative drafter matches "
             "(tried first)"),
+    _Option("--cpu-threads", _non_negative, 0, "torch intra-op threads; 0: on a CPU device "
+            "every usable core but one (the event loop and gRPC need one), on CUDA torch's "
+            "default"),
     _Option("--max-waiting-requests", int, 1024, "Generate requests queued for a batch slot, "
             "at most; more are answered RESOURCE_EXHAUSTED"),
 )
@@ -366,7 +371,7 @@ def load_server_config(argv: Sequence[str] | None = None,
                         security=security, faults=faults, strict_jit=args.strict_jit,
                         cache_dir=args.cache_dir, cache_lock_timeout_s=args.cache_lock_timeout,
                         warmup_only=args.warmup_only, json_output=args.json,
-                        serving=serving)
+                        serving=serving, cpu_threads=args.cpu_threads)
 
 
 def configure_logging(config: ServerConfig) -> None:
