@@ -2,7 +2,7 @@
 # Everything the GPU machine is for, in one call (device time is scarce and caches die with the
 # machine): install the carried wheels, then each stage with its own time limit, logs to $OUT.
 #   STAGES="sanity tests warmup bench" bash bench/gpu_session.sh   (also: spec, cache, coverage,
-#   first, first-nosweep, probe, touch, serve, serve-nosweep)
+#   first, first-nosweep, probe, segments, breakdown, touch, serve, serve-nosweep)
 set -uo pipefail
 OUT=${OUT:-/tmp/warmgate-out}
 mkdir -p "$OUT"
