@@ -101,7 +101,10 @@ class CoverageScheduler:
             if need > len(self.free_blocks):
                 raise RuntimeError(f"{rid}: needs {need} KV blocks, {len(self.free_blocks)} "
                                    "free (the batch drawer should have made room)")
-            fresh, self.free_blocks = self.free_blocks[:need], self.free_blocks[need:]
+            # Lowest ids first; in place, and only when the request grows (a decode that
+            # stays inside its last block must not copy the whole free list in a timed step).
+            fresh = self.free_blocks[:need]
+            del self.free_blocks[:need]
             req.blocks += fresh
             if not req.sent:
                 new.append(NewRequestData(rid, list(req.prompt), (list(req.blocks),),

@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as `python bench/cpu_threads.py`: make `ben
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.load_gen import positive_int, run_load, typed
-from bench.ttft_first import ServerProcess
+from bench.ttft_first import ServerProcess, timed_stream
 from bench.workload import Stats, build_workload, parse_distribution, summarize
 from warmgate.server.cpu_threads import usable_cpus
 
@@ -37,9 +37,8 @@ def sequential_ttft(target: str, n: int, prompt_len: int, vocab: int, gap_s: flo
         for _ in range(n):
             time.sleep(gap_s)
             prompt = [rng.randrange(vocab) for _ in range(prompt_len)]
-            for message in client.generate(prompt, max_tokens=4):
-                if message.HasField("usage"):
-                    ttfts.append(message.usage.time_to_first_token_s)
+            _, server_ttft = timed_stream(client, prompt, 4, 120)
+            ttfts.append(server_ttft)
     return Stats.of(ttfts)
 
 

@@ -182,7 +182,7 @@ class FirstResult:
                 "retries": self.retries}
 
 
-def _timed_stream(client: Any, prompt: list[int], max_tokens: int,
+def timed_stream(client: Any, prompt: list[int], max_tokens: int,
                   timeout: float) -> tuple[float, float]:
     """(client TTFT, server TTFT) of one request, read to its end so the next runs alone."""
     start = time.perf_counter()
@@ -257,7 +257,7 @@ def measure_first(name: str, args: argparse.Namespace, flags: Sequence[str], voc
             ready_s = time.perf_counter() - server.started
             _warm_client(client)
             time.sleep(args.gap_s)
-            first, server_first = _timed_stream(client, prompt(), args.max_tokens,
+            first, server_first = timed_stream(client, prompt(), args.max_tokens,
                                                 args.request_timeout)
         else:
             _wait_loaded(client, server, args.ready_timeout)
@@ -267,7 +267,7 @@ def measure_first(name: str, args: argparse.Namespace, flags: Sequence[str], voc
             time.sleep(args.gap_s)
             while True:
                 try:
-                    first, server_first = _timed_stream(client, first_prompt, args.max_tokens,
+                    first, server_first = timed_stream(client, first_prompt, args.max_tokens,
                                                         args.request_timeout)
                     break
                 except WarmgateRpcError as exc:
@@ -281,9 +281,9 @@ def measure_first(name: str, args: argparse.Namespace, flags: Sequence[str], voc
         repeats = []
         for _ in range(args.repeats):
             time.sleep(args.gap_s)
-            repeats.append(_timed_stream(client, prompt(), args.max_tokens,
+            repeats.append(timed_stream(client, prompt(), args.max_tokens,
                                          args.request_timeout))
-        back_to_back = [_timed_stream(client, prompt(), args.max_tokens, args.request_timeout)[0]
+        back_to_back = [timed_stream(client, prompt(), args.max_tokens, args.request_timeout)[0]
                         for _ in range(args.repeats)]
         status = client.get_status()
     return FirstResult(name, ready_s, first, server_first, [c for c, _ in repeats],
