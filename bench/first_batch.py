@@ -47,7 +47,7 @@ PROMPT_LEN = 33
 NUM_REQS = 4
 
 
-def _sync(sched: CoverageScheduler) -> None:
+def sync(sched: CoverageScheduler) -> None:
     if sched.runner.device.type == "cuda":
         torch.cuda.synchronize(sched.runner.device)
 
@@ -62,12 +62,12 @@ class Case:
         self._n = 0
 
     def timed(self, plan: dict[str, Work]) -> float:
-        _sync(self.sched)
+        sync(self.sched)
         if self.gap_s:
             time.sleep(self.gap_s)
         start = time.perf_counter()
         self.sched.step(plan)
-        _sync(self.sched)
+        sync(self.sched)
         return time.perf_counter() - start
 
     def request(self, prompt_len: int, params: SamplingParams) -> Request:
@@ -143,6 +143,18 @@ CLASSES = (
 Timings = tuple[float, float, float]  # first s, steady median s, back-to-back median s
 
 
+def selected(args: argparse.Namespace) -> tuple[BatchClass, ...]:
+    """The classes --classes names (all by default)."""
+    if not args.classes:
+        return CLASSES
+    names = [n.strip() for n in args.classes.split(",")]
+    unknown = [n for n in names if n not in {c.name for c in CLASSES}]
+    if unknown:
+        raise SystemExit(f"--classes: {unknown} are not batch classes; choose from "
+                         f"{[c.name for c in CLASSES]}")
+    return tuple(c for c in CLASSES if c.name in names)
+
+
 def measure(args: argparse.Namespace, warmup: bool, num_spec: int
             ) -> tuple[dict[str, Timings], float]:
     """{class: timings} for one runner, and its warmup plan's seconds."""
@@ -156,7 +168,7 @@ def measure(args: argparse.Namespace, warmup: bool, num_spec: int
         warm_s = report.total_duration_s
     sched = CoverageScheduler(runner)
     rng = random.Random(args.seed)
-    classes = [c for c in CLASSES if c.num_spec == num_spec]
+    classes = [c for c in selected(args) if c.num_spec == num_spec]
     gapped = {c.name: c.run(Case(sched, c.name.replace(" ", "_"), rng, args.gap_s),
                             args.repeats) for c in classes}
     # Then every class again without gaps (all of it steady by now), for the other median.
@@ -175,8 +187,11 @@ def measure_in_subprocess(argv: list[str], warmup: bool, num_spec: int
     algorithm choices, loaded kernels, graph uploads) can make this one's first batch look
     cheaper than on a new pod."""
     one = f"{'on' if warmup else 'off'}:{num_spec}"
+    # The child imports bench.* as this process does, whatever PYTHONPATH it was given.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, __file__, *argv, "--one", one], check=True,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     return {k: (v[0], v[1], v[2]) for k, v in data["results"].items()}, data["warm_s"]
 
@@ -195,6 +210,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default 1 on the CPU: steadier timings on a busy "
                         "machine)")
+    p.add_argument("--classes", default=None,
+                   help="comma-separated classes to run (default all): " +
+                        ", ".join(c.name for c in CLASSES))
+    p.add_argument("--skip-off", action="store_true",
+                   help="only the warmup-on runners (the off column is left empty)")
     p.add_argument("--keep-caches", action="store_true",
                    help="use the usual compile caches instead of a fresh directory")
     p.add_argument("--verbose", action="store_true")
@@ -219,11 +239,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     argv = sys.argv[1:] if argv is None else argv
     # mode -> class -> [timings], one per trial (fresh process each).
+    classes = selected(args)
+    modes = ("on",) if args.skip_off else ("off", "on")
     runs: dict[str, dict[str, list[Timings]]] = {"on": {}, "off": {}}
     warm_s: list[float] = []
     for _ in range(args.trials):
-        for num_spec in sorted({c.num_spec for c in CLASSES}):
-            for mode in ("off", "on"):
+        for num_spec in sorted({c.num_spec for c in classes}):
+            for mode in modes:
                 results, seconds = measure_in_subprocess(argv, mode == "on", num_spec)
                 for name, pair in results.items():
                     runs[mode].setdefault(name, []).append(pair)
@@ -236,15 +258,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'class':<20} {'on: first ms':>13} {'steady ms':>10} {'ratio':>7} "
           f"{'(trials)':>13} {'b2b ms':>8} {'ratio':>6}   {'off: first ms':>14} "
           f"{'steady ms':>10} {'ratio':>8}")
-    for cls in CLASSES:
-        on, off = runs["on"][cls.name], runs["off"][cls.name]
+    for cls in classes:
+        on = runs["on"][cls.name]
         f_on, s_on, b_on = (statistics.median(x) for x in zip(*on, strict=True))
-        f_off, s_off, _ = (statistics.median(x) for x in zip(*off, strict=True))
         each = sorted(t[0] / t[1] for t in on)
         spread = f"{each[0]:.2f}-{each[-1]:.2f}"
+        off_cols = f"{'-':>14} {'-':>10} {'-':>8}"
+        if cls.name in runs["off"]:
+            f_off, s_off, _ = (statistics.median(x) for x in zip(*runs["off"][cls.name],
+                                                                 strict=True))
+            off_cols = f"{1e3 * f_off:>14.2f} {1e3 * s_off:>10.2f} {f_off / s_off:>8.1f}"
         print(f"{cls.name:<20} {1e3 * f_on:>13.2f} {1e3 * s_on:>10.2f} {f_on / s_on:>7.2f} "
-              f"{spread:>13} {1e3 * b_on:>8.2f} {f_on / b_on:>6.2f}   {1e3 * f_off:>14.2f} "
-              f"{1e3 * s_off:>10.2f} {f_off / s_off:>8.1f}")
+              f"{spread:>13} {1e3 * b_on:>8.2f} {f_on / b_on:>6.2f}   {off_cols}")
     print("steady: the median after the same idle gap as the first batch; b2b: back to back "
           "(the first batch over it includes the host's warm-up from idle)")
     return 0

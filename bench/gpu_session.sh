@@ -2,7 +2,7 @@
 # Everything the GPU machine is for, in one call (device time is scarce and caches die with the
 # machine): install the carried wheels, then each stage with its own time limit, logs to $OUT.
 #   STAGES="sanity tests warmup bench" bash bench/gpu_session.sh   (also: spec, cache, coverage,
-#   first, first-nosweep, probe, segments, breakdown, touch, serve, serve-nosweep)
+#   first, first-nosweep, probe, segments, breakdown, profile, touch, serve, serve-nosweep)
 set -uo pipefail
 OUT=${OUT:-/tmp/warmgate-out}
 mkdir -p "$OUT"
@@ -65,7 +65,18 @@ first)
   stage "first batch llama-3.2-1b ${FIRST_BACKEND:-triton}"
   timeout ${FIRST_TIMEOUT:-240} python3 bench/first_batch.py --device cuda --model llama-3.2-1b \
     --attention-backend ${FIRST_BACKEND:-triton} --max-num-seqs 16 --max-num-batched-tokens 1024 \
-    --max-model-len 1024 --trials ${FIRST_TRIALS:-3} --gap-s ${FIRST_GAP:-0.1} 2>"$OUT/first_batch.err" | tee "$OUT/first_batch.txt" | tail -14 ;;
+    --max-model-len 1024 --trials ${FIRST_TRIALS:-3} --gap-s ${FIRST_GAP:-0.1} \
+    ${FIRST_CLASSES:+--classes "$FIRST_CLASSES"} ${FIRST_SKIP_OFF:+--skip-off} \
+    2>"$OUT/first_batch.err" | tee "$OUT/first_batch.txt" | tail -14 ;;
+profile)
+  # Host time per function, first batch against steady steps, and GPU busy time per step.
+  for k in 0 3; do
+    stage "step profile llama-3.2-1b triton k=$k"
+    timeout 150 python3 bench/step_profile.py --device cuda --model llama-3.2-1b \
+      --attention-backend triton --max-num-seqs 16 --max-num-batched-tokens 1024 \
+      --max-model-len 1024 --num-speculative-steps $k \
+      2>>"$OUT/step_profile.err" | tee -a "$OUT/step_profile.txt" | grep -E "first|busy"
+  done ;;
 first-nosweep)
   # The same without the compile phase's dense GEMM sweep: what the sweep buys.
   stage "first batch llama-3.2-1b ${FIRST_BACKEND:-triton} --no-shape-sweeps"

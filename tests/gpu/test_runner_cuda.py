@@ -1,8 +1,10 @@
 """The runner's torch path on CUDA: same numbers as one full prefill, speculative decoding
-equal to greedy, and no host sync in a uniform-decode forward (so it can be captured)."""
+equal to greedy, no host sync in a uniform-decode forward (so it can be captured), and one
+sync per sampled step."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 from tests.runner_helpers import MiniScheduler, full_prefill_logits, prompt, tiny_config
 from warmgate.server.runner.cuda_graphs import capturing
 from warmgate.server.runner.model_runner import ModelRunner
-from warmgate.server.runner.scheduler_output import SamplingParams
+from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
 
 pytestmark = pytest.mark.gpu
 
@@ -88,6 +90,32 @@ def test_uniform_decode_forward_does_not_sync(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(runner, "_run_model", strict)
     sched.step(drafts={f"r{i}": [1] for i in range(3)})
     assert seen == [True]
+
+
+@pytest.mark.parametrize("num_spec", [0, 3])
+def test_a_sampled_step_waits_for_the_gpu_once(num_spec: int) -> None:
+    """Only reading the step's tokens back may wait for the GPU. Any other sync (a
+    torch.tensor(list, device=cuda) in the sampler is one) stalls the host until every
+    queued kernel has run, so host and GPU work add up instead of overlapping."""
+    runner = _runner(num_spec=num_spec)
+    sched = MiniScheduler(runner)
+    params = [GREEDY, SamplingParams(temperature=0.8, top_k=20, top_p=0.9),
+              SamplingParams(temperature=0.7, seed=5)]
+    for i, p in enumerate(params):
+        sched.add(f"r{i}", prompt(5 + i), p)
+    sched.step()  # the prefills
+    drafts = {f"r{i}": [1] * num_spec for i in range(len(params))}
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = sched.step(drafts=drafts)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert out is not None and all(out.sampled_token_ids)
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, syncs
 
 
 def test_graph_capture_keeps_the_allocators_cached_blocks() -> None:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from warmgate.server.runner.host_copy import to_device
 from warmgate.server.runner.scheduler_output import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -69,8 +70,11 @@ class Sampler:
         draft_req = [i for i, k in enumerate(ks) for _ in range(k)]
         draft_pos = [j for k in ks for j in range(k)]
         flat_drafts = [t for d in draft_token_ids for t in d]
-        rows_t = torch.tensor(draft_rows, dtype=torch.long, device=dev)
-        drafts_t = torch.tensor(flat_drafts, dtype=torch.long, device=dev)
+        # Every index list in one host->device copy, split on the device.
+        nd, nr = len(draft_rows), len(ks)
+        packed = to_device(draft_rows + flat_drafts + draft_req + draft_pos + starts[:-1],
+                           torch.long, dev)
+        rows_t, drafts_t, req_t, pos_t, starts_t = packed.split([nd, nd, nd, nd, nr])
 
         greedy = logits.argmax(dim=-1)  # [M]
         accept = greedy[rows_t] == drafts_t  # [num_drafts]
@@ -86,7 +90,7 @@ class Sampler:
                     uniforms[offset:offset + ks[i]] = torch.rand(ks[i], device=dev,
                                                                  generator=gen)
             stochastic_accept = uniforms < probs[rows_t, drafts_t]
-            row_greedy = torch.tensor([p.is_greedy for p in row_params], device=dev)
+            row_greedy = to_device([p.is_greedy for p in row_params], torch.bool, dev)
             accept = torch.where(row_greedy[rows_t], accept, stochastic_accept)
             # Rejected at row j means d_j was not taken: draw from p without it. The bonus
             # row keeps its full distribution. The race needs no renormalisation.
@@ -97,10 +101,9 @@ class Sampler:
         max_k = max(ks, default=0)
         accepted = torch.zeros(len(ks), max_k, dtype=torch.int32, device=dev)  # [R, K]
         if draft_rows:
-            accepted[torch.tensor(draft_req, device=dev),
-                     torch.tensor(draft_pos, device=dev)] = accept.int()
+            accepted[req_t, pos_t] = accept.int()
         num_accepted = accepted.cumprod(dim=1).sum(dim=1)  # leading accepts, [R]
-        tokens = final[torch.tensor(starts[:-1], device=dev) + num_accepted]  # [R]
+        tokens = final[starts_t + num_accepted]  # [R]
         host = torch.stack([num_accepted.long(), tokens]).tolist()  # the step's one sync
         out = [[*d[:a], t] for d, a, t in zip(draft_token_ids, host[0], host[1],
                                                     strict=True)]
@@ -111,7 +114,7 @@ class Sampler:
                       sampled: torch.Tensor) -> torch.Tensor:
         if not any(p.is_greedy for p in params):
             return sampled
-        mask = torch.tensor([p.is_greedy for p in params], device=greedy.device)
+        mask = to_device([p.is_greedy for p in params], torch.bool, greedy.device)
         return torch.where(mask, greedy, sampled)
 
     @staticmethod
@@ -119,8 +122,8 @@ class Sampler:
         """Temperature, then top-k, then top-p over what top-k kept; [N, V] probabilities.
         Greedy rows get temperature 1 so they stay finite (their result is the argmax)."""
         dev = logits.device
-        temps = torch.tensor([1.0 if p.is_greedy else p.temperature for p in params],
-                             dtype=torch.float32, device=dev)
+        temps = to_device([1.0 if p.is_greedy else p.temperature for p in params],
+                          torch.float32, dev)
         x = logits / temps[:, None]
         use_top_k = any(p.top_k > 0 for p in params)
         use_top_p = any(p.top_p < 1.0 for p in params)
@@ -142,9 +145,9 @@ class Sampler:
 def _top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     dev = x.device
     vocab = x.shape[-1]
-    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params],
-                         device=dev)
-    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
+    top_k = to_device([p.top_k if 0 < p.top_k < vocab else vocab for p in params],
+                      torch.long, dev)
+    top_p = to_device([p.top_p for p in params], torch.float32, dev)
     sorted_x, order = x.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab, device=dev)
     sorted_x = sorted_x.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
