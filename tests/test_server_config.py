@@ -36,8 +36,9 @@ def test_runner_flags_reach_the_runner_config() -> None:
     c = cfg(["--num-speculative-steps", "2", "--max-num-batched-tokens", "128",
              "--num-blocks", "64", "--block-size", "8", "--dtype", "float32",
              "--attention-backend", "torch", "--mixed-num-tokens", "32", "--max-model-len",
-             "256", "--no-cuda-graphs"])
+             "256", "--no-cuda-graphs", "--no-ragged-cuda-graphs"])
     r = c.runner
+    assert not r.compilation.ragged_cuda_graphs
     assert r.speculative.num_speculative_steps == 2 and r.decode_query_len == 3
     assert (r.scheduler.max_num_batched_tokens, r.cache.num_blocks, r.cache.block_size) == \
         (128, 64, 8)

@@ -122,6 +122,9 @@ class CompilationConfig:
     # Uniform-decode batch sizes (in requests) to capture CUDA graphs for; None means auto.
     cuda_graph_sizes: tuple[int, ...] | None = None
     enable_cuda_graphs: bool = True
+    # Also capture prefill / mixed batches, one graph per token bucket, where the attention
+    # backend supports it (triton): an eager prefill is host-bound (runner.cuda_graphs).
+    ragged_cuda_graphs: bool = True
     # torch.compile the dense part of every layer, one static-shape graph per token bucket
     # (runner.compile_buckets); attention stays eager. Off by default: compiling costs start-up.
     compile: bool = False

@@ -220,6 +220,9 @@ _OPTIONS = (
 _BOOL_OPTIONS = (
     _Option("--warmup-on-start", _bool, True, "run the warmup plan once the model is loaded"),
     _Option("--cuda-graphs", _bool, True, "capture uniform-decode CUDA graphs"),
+    _Option("--ragged-cuda-graphs", _bool, True, "with --cuda-graphs, also capture prefill and "
+            "mixed batches, one graph per token bucket (triton backend; others run them "
+            "eagerly)"),
     _Option("--compile", _bool, False, "torch.compile the model's dense layers, one graph per "
             "token bucket, all compiled by the warmup's compile phase"),
     _Option("--shape-sweeps", _bool, True, "on CUDA, run every dense GEMM shape (token "
@@ -251,8 +254,8 @@ def _argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 # (`python -m warmgate.server.warmup`, bench/): the server's names, parsing and defaults.
 RUNNER_FLAGS = ("--model", "--num-speculative-steps", "--max-num-seqs",
                 "--max-num-batched-tokens", "--max-model-len", "--num-blocks", "--block-size",
-                "--device", "--dtype", "--attention-backend", "--cuda-graphs", "--compile",
-                "--shape-sweeps")
+                "--device", "--dtype", "--attention-backend", "--cuda-graphs",
+                "--ragged-cuda-graphs", "--compile", "--shape-sweeps")
 
 
 def add_options(parser: argparse.ArgumentParser, flags: Sequence[str],
@@ -316,8 +319,9 @@ def runner_config_from_args(args: argparse.Namespace) -> RunnerConfig:
         speculative=SpeculativeConfig(num_speculative_steps=args.num_speculative_steps),
         device=DeviceConfig(device=args.device, dtype=args.dtype,
                             attention_backend=args.attention_backend),
-        compilation=CompilationConfig(enable_cuda_graphs=args.cuda_graphs, compile=args.compile,
-                                      shape_sweeps=args.shape_sweeps),
+        compilation=CompilationConfig(enable_cuda_graphs=args.cuda_graphs,
+                                      ragged_cuda_graphs=args.ragged_cuda_graphs,
+                                      compile=args.compile, shape_sweeps=args.shape_sweeps),
     )
 
 

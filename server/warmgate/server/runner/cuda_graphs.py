@@ -1,11 +1,13 @@
-"""CUDA graphs for uniform-decode batches.
+"""CUDA graphs for uniform-decode batches and, where the attention backend allows, for ragged
+ones (prefill, chunked prefill, mixed prefill+decode).
 
-The recipe: static max-size input buffers (the InputBatch's device buffers); capture sizes in
-requests (so in tokens every size is a multiple of decode_query_len); capture largest first
-into one memory pool; one eager run of the same batch before each capture; at replay pad the
-batch to the nearest captured size and reset the padding; fall back to eager when no captured
-size fits. Padded requests read and write only the null block 0. Every graph is replayed
-once right after capture, so its upload is part of warmup, not of the first real decode.
+Uniform decode. The recipe: static max-size input buffers (the InputBatch's device buffers);
+capture sizes in requests (so in tokens every size is a multiple of decode_query_len); capture
+largest first into one memory pool; one eager run of the same batch before each capture; at
+replay pad the batch to the nearest captured size and reset the padding; fall back to eager
+when no captured size fits. Padded requests read and write only the null block 0. Every graph
+is replayed once right after capture, so its upload is part of warmup, not of the first real
+batch.
 
 Capture does not go through torch.cuda.graph: its __enter__ empties the caching allocator
 (and the pinned host cache) before every capture, handing back every block the warmup's eager
@@ -13,6 +15,20 @@ phases had cached, so the first eager step after ready - any prefill, the sample
 step - had to cudaMalloc its memory again (on the H200, bench/first_probe.py
 --trace-segments: 3 new segments for the first prefill and 6 for the first k=3 decode, which
 ran 1.5 and 1.4 ms over their steady medians). The graphs' own pool is separate either way.
+
+Ragged batches, one graph per token bucket (runner.compile_buckets: the decode sizes, powers
+of two, max_num_batched_tokens). An eager prefill is host-bound: on the H200 a 96-token
+llama-3.2-1b step launched 235 kernels in 8-10 ms of Python while the GPU was busy for 1.6 ms
+of it, and that host time, varying from step to step and process to process, was what a first
+request's time to first token varied by. A bucket's graph holds min(max_num_reqs, bucket)
+requests: every real request has at least one token, so no batch of that many tokens has more.
+At replay the batch's tokens fill the first rows, the rest of the bucket's tokens belong to no
+request (attention leaves their rows alone; every other op is row-wise, so whatever they hold
+never reaches a real row) and write to the null block, and the unused requests get query
+length 0 (the varlen kernel's programs for them exit at once). The launch shapes are the
+bucket's: grids sized for bucket-long queries over all of the graph's requests. Backends whose
+forward reads host metadata (the torch reference's loops, FlashInfer's plan) say so with
+supports_ragged_graphs = False and keep ragged batches eager.
 """
 
 from __future__ import annotations
@@ -54,7 +70,7 @@ def capturing(graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream
 class CudaGraphRunner:
     def __init__(self, forward: ForwardFn, backend: AttentionBackend, buffers: Any,
                  sizes: Sequence[int], decode_query_len: int, max_model_len: int,
-                 device: torch.device) -> None:
+                 device: torch.device, ragged_buckets: Sequence[int] = ()) -> None:
         self.forward = forward
         self.backend = backend
         self.buffers = buffers  # the InputBatch whose StaticBuffers the graphs read
@@ -67,6 +83,12 @@ class CudaGraphRunner:
                              and s * decode_query_len <= max_tokens})
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        # Ragged batches: token bucket -> graph, output [bucket, H].
+        self.max_reqs = max_reqs
+        self.ragged_buckets = sorted({b for b in ragged_buckets if 1 <= b <= max_tokens})
+        self.ragged_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.ragged_outputs: dict[int, torch.Tensor] = {}
+        self.num_ragged_replays = 0
         # Uniform-decode batches that found no captured size and ran eagerly.
         self.num_misses = 0
         self.num_replays = 0
@@ -107,46 +129,93 @@ class CudaGraphRunner:
             seq_lens_cpu=b.seq_lens.cpu[:size], block_table_cpu=b.block_table.cpu[:size],
             is_uniform_decode=True, for_cuda_graph=True)
 
+    def ragged_reqs(self, bucket: int) -> int:
+        """Requests a ragged graph of `bucket` tokens holds."""
+        return min(self.max_reqs, bucket)
+
+    def _pad_ragged(self, num_reqs: int, num_tokens: int, bucket: int) -> AttentionMetadata:
+        """Graph metadata over `bucket` tokens: the batch's requests and tokens first, then
+        requests of query length 0 and tokens that no request owns, written to the null
+        block."""
+        b, r_pad = self.buffers, self.ragged_reqs(bucket)
+        b.input_ids.gpu[num_tokens:bucket].zero_()
+        b.positions.gpu[num_tokens:bucket].zero_()
+        b.slot_mapping.gpu[num_tokens:bucket].zero_()  # slot 0 of the null block
+        b.query_start_loc.gpu[num_reqs + 1:r_pad + 1].fill_(num_tokens)
+        b.seq_lens.gpu[num_reqs:r_pad].zero_()
+        b.block_table.gpu[num_reqs:r_pad].zero_()  # stale rows would name live blocks
+        b.query_start_loc.cpu[num_reqs + 1:r_pad + 1] = num_tokens
+        b.seq_lens.cpu[num_reqs:r_pad] = 0
+        b.block_table.cpu[num_reqs:r_pad] = 0
+        return AttentionMetadata(
+            num_reqs=r_pad, num_tokens=bucket, max_query_len=bucket,
+            max_seq_len=self.max_model_len, query_start_loc=b.query_start_loc.gpu[:r_pad + 1],
+            seq_lens=b.seq_lens.gpu[:r_pad], block_table=b.block_table.gpu[:r_pad],
+            slot_mapping=b.slot_mapping.gpu[:bucket], positions=b.positions.gpu[:bucket],
+            query_start_loc_cpu=b.query_start_loc.cpu[:r_pad + 1],
+            seq_lens_cpu=b.seq_lens.cpu[:r_pad], block_table_cpu=b.block_table.cpu[:r_pad],
+            is_uniform_decode=False, for_cuda_graph=True)
+
+    def _capture_one(self, tokens: int, meta: AttentionMetadata, pool: Any,
+                     stream: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        b = self.buffers
+        self.backend.plan(meta)
+        # One eager run first: lazy allocations and autotuning must not happen in capture.
+        self.forward(b.input_ids.gpu[:tokens], b.positions.gpu[:tokens], meta)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with capturing(graph, pool, stream):
+            out = self.forward(b.input_ids.gpu[:tokens], b.positions.gpu[:tokens], meta)
+        return graph, out
+
     def capture(self) -> dict[str, object]:
-        """Capture every size, largest first, into one pool. Returns sizes, seconds, memory."""
+        """Capture every graph, largest token count first, into one pool. Returns sizes,
+        buckets, seconds, memory."""
         torch.cuda.synchronize(self.device)
         free_before = _free_bytes(self.device)
         start = time.perf_counter()
         self.graphs.clear()
         self.outputs.clear()
+        self.ragged_graphs.clear()
+        self.ragged_outputs.clear()
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
-        b = self.buffers
-        for size in sorted(self.sizes, reverse=True):
-            self.backend.begin_graph_capture(size)
-            meta = self._pad(0, size)
-            t = size * self.decode_query_len
-            self.backend.plan(meta)
-            # One eager run first: lazy allocations and autotuning must not happen in capture.
-            self.forward(b.input_ids.gpu[:t], b.positions.gpu[:t], meta)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with capturing(graph, pool, stream):
-                self.outputs[size] = self.forward(b.input_ids.gpu[:t], b.positions.gpu[:t], meta)
-            self.graphs[size] = graph
+        self.buffers.query_start_loc.gpu[:1].zero_()
+        # (tokens, is_ragged, size): the biggest graphs first, so smaller ones reuse the pool.
+        todo = sorted([(s * self.decode_query_len, False, s) for s in self.sizes]
+                      + [(t, True, t) for t in self.ragged_buckets], reverse=True)
+        for tokens, ragged, size in todo:
+            if ragged:
+                graph, out = self._capture_one(tokens, self._pad_ragged(0, 0, size), pool,
+                                               stream)
+                self.ragged_graphs[size], self.ragged_outputs[size] = graph, out
+            else:
+                self.backend.begin_graph_capture(size)
+                graph, out = self._capture_one(tokens, self._pad(0, size), pool, stream)
+                self.graphs[size], self.outputs[size] = graph, out
         self.backend.end_graph_capture()
         # Replay each graph once now: the first launch of an instantiated graph also uploads
-        # it to the device, which would otherwise land on the first real decode of that size.
+        # it to the device, which would otherwise land on the first real batch of that size.
         for size in sorted(self.graphs):
             self.backend.plan(self._pad(0, size))
             self.graphs[size].replay()
+        for bucket in sorted(self.ragged_graphs):
+            self.backend.plan(self._pad_ragged(0, 0, bucket))
+            self.ragged_graphs[bucket].replay()
         torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
         free_after = _free_bytes(self.device)
         info: dict[str, object] = {
             "sizes": sorted(self.graphs), "tokens_per_request": self.decode_query_len,
+            "ragged_buckets": sorted(self.ragged_graphs),
             "free_mib_before": free_before // 2**20, "free_mib_after": free_after // 2**20,
             "graph_pool_mib": max(0, free_before - free_after) // 2**20,
             "seconds": round(seconds, 4)}
         logger.info("captured %d uniform-decode CUDA graphs (sizes %s, %d tokens each request) "
-                    "in %.2f s; free memory %d MiB -> %d MiB", len(self.graphs),
-                    info["sizes"], self.decode_query_len, seconds, info["free_mib_before"],
-                    info["free_mib_after"])
+                    "and %d ragged-batch graphs (token buckets %s) in %.2f s; free memory "
+                    "%d MiB -> %d MiB", len(self.graphs), info["sizes"], self.decode_query_len,
+                    len(self.ragged_graphs), info["ragged_buckets"], seconds,
+                    info["free_mib_before"], info["free_mib_after"])
         return info
 
     def run(self, meta: AttentionMetadata) -> torch.Tensor | None:
@@ -161,3 +230,15 @@ class CudaGraphRunner:
         self.graphs[size].replay()
         self.num_replays += 1
         return self.outputs[size][:meta.num_tokens]
+
+    def run_ragged(self, meta: AttentionMetadata) -> torch.Tensor | None:
+        """Replay the smallest ragged graph that holds this batch's tokens; None: eager."""
+        i = bisect.bisect_left(self.ragged_buckets, meta.num_tokens)
+        if i == len(self.ragged_buckets) or self.ragged_buckets[i] not in self.ragged_graphs:
+            return None
+        bucket = self.ragged_buckets[i]
+        graph_meta = self._pad_ragged(meta.num_reqs, meta.num_tokens, bucket)
+        self.backend.plan(graph_meta)
+        self.ragged_graphs[bucket].replay()
+        self.num_ragged_replays += 1
+        return self.ragged_outputs[bucket][:meta.num_tokens]

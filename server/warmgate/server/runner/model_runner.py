@@ -218,13 +218,18 @@ class ModelRunner:
     def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor,
                    meta: AttentionMetadata) -> torch.Tensor:
         """The forward pass: a uniform-decode batch replays a captured graph when one fits
-        (padded to the nearest captured size); everything else runs eagerly."""
+        (padded to the nearest captured size), a ragged one its token bucket's graph when
+        those were captured; everything else runs eagerly."""
         if self.graph_runner is not None and meta.is_uniform_decode:
             hidden = self.graph_runner.run(meta)
             if hidden is not None:
                 return hidden
             if self.graph_runner.captured:
                 self.jit_monitor.record(CUDA_GRAPH_MISS, name=f"{meta.num_reqs} requests")
+        elif self.graph_runner is not None:
+            hidden = self.graph_runner.run_ragged(meta)
+            if hidden is not None:
+                return hidden
         self.attention_backend.plan(meta)
         return self._eager_forward(input_ids, positions, meta)
 
@@ -244,6 +249,17 @@ class ModelRunner:
     def cuda_graphs_captured(self) -> bool:
         return self.graph_runner is not None and self.graph_runner.captured
 
+    def ragged_graph_buckets(self) -> tuple[int, ...]:
+        """Token buckets to capture ragged-batch graphs for: torch.compile's (so a replayed
+        compiled forward never pads twice), or none when the configuration or the backend
+        rules them out."""
+        if (not self.config.compilation.ragged_cuda_graphs or self.is_pooling_model
+                or not self.attention_backend.supports_ragged_graphs):
+            return ()
+        return self.compile_buckets or compile_buckets(
+            self.config.compilation.cuda_graph_sizes or (), self.decode_query_len,
+            self.max_num_tokens)
+
     def capture_cuda_graphs(self) -> dict[str, object]:
         """Capture uniform-decode graphs for the configured sizes (after all kernel warmup)."""
         if self.device.type != "cuda":
@@ -254,7 +270,7 @@ class ModelRunner:
         sizes = self.config.compilation.cuda_graph_sizes or ()
         graphs = CudaGraphRunner(self._eager_forward, self.attention_backend, self.input_batch,
                                  sizes, self.decode_query_len, self.config.model.max_model_len,
-                                 self.device)
+                                 self.device, self.ragged_graph_buckets())
         self.graph_runner = None  # eager while capturing; a failed capture leaves none
         with torch.inference_mode():
             info = graphs.capture()

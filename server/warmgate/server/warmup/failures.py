@@ -6,8 +6,9 @@ from __future__ import annotations
 _OOM_ADVICE = {
     "load": "lower --num-blocks (KV cache size), --max-model-len or --max-num-seqs, or pick a "
             "smaller --model",
-    "cuda_graphs": "lower --max-num-seqs (the largest captured size) or pass "
-                   "--no-cuda-graphs",
+    "cuda_graphs": "lower --max-num-seqs (the largest captured size) or "
+                   "--max-num-batched-tokens (the largest ragged-batch graph), or pass "
+                   "--no-ragged-cuda-graphs or --no-cuda-graphs",
 }
 _OOM_DEFAULT = "lower --max-num-batched-tokens or --max-num-seqs, or --num-blocks"
 

@@ -104,10 +104,12 @@ def _cuda_graphs_phase(runner: Any, force: bool) -> PhaseResult:
                                    "graphs were captured by an earlier warmup; set force")
     with synced_timer(runner) as t:
         info = runner.capture_cuda_graphs()
-    sizes = info.get("sizes", [])
+    sizes, buckets = info.get("sizes", []), info.get("ragged_buckets", [])
+    ragged = (f" and {len(buckets)} ragged-batch graphs (token buckets {buckets})" if buckets
+              else "")
     return PhaseResult(name=CUDA_GRAPHS, status=PhaseStatus.RAN, duration_s=t[0],
-                       num_steps=len(sizes), num_reqs=max(sizes, default=0), shapes=info,
-                       detail=f"captured {len(sizes)} uniform-decode graphs")
+                       num_steps=len(sizes) + len(buckets), num_reqs=max(sizes, default=0),
+                       shapes=info, detail=f"captured {len(sizes)} uniform-decode graphs{ragged}")
 
 
 # A step runs one or more named phases, reporting step progress through the callback it gets.

@@ -70,6 +70,10 @@ class AttentionBackend(abc.ABC):
     """
 
     name: ClassVar[str]
+    # Whether forward reads only device metadata, with launch shapes from the metadata's
+    # host ints: then a ragged batch (prefill, mixed) can replay a graph captured for its token
+    # bucket (runner.cuda_graphs). Host loops over requests or a host-side plan cannot.
+    supports_ragged_graphs: ClassVar[bool] = False
 
     def __init__(self, spec: AttentionSpec) -> None:
         self.spec = spec

@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    supports_ragged_graphs = True
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
