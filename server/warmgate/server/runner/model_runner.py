@@ -261,7 +261,8 @@ class ModelRunner:
             self.max_num_tokens)
 
     def capture_cuda_graphs(self) -> dict[str, object]:
-        """Capture uniform-decode graphs for the configured sizes (after all kernel warmup)."""
+        """Capture uniform-decode graphs for the configured sizes, and ragged-batch graphs for
+        ragged_graph_buckets() (after all kernel warmup)."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device; this runner is on "
                                f"{self.device.type}")
