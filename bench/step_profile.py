@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from bench.coverage_scheduler import CoverageScheduler, Work
-from bench.first_batch import CLASSES, BatchClass, Case, sync
+from bench.first_batch import CLASSES, BatchClass, Case
 from bench.inprocess import add_runner_args, build, configure_logging, runner_config, warm
 
 # pstats' key for a function: (file, line, name).
@@ -48,22 +48,23 @@ class ProfiledCase(Case):
         self.title = title
         # Per timed step: (wall seconds, {function: (calls, own seconds)}).
         self.steps: list[tuple[float, dict[FuncKey, tuple[int, float]]]] = []
+        self._own: dict[FuncKey, tuple[int, float]] = {}  # the last run_step's profile
 
     def timed(self, plan: dict[str, Work]) -> float:
-        """Case.timed with the profiler on for the step and its sync only."""
-        sync(self.sched)
-        time.sleep(self.gap_s)
+        seconds = super().timed(plan)
+        self.steps.append((seconds, self._own))
+        return seconds
+
+    def run_step(self, plan: dict[str, Work]) -> None:
+        """The step and its sync under the profiler; Case.timed's sleep stays outside."""
         prof = cProfile.Profile()
         prof.enable()
-        start = time.perf_counter()
-        self.sched.step(plan)
-        sync(self.sched)
-        seconds = time.perf_counter() - start
-        prof.disable()
+        try:
+            super().run_step(plan)
+        finally:
+            prof.disable()
         stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]  # not in the stubs
-        own = {key: (int(nc), float(tt)) for key, (_, nc, tt, _, _) in stats.items()}
-        self.steps.append((seconds, own))
-        return seconds
+        self._own = {key: (int(nc), float(tt)) for key, (_, nc, tt, _, _) in stats.items()}
 
 
 def compare(case: ProfiledCase, top: int) -> None:

@@ -106,14 +106,31 @@ class CudaGraphRunner:
         i = bisect.bisect_left(sizes, num_reqs)
         return sizes[i] if i < len(sizes) else None
 
+    def _zero_tokens(self, start: int, end: int) -> None:
+        """Padding tokens: token 0 at position 0, written to slot 0 of the null block."""
+        b = self.buffers
+        b.input_ids.gpu[start:end].zero_()
+        b.positions.gpu[start:end].zero_()
+        b.slot_mapping.gpu[start:end].zero_()
+
+    def _graph_meta(self, num_reqs: int, num_tokens: int, max_query_len: int,
+                    uniform: bool) -> AttentionMetadata:
+        """Graph metadata: views of the first num_reqs / num_tokens rows of the buffers."""
+        b = self.buffers
+        return AttentionMetadata(
+            num_reqs=num_reqs, num_tokens=num_tokens, max_query_len=max_query_len,
+            max_seq_len=self.max_model_len, query_start_loc=b.query_start_loc.gpu[:num_reqs + 1],
+            seq_lens=b.seq_lens.gpu[:num_reqs], block_table=b.block_table.gpu[:num_reqs],
+            slot_mapping=b.slot_mapping.gpu[:num_tokens], positions=b.positions.gpu[:num_tokens],
+            query_start_loc_cpu=b.query_start_loc.cpu[:num_reqs + 1],
+            seq_lens_cpu=b.seq_lens.cpu[:num_reqs], block_table_cpu=b.block_table.cpu[:num_reqs],
+            is_uniform_decode=uniform, for_cuda_graph=True)
+
     def _pad(self, num_reqs: int, size: int) -> AttentionMetadata:
         """Fill rows num_reqs..size of every buffer with a harmless request on the null block,
         and return graph metadata over the first `size` rows."""
         b, q = self.buffers, self.decode_query_len
-        t_real, t_pad = num_reqs * q, size * q
-        b.input_ids.gpu[t_real:t_pad].zero_()
-        b.positions.gpu[t_real:t_pad].zero_()
-        b.slot_mapping.gpu[t_real:t_pad].zero_()  # slot 0 of the null block
+        self._zero_tokens(num_reqs * q, size * q)
         b.block_table.gpu[num_reqs:size].zero_()
         b.seq_lens.gpu[num_reqs:size].fill_(q)
         b.query_start_loc.gpu[:size + 1].copy_(self._uniform_qsl_gpu[:size + 1])
@@ -121,13 +138,7 @@ class CudaGraphRunner:
         b.seq_lens.cpu[num_reqs:size] = q
         b.block_table.cpu[num_reqs:size] = 0
         b.query_start_loc.cpu[:size + 1] = self._uniform_qsl[:size + 1]
-        return AttentionMetadata(
-            num_reqs=size, num_tokens=t_pad, max_query_len=q, max_seq_len=self.max_model_len,
-            query_start_loc=b.query_start_loc.gpu[:size + 1], seq_lens=b.seq_lens.gpu[:size],
-            block_table=b.block_table.gpu[:size], slot_mapping=b.slot_mapping.gpu[:t_pad],
-            positions=b.positions.gpu[:t_pad], query_start_loc_cpu=b.query_start_loc.cpu[:size + 1],
-            seq_lens_cpu=b.seq_lens.cpu[:size], block_table_cpu=b.block_table.cpu[:size],
-            is_uniform_decode=True, for_cuda_graph=True)
+        return self._graph_meta(size, size * q, q, uniform=True)
 
     def ragged_reqs(self, bucket: int) -> int:
         """Requests a ragged graph of `bucket` tokens holds."""
@@ -138,23 +149,14 @@ class CudaGraphRunner:
         requests of query length 0 and tokens that no request owns, written to the null
         block."""
         b, r_pad = self.buffers, self.ragged_reqs(bucket)
-        b.input_ids.gpu[num_tokens:bucket].zero_()
-        b.positions.gpu[num_tokens:bucket].zero_()
-        b.slot_mapping.gpu[num_tokens:bucket].zero_()  # slot 0 of the null block
+        self._zero_tokens(num_tokens, bucket)
         b.query_start_loc.gpu[num_reqs + 1:r_pad + 1].fill_(num_tokens)
         b.seq_lens.gpu[num_reqs:r_pad].zero_()
         b.block_table.gpu[num_reqs:r_pad].zero_()  # stale rows would name live blocks
         b.query_start_loc.cpu[num_reqs + 1:r_pad + 1] = num_tokens
         b.seq_lens.cpu[num_reqs:r_pad] = 0
         b.block_table.cpu[num_reqs:r_pad] = 0
-        return AttentionMetadata(
-            num_reqs=r_pad, num_tokens=bucket, max_query_len=bucket,
-            max_seq_len=self.max_model_len, query_start_loc=b.query_start_loc.gpu[:r_pad + 1],
-            seq_lens=b.seq_lens.gpu[:r_pad], block_table=b.block_table.gpu[:r_pad],
-            slot_mapping=b.slot_mapping.gpu[:bucket], positions=b.positions.gpu[:bucket],
-            query_start_loc_cpu=b.query_start_loc.cpu[:r_pad + 1],
-            seq_lens_cpu=b.seq_lens.cpu[:r_pad], block_table_cpu=b.block_table.cpu[:r_pad],
-            is_uniform_decode=False, for_cuda_graph=True)
+        return self._graph_meta(r_pad, bucket, bucket, uniform=False)
 
     def _capture_one(self, tokens: int, meta: AttentionMetadata, pool: Any,
                      stream: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -235,7 +237,7 @@ class CudaGraphRunner:
         """Replay the smallest ragged graph that holds this batch's tokens; None: eager."""
         i = bisect.bisect_left(self.ragged_buckets, meta.num_tokens)
         if i == len(self.ragged_buckets) or self.ragged_buckets[i] not in self.ragged_graphs:
-            return None
+            return None  # too many tokens, or not captured (yet)
         bucket = self.ragged_buckets[i]
         graph_meta = self._pad_ragged(meta.num_reqs, meta.num_tokens, bucket)
         self.backend.plan(graph_meta)
