@@ -531,6 +531,7 @@ class WarmupStatus(_message.Message):
     ATTENTION_BACKEND_FIELD_NUMBER: _builtins.int
     WORK_IN_FLIGHT_FIELD_NUMBER: _builtins.int
     COMPILE_CACHE_FIELD_NUMBER: _builtins.int
+    SERVER_PID_FIELD_NUMBER: _builtins.int
     state: Global___WarmupState.ValueType
     """Where the configured warmup stands."""
     current_phase: _builtins.str
@@ -555,6 +556,10 @@ class WarmupStatus(_message.Message):
     """The attention backend in use."""
     work_in_flight: _builtins.bool
     """Runner work (load, a warmup plan or a mixed warmup) is running or queued now."""
+    server_pid: _builtins.int
+    """The server's process id, so a client that started the server can tell its answer from
+    another process's listening on the same port (`warmgate --server-pid`).
+    """
     @_builtins.property
     def elapsed(self) -> _duration_pb2.Duration:
         """Time since the current run started; when idle, the last run's duration."""
@@ -592,10 +597,11 @@ class WarmupStatus(_message.Message):
         attention_backend: _builtins.str = ...,
         work_in_flight: _builtins.bool = ...,
         compile_cache: Global___CompileCache | None = ...,
+        server_pid: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["compile_cache", b"compile_cache", "elapsed", b"elapsed", "estimated_remaining", b"estimated_remaining", "last_report", b"last_report"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention_backend", b"attention_backend", "compile_cache", b"compile_cache", "config_hash", b"config_hash", "current_phase", b"current_phase", "device", b"device", "elapsed", b"elapsed", "estimated_remaining", b"estimated_remaining", "failure_reason", b"failure_reason", "last_report", b"last_report", "model", b"model", "num_phases", b"num_phases", "phase_index", b"phase_index", "state", b"state", "steps_done", b"steps_done", "steps_total", b"steps_total", "work_in_flight", b"work_in_flight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention_backend", b"attention_backend", "compile_cache", b"compile_cache", "config_hash", b"config_hash", "current_phase", b"current_phase", "device", b"device", "elapsed", b"elapsed", "estimated_remaining", b"estimated_remaining", "failure_reason", b"failure_reason", "last_report", b"last_report", "model", b"model", "num_phases", b"num_phases", "phase_index", b"phase_index", "server_pid", b"server_pid", "state", b"state", "steps_done", b"steps_done", "steps_total", b"steps_total", "work_in_flight", b"work_in_flight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 from google.protobuf import duration_pb2
@@ -107,7 +108,8 @@ def status_to_proto(s: StatusSnapshot) -> pb.WarmupStatus:
         steps_total=s.steps_total, phase_index=s.phase_index, num_phases=s.num_phases,
         elapsed=duration(s.elapsed_s), failure_reason=s.failure_reason,
         config_hash=s.identity.config_hash, model=s.identity.model, device=s.identity.device,
-        attention_backend=s.identity.attention_backend, work_in_flight=s.work_in_flight)
+        attention_backend=s.identity.attention_backend, work_in_flight=s.work_in_flight,
+        server_pid=os.getpid())
     if s.estimated_remaining_s is not None:
         out.estimated_remaining.CopyFrom(duration(s.estimated_remaining_s))
     if s.last_report is not None:
