@@ -38,7 +38,8 @@ def test_wait_is_1_when_the_warmup_failed() -> None:
     with ServerThread(server_config("--warmup-on-start"),
                       FakeEngine(fail_phase="kernels.prefill")) as s:
         code, out, _ = cli("--target", s.target, "wait", "--timeout", "10")
-        assert (code, out.strip()) == (EXIT_FAILED, f"{s.target}: failed")
+        assert code == EXIT_FAILED
+        assert out.strip() == f"{s.target}: failed (last seen: kernels.prefill: boom)"
         code, out, _ = cli("--target", s.target, "status")
         assert code == EXIT_FAILED and "kernels.prefill: boom" in out
 
@@ -46,7 +47,8 @@ def test_wait_is_1_when_the_warmup_failed() -> None:
 def test_wait_is_2_on_timeout() -> None:
     with ServerThread() as s:  # never warmed up
         code, out, _ = cli("--target", s.target, "wait", "--timeout", "0.5")
-        assert (code, out.strip()) == (EXIT_TIMEOUT, f"{s.target}: timeout")
+        assert (code, out.strip()) == (EXIT_TIMEOUT, f"{s.target}: timeout (last seen: "
+                                       "NOT_SERVING: state PENDING)")
 
 
 def test_wait_is_2_when_nothing_listens() -> None:
@@ -85,4 +87,4 @@ def test_client_cli_runs_without_torch() -> None:
                           env=env, check=False, cwd=ROOT / "client")
     assert proc.returncode == EXIT_TIMEOUT, proc.stderr
     assert "wait" in proc.stdout and "exit codes" in proc.stdout
-    assert "127.0.0.1:1: timeout" in proc.stdout
+    assert "127.0.0.1:1: timeout (last seen: UNAVAILABLE" in proc.stdout

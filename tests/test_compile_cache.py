@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from warmgate.client import cache_fs, cli
+from warmgate.client.exit_codes import EXIT_LOCAL
 from warmgate.server.cache import CACHE_ENV_VARS, CompileCache, cache_key, key_inputs
 from warmgate.server.config import RunnerConfig, resolve_runner_config
 from warmgate.server.runner.attention.concurrency import run_concurrently
@@ -181,7 +182,7 @@ def test_cli_ls_and_prune_skip_entries_in_use(tmp_path: Path) -> None:
                     out=out) == 0
     assert "removed 0, kept 1" in out.getvalue()
     assert cli.main(["cache", "ls", "--cache-dir", str(tmp_path / "nope")],
-                    out=io.StringIO(), err=io.StringIO()) == 1
+                    out=io.StringIO(), err=io.StringIO()) == EXIT_LOCAL
 
 
 def test_cli_cache_and_server_imports_stay_light() -> None:

@@ -16,6 +16,7 @@ import pytest
 from google.protobuf import json_format
 
 from warmgate.client import render
+from warmgate.client.exit_codes import EXIT_LOCAL
 from warmgate.client.report_cmd import add_report_command, run_report
 from warmgate.client.report_plot import ReportError, figure_size_px, timeline, total_seconds
 from warmgate.v1 import warmup_pb2 as pb
@@ -143,7 +144,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="warmgate")
     parser.add_argument("--target", default="localhost:50051")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--rpc-timeout", type=float, default=None)
     add_report_command(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(argv)
 
@@ -179,28 +180,28 @@ def test_report_from_the_live_server(plot_report: PlotFn, tmp_path: Path) -> Non
     status.last_report.CopyFrom(proto_report())
     client = FakeClient(status)
     out = tmp_path / "live.png"
-    assert run_report(parse(["--timeout", "3", "report", "--plot", str(out)]),
+    assert run_report(parse(["--rpc-timeout", "3", "report", "--plot", str(out)]),
                       lambda: client) == 0
     assert client.timeouts == [3.0]
     assert png_size(out) == figure_size_px(4)
 
 
-def test_no_finished_warmup_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_finished_warmup_exits_4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     client = FakeClient(pb.WarmupStatus(state=pb.WARMUP_STATE_RUNNING))
     out = tmp_path / "none.png"
-    assert run_report(parse(["report", "--plot", str(out)]), lambda: client) == 1
+    assert run_report(parse(["report", "--plot", str(out)]), lambda: client) == EXIT_LOCAL
     assert "no warmup has finished yet" in capsys.readouterr().err
     assert not out.exists()
 
 
-def test_unreadable_input_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreadable_input_exits_4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = tmp_path / "broken.json"
     src.write_text("{not json")
     args = parse(["report", "--input", str(src), "--plot", str(tmp_path / "x.png")])
-    assert run_report(args, no_client) == 1
+    assert run_report(args, no_client) == EXIT_LOCAL
     assert "broken.json" in capsys.readouterr().err
     missing = parse(["report", "--input", str(tmp_path / "nope.json"), "--plot", "x.png"])
-    assert run_report(missing, no_client) == 1
+    assert run_report(missing, no_client) == EXIT_LOCAL
 
 
 def test_cli_report_against_a_real_server(plot_report: PlotFn, tmp_path: Path) -> None:

@@ -8,7 +8,8 @@
 #
 # `warmgate wait` (pip install warmgate: the thin client, no torch) exits 0 once the pod's
 # health is SERVING, 1 as soon as its warmup FAILED (waiting longer will not help: abort now
-# instead of sitting out the startupProbe's budget), 2 on timeout. kubectl's
+# instead of sitting out the startupProbe's budget), 2 on timeout, 3 on an RPC error and 64
+# on a bad command line (never read as a timeout). kubectl's
 # `rollout status` would also wait for Ready, but cannot tell "compiling, give it time" from
 # "failed, roll back", and does not apply to pods kept out of traffic (a canary).
 #
@@ -54,7 +55,7 @@ gate_pod() {  # NAME IP -> warmgate wait's exit code
   local port=$((20000 + RANDOM % 20000))
   kubectl -n "$ns" port-forward "pod/$name" "$port:50051" >/dev/null &
   local pf=$!
-  # warmgate wait retries while the forward comes up (wait_for_ready), so no sleep is needed.
+  # warmgate wait retries while the forward comes up (UNAVAILABLE), so no sleep is needed.
   rc=0
   warmgate --target "127.0.0.1:$port" wait --timeout "$left" || rc=$?
   kill "$pf" 2>/dev/null || true
@@ -72,6 +73,7 @@ for entry in "${pods[@]}"; do
        kubectl -n "$ns" logs "$name" --tail=20 >&2 || true
        exit 1 ;;
     2) echo "$name: still not warm after ${timeout_s}s; not shifting traffic" >&2; exit 2 ;;
+    64) echo "$name: warmgate rejected its command line (a bug in this script)" >&2; exit 64 ;;
     *) echo "$name: warmgate exited $rc (RPC error); not shifting traffic" >&2; exit "$rc" ;;
   esac
 done

@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -14,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from warmgate.client.errors import WarmgateRpcError, from_rpc_error
 from warmgate.client.generate import generate_request
+from warmgate.client.identity import ServerIdentityError, check_process_alive, check_server_pid
 from warmgate.client.security import ClientSecurity, sync_channel
 from warmgate.v1 import generate_pb2 as gen_pb
 from warmgate.v1 import generate_pb2_grpc as gen_grpc
@@ -31,6 +33,23 @@ class WaitResult(enum.Enum):
     READY = "ready"  # health SERVING
     FAILED = "failed"  # GetStatus says the warmup failed: waiting longer will not help
     TIMEOUT = "timeout"
+    # Asked for a server pid: that process exited, or another one answers on the target.
+    WRONG_SERVER = "wrong server"
+
+
+@dataclass(frozen=True)
+class WaitOutcome:
+    result: WaitResult
+    # What the server last answered: "SERVING", the failure reason, "NOT_SERVING: state
+    # RUNNING, phase ...", the channel's UNAVAILABLE message, or why it is the wrong server.
+    last_seen: str
+
+
+def _not_serving(status: pb.WarmupStatus) -> str:
+    state = pb.WarmupState.Name(status.state).removeprefix("WARMUP_STATE_")
+    phase = (f", phase {status.current_phase} ({status.phase_index + 1}/{status.num_phases}) "
+             f"step {status.steps_done}/{status.steps_total}" if status.current_phase else "")
+    return f"NOT_SERVING: state {state}{phase}"
 
 
 def _call(fn: Callable[[], T]) -> T:
@@ -84,16 +103,40 @@ class WarmgateClient:
         return self.timeout if timeout is None else timeout
 
     def warmup_kernels(self, force: bool = False, mixed_num_tokens: int | None = None, *,
-                       timeout: float | None = None) -> pb.WarmupReport:
+                       timeout: float | None = None,
+                       on_progress: Callable[[pb.WarmupStatus], None] | None = None
+                       ) -> pb.WarmupReport:
+        """Run the warmup plan; `on_progress` gets every WatchStatus update while it runs."""
         request = pb.WarmupKernelsRequest(force=force, mixed_num_tokens=mixed_num_tokens)
-        return _call(lambda: self._warmup.WarmupKernels(
-            request, timeout=self._timeout(timeout), metadata=self._metadata))
+        return self._unary(self._warmup.WarmupKernels, request, timeout, on_progress)
 
     def mixed_warmup(self, num_tokens: int, force: bool = False, *,
-                     timeout: float | None = None) -> pb.WarmupReport:
+                     timeout: float | None = None,
+                     on_progress: Callable[[pb.WarmupStatus], None] | None = None
+                     ) -> pb.WarmupReport:
         request = pb.MixedWarmupRequest(num_tokens=num_tokens, force=force)
-        return _call(lambda: self._warmup.MixedWarmup(
-            request, timeout=self._timeout(timeout), metadata=self._metadata))
+        return self._unary(self._warmup.MixedWarmup, request, timeout, on_progress)
+
+    def _unary(self, method: Any, request: Any, timeout: float | None,
+               on_progress: Callable[[pb.WarmupStatus], None] | None) -> Any:
+        if on_progress is None:
+            return _call(lambda: method(request, timeout=self._timeout(timeout),
+                                        metadata=self._metadata))
+        # The call runs as a future while this thread follows WatchStatus; the call's end
+        # cancels the watch, which ends the loop.
+        future = method.future(request, timeout=self._timeout(timeout),
+                               metadata=self._metadata)
+        watch = self._warmup.WatchStatus(pb.WatchStatusRequest(follow=True),
+                                         metadata=self._metadata)
+        future.add_done_callback(lambda _f: watch.cancel())
+        try:
+            for status in watch:
+                on_progress(status)
+        except grpc.RpcError:
+            pass  # cancelled by the call's end, or no watch: the call's result decides
+        finally:
+            watch.cancel()
+        return _call(future.result)
 
     def get_status(self, *, timeout: float | None = None) -> pb.WarmupStatus:
         return _call(lambda: self._warmup.GetStatus(
@@ -127,24 +170,65 @@ class WarmgateClient:
                                                 wait_for_ready=wait_for_ready)).status
 
     def wait_ready(self, timeout: float, service: str = "") -> WaitResult:
-        """Block until health says SERVING, the warmup fails, or `timeout` seconds pass.
+        """Block until health says SERVING, the warmup fails, or `timeout` seconds pass."""
+        return self.wait(timeout, service).result
 
-        wait_for_ready makes each check wait for the server to come up instead of failing at
-        once with UNAVAILABLE, so this can be called before the server has started.
+    def wait(self, timeout: float, service: str = "", *,
+             server_pid: int | None = None) -> WaitOutcome:
+        """wait_ready, also saying what the server last answered (for a timeout's message).
+
+        Each check fails fast while nothing listens (the channel's own reconnect backoff
+        paces the retries), so the last connection error can be reported. With `server_pid`
+        the process must still run here and the server must report that pid: an answer from
+        another process on the same port is WRONG_SERVER, never READY.
         """
         deadline = time.monotonic() + timeout
+        last_seen = "no answer yet"
         while (left := deadline - time.monotonic()) > 0:
             try:
-                if self.health(service, timeout=left, wait_for_ready=True) == \
-                        health_pb2.HealthCheckResponse.SERVING:
-                    return WaitResult.READY
+                if server_pid is not None:
+                    check_process_alive(server_pid)
+                serving = self.health(service, timeout=left) == \
+                    health_pb2.HealthCheckResponse.SERVING
                 status = self.get_status(timeout=max(deadline - time.monotonic(), 0.001))
+                if server_pid is not None:
+                    check_server_pid(status, server_pid)
+                if serving:
+                    return WaitOutcome(WaitResult.READY, "SERVING")
                 if status.state == pb.WARMUP_STATE_FAILED:
-                    return WaitResult.FAILED
+                    return WaitOutcome(WaitResult.FAILED, status.failure_reason)
+                last_seen = _not_serving(status)
+            except ServerIdentityError as exc:
+                return WaitOutcome(WaitResult.WRONG_SERVER, str(exc))
             except WarmgateRpcError as exc:
                 if exc.code is grpc.StatusCode.DEADLINE_EXCEEDED:
-                    return WaitResult.TIMEOUT
+                    break
                 if exc.code is not grpc.StatusCode.UNAVAILABLE:  # stopping or restarting
                     raise
+                last_seen = f"UNAVAILABLE: {exc.message}"
             time.sleep(max(0.0, min(POLL_INTERVAL_S, deadline - time.monotonic())))
-        return WaitResult.TIMEOUT
+        return WaitOutcome(WaitResult.TIMEOUT, last_seen)
+
+    def check_server(self, server_pid: int, *, timeout: float | None = None) -> None:
+        """Raise ServerIdentityError unless process `server_pid` runs and answers here."""
+        check_process_alive(server_pid)
+        check_server_pid(self.get_status(timeout=timeout), server_pid)
+
+    def wait_answering(self, timeout: float) -> WaitOutcome:
+        """Until the server answers health at all (READY, whatever it says), or TIMEOUT
+        with the channel's last error: for commands that need a listening server."""
+        deadline = time.monotonic() + timeout
+        last_seen = "no answer yet"
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                status = self.health(timeout=left)
+                return WaitOutcome(WaitResult.READY,
+                                   health_pb2.HealthCheckResponse.ServingStatus.Name(status))
+            except WarmgateRpcError as exc:
+                if exc.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                    break
+                if exc.code is not grpc.StatusCode.UNAVAILABLE:
+                    raise
+                last_seen = f"UNAVAILABLE: {exc.message}"
+            time.sleep(max(0.0, min(POLL_INTERVAL_S, deadline - time.monotonic())))
+        return WaitOutcome(WaitResult.TIMEOUT, last_seen)

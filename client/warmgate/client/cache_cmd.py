@@ -2,7 +2,8 @@
 
 Works on the local filesystem only (no server, no torch). `prune --keep N` keeps the N most
 recently used READY entries and removes the rest, except any whose lock is held (a server
-using it or a warmup filling it). Exit codes: 0 done, 1 the directory does not exist.
+using it or a warmup filling it). Exit codes: 0 done, 4 the directory does not exist (the
+CLI's EXIT_LOCAL), 64 a bad --keep.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, TextIO
 from warmgate.client import cache_fs
 
 ENV_CACHE_DIR = "WARMGATE_CACHE_DIR"
-EXIT_OK, EXIT_NO_DIR = 0, 1
+EXIT_OK, EXIT_NO_DIR, EXIT_BAD_KEEP = 0, 4, 64
 
 
 def add_cache_command(subparsers: Any, environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -71,7 +72,7 @@ def run_cache(args: argparse.Namespace, *, out: TextIO, err: TextIO,
         return EXIT_OK
     if args.keep < 0:
         print("warmgate: --keep must be >= 0", file=err)
-        return 2
+        return EXIT_BAD_KEEP
     result = cache_fs.prune(root, args.keep)
     if as_json:
         print(json.dumps(vars(result), sort_keys=True), file=out)

@@ -11,15 +11,13 @@ from warmgate.client.generate import Generation
 
 
 def token_ids(text: str) -> list[int]:
-    """'1,2,3' -> [1, 2, 3]; spaces are allowed, anything else is an argparse error."""
-    try:
-        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
+    """'1,2,3' -> [1, 2, 3]; spaces are allowed, anything else (an empty item as in '1,,2',
+    a negative or non-integer id) is an argparse error."""
+    parts = text.replace(" ", "").split(",")
+    if not all(part.isascii() and part.isdigit() for part in parts):
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated token ids like 1,2,3, got {text!r}") from None
-    if not ids:
-        raise argparse.ArgumentTypeError("at least one token id is needed")
-    return ids
+            f"expected comma-separated non-negative token ids like 1,2,3, got {text!r}")
+    return [int(part) for part in parts]
 
 
 def add_generate_command(commands: Any) -> None:
@@ -44,7 +42,7 @@ def add_generate_command(commands: Any) -> None:
 def run_generate(client: WarmgateClient, args: argparse.Namespace, out: TextIO,
                  err: TextIO) -> int:
     result = Generation()
-    stream = client.generate(args.prompt_ids, timeout=args.timeout,
+    stream = client.generate(args.prompt_ids, timeout=args.rpc_timeout,
                              max_tokens=args.max_tokens, temperature=args.temperature,
                              top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                              stop_token_ids=args.stop_ids)

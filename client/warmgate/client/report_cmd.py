@@ -3,7 +3,7 @@
 The report comes from `--input FILE` (JSON from `warmgate --json warmup`, `warmgate --json
 status` or `python -m warmgate.server.warmup --json`; `-` reads stdin) or, without it, from the
 server's last finished warmup (GetStatus: nothing is run). Exit codes follow the CLI's: 0 the
-plot was written, 1 there is no report to draw (none finished yet, unreadable input, or
+plot was written, 4 there is no report to draw (none finished yet, unreadable input, or
 matplotlib missing), 3 the server answered with an error (raised to the CLI's handler).
 """
 
@@ -17,7 +17,8 @@ from typing import Any, Protocol, TextIO
 
 from warmgate.v1 import warmup_pb2 as pb
 
-EXIT_OK, EXIT_NO_REPORT = 0, 1
+# EXIT_NO_REPORT is the CLI's EXIT_LOCAL (exit_codes.py): nothing was drawn, no warmup implied.
+EXIT_OK, EXIT_NO_REPORT = 0, 4
 STATUS_TIMEOUT_S = 10.0
 
 
@@ -71,7 +72,7 @@ def run_report(args: argparse.Namespace, client_factory: Callable[[], _StatusCli
             report = _load(source)
         else:
             source = getattr(args, "target", "the server")
-            report = _live_report(client_factory(), getattr(args, "timeout", None))
+            report = _live_report(client_factory(), getattr(args, "rpc_timeout", None))
             if report is None:
                 print(f"warmgate: {source}: no warmup has finished yet; run `warmgate wait` "
                       "or `warmgate warmup` first", file=err)
