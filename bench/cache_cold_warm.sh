@@ -36,9 +36,21 @@ fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
+# The report is protobuf JSON (as `warmgate --json warmup`): durations "1.5s", int64 as
+# strings, shapes values JSON text; flatten those back to numbers here.
+def secs(d):
+    return float(d.rstrip("s"))
 def load(name):
     p = out / f"cache_{name}.json"
-    return json.loads(p.read_text()) if p.exists() else None
+    if not p.exists():
+        return None
+    r = json.loads(p.read_text())
+    r["total_duration_s"] = secs(r["total_duration"])
+    for ph in r["phases"]:
+        ph["duration_s"] = secs(ph["duration"])
+        ph["shapes"] = {k: json.loads(v) for k, v in ph["shapes"].items()}
+        ph["cache_hits"], ph["cache_misses"] = int(ph["cache_hits"]), int(ph["cache_misses"])
+    return r
 def fi(r):
     return next(p for p in r["phases"] if p["name"] == "flashinfer")
 cold, warm, seq = load("cold"), load("warm"), load("cold_sequential")

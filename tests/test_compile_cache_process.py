@@ -9,13 +9,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
+from google.protobuf import json_format
 
 from tests.server_process import ServerProcess
 from warmgate.client import cache_fs, render
 from warmgate.client.api import WaitResult, WarmgateClient
+from warmgate.v1 import warmup_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[1]
 # Small batch limits keep --compile's bucket list (and its cold compile) short on a CPU.
@@ -37,11 +38,12 @@ def _warmup_only(cache_dir: Path, *flags: str) -> subprocess.Popen[str]:
                             text=True)
 
 
-def _report(proc: subprocess.Popen[str]) -> tuple[dict[str, Any], float]:
+def _report(proc: subprocess.Popen[str]) -> tuple[pb.WarmupReport, float]:
+    """The printed report, parsed strictly as the CLI's schema (an unknown field fails)."""
     start = time.monotonic()
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err
-    return json.loads(out), time.monotonic() - start
+    return json_format.Parse(out, pb.WarmupReport()), time.monotonic() - start
 
 
 def _only_entry(cache_dir: Path) -> Path:
@@ -53,12 +55,12 @@ def _only_entry(cache_dir: Path) -> Path:
 def test_two_warmup_only_processes_at_once_share_one_consistent_entry(tmp_path: Path) -> None:
     procs = [_warmup_only(tmp_path, *SMALL) for _ in range(2)]
     reports = [_report(p)[0] for p in procs]
-    assert all(r["outcome"] == "SUCCEEDED" for r in reports)
+    assert all(r.outcome == pb.WARMUP_OUTCOME_SUCCEEDED for r in reports)
     # The fill lock orders them: one filled the entry, the other found it READY.
-    assert sorted(r["compile_cache"]["state"] for r in reports) == ["hit", "miss"]
-    assert len({r["compile_cache"]["key"] for r in reports}) == 1
+    assert sorted(r.compile_cache.state for r in reports) == ["hit", "miss"]
+    assert len({r.compile_cache.key for r in reports}) == 1
     entry = _only_entry(tmp_path)
-    assert cache_fs.check_entry(entry, reports[0]["compile_cache"]["key"]) is None
+    assert cache_fs.check_entry(entry, reports[0].compile_cache.key) is None
     assert not (tmp_path / ".trash").exists()
     ready = json.loads((entry / "READY").read_text())
     assert ready["warmup_seconds"] > 0 and ready["warmgate_version"]
@@ -94,7 +96,7 @@ def test_a_truncated_cache_file_is_rebuilt_and_the_server_still_turns_ready(
     assert "compile cache: rebuilt key=" in text and f"dir={tmp_path}" in text
     cache = status.compile_cache
     assert cache.state == "rebuilt" and "truncated" in cache.detail
-    assert cache.key == first["compile_cache"]["key"] and cache.directory == str(tmp_path)
+    assert cache.key == first.compile_cache.key and cache.directory == str(tmp_path)
     assert cache.size_bytes > 0
     assert status.last_report.compile_cache.state == "rebuilt"
     assert "moved to" in log and "rebuilding" in log
@@ -107,17 +109,18 @@ def test_second_warmup_only_hits_the_cache_with_compile(tmp_path: Path) -> None:
     """--compile is what compiles on a CPU: inductor's FX graphs land in the entry."""
     cold, cold_s = _report(_warmup_only(tmp_path, "--compile", *SMALL))
     warm, warm_s = _report(_warmup_only(tmp_path, "--compile", *SMALL))
-    print(f"\n--warmup-only --compile: cold {cold['total_duration_s']:.2f} s "
-          f"(process {cold_s:.2f} s), warm {warm['total_duration_s']:.2f} s "
+    print(f"\n--warmup-only --compile: cold {render.seconds(cold.total_duration):.2f} s "
+          f"(process {cold_s:.2f} s), warm {render.seconds(warm.total_duration):.2f} s "
           f"(process {warm_s:.2f} s)")
-    assert cold["compile_cache"]["state"] == "miss"
-    assert warm["compile_cache"]["state"] == "hit"
-    cold_compile = next(p for p in cold["phases"] if p["name"] == "compile")
-    warm_compile = next(p for p in warm["phases"] if p["name"] == "compile")
-    assert cold_compile["status"] == "RAN" and cold_compile["cache_misses"] > 0
-    assert warm_compile["cache_hits"] == cold_compile["cache_misses"]
-    assert warm_compile["cache_misses"] == 0
-    assert any(p["shapes"].get("compile_cache") == "hit" for p in warm["phases"])
+    assert cold.compile_cache.state == "miss"
+    assert warm.compile_cache.state == "hit"
+    cold_compile = next(p for p in cold.phases if p.name == "compile")
+    warm_compile = next(p for p in warm.phases if p.name == "compile")
+    assert cold_compile.status == pb.PHASE_STATUS_RAN and cold_compile.cache_misses > 0
+    assert warm_compile.cache_hits == cold_compile.cache_misses
+    assert warm_compile.cache_misses == 0
+    # shapes values are JSON text in the proto (a string map).
+    assert any(p.shapes.get("compile_cache") == '"hit"' for p in warm.phases)
     entry = _only_entry(tmp_path)
     manifest = json.loads((entry / "MANIFEST.json").read_text())
     assert any(name.startswith("inductor/") for name in manifest["files"])

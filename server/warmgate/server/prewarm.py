@@ -1,13 +1,13 @@
 """`warmgate-server --warmup-only`: load, warm, fill the cache, print the report, exit.
 
 For a Kubernetes Job or an image build: no gRPC port, health or metrics server is started.
-The report goes to stdout (JSON with --json, else the phase table); logs go to stderr.
+The report goes to stdout (with --json the same JSON `warmgate --json warmup` prints: the
+WarmupReport message in protobuf's JSON mapping; else the phase table); logs go to stderr.
 Exit 0 when the warmup succeeded, 1 when it (or the load) failed, 70 on a fatal device error.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -29,7 +29,10 @@ EXIT_OK, EXIT_FAILED, EXIT_FATAL = 0, 1, 70
 
 def _print(report: WarmupReport, config: ServerConfig, out: TextIO) -> None:
     if config.json_output:
-        print(json.dumps(report.to_dict(), sort_keys=True, default=str), file=out, flush=True)
+        from warmgate.client.render import to_json
+        from warmgate.server.convert import report_to_proto
+
+        print(to_json(report_to_proto(report)), file=out, flush=True)
         return
     from warmgate.server.warmup.table import format_phase_table
 
