@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from google.protobuf import json_format
 
 from warmgate.server.config import ModelConfig, RunnerConfig, SpeculativeConfig
 from warmgate.server.warmup import (
@@ -21,6 +21,7 @@ from warmgate.server.warmup import (
     run_mixed_warmup,
     run_warmup_plan,
 )
+from warmgate.v1 import warmup_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_PHASES = ("load", "kernels.prefill", "kernels.decode", "kernels.sampler", "mixed")
@@ -126,9 +127,9 @@ def test_module_entry_point_prints_the_phase_table() -> None:
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
-    assert report["outcome"] == "SUCCEEDED"
-    assert [p["name"] for p in report["phases"]] == list(PHASES)
+    report = json_format.Parse(proc.stdout, pb.WarmupReport())  # the CLI's schema, strictly
+    assert report.outcome == pb.WARMUP_OUTCOME_SUCCEEDED
+    assert [p.name for p in report.phases] == list(PHASES)
     table = subprocess.run([sys.executable, "-m", "warmgate.server.warmup"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=120, check=True).stdout
     assert "kernels.decode" in table and "NO_CUDA" in table and "outcome SUCCEEDED" in table

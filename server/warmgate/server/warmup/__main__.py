@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import sys
@@ -53,7 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     runner, load_phase = load_runner(config, jit_monitor=monitor)
     report = run_warmup_plan(runner, load_phase=load_phase,
                              mixed_num_tokens=args.mixed_num_tokens)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else format_phase_table(report))
+    if args.json:  # the schema `warmgate --json warmup` and `--warmup-only --json` print
+        from warmgate.client.render import to_json
+        from warmgate.server.convert import report_to_proto
+
+        print(to_json(report_to_proto(report)))
+    else:
+        print(format_phase_table(report))
     return 0 if report.succeeded else 1
 
 
