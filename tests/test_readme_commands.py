@@ -1,0 +1,86 @@
+"""README.md's Quick start and `warmgate` examples, as a newcomer runs them: two commands, one
+torch spec, the one-liner guarded against another server's answers, and every `warmgate`
+invocation shown accepted by the CLI's parser as written."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from warmgate.client.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def quick_start() -> list[str]:
+    section = README.split("## Quick start", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block is not None, "the Quick start has a ```sh block"
+    return block.group(1).strip().splitlines()
+
+
+def warmgate_invocations(line: str) -> list[list[str]]:
+    """Each `warmgate ...` command in a shell line, split at ; && || ( ) and #."""
+    line = line.split(" #", 1)[0]
+    out = []
+    for part in re.split(r"&&|\|\||;|\(|\)|\|", line):
+        words = shlex.split(part)
+        if words and words[0] == "warmgate":
+            out.append(words[1:])
+    return out
+
+
+def test_quick_start_is_two_commands_with_one_torch_spec() -> None:
+    lines = quick_start()
+    assert len(lines) == 2, lines
+    specs = [re.findall(r"\btorch[=<>!~][^\s'\"]*", line) for line in lines]
+    assert specs[0] == specs[1] == ["torch==2.13.0"], specs
+
+
+def test_ci_runs_the_quick_start_test_command_verbatim() -> None:
+    assert quick_start()[1] in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_the_one_liner_checks_its_own_server_answers() -> None:
+    """Every warmgate command after the server starts carries its pid (WARMGATE_SERVER_PID,
+    exported right after `warmgate-server ... &`), so a stranger on 50051 fails them."""
+    line = quick_start()[0]
+    start = line.index("warmgate-server ")
+    export = line.index("export WARMGATE_SERVER_PID=$!")
+    first_client = line.index("warmgate ", start + len("warmgate-server "))
+    assert start < export < first_client
+    assert line[start:export].rstrip().endswith("&")
+    commands = warmgate_invocations(line)
+    assert [c[0] for c in commands] == ["wait", "status", "generate"]
+    # Chained with &&: a wrong server (exit 3) or a failed wait stops the line there.
+    assert "wait --timeout 300 && warmgate status && warmgate generate" in line
+
+
+def examples() -> list[list[str]]:
+    found = [c for line in quick_start() for c in warmgate_invocations(line)]
+    # Lines of code blocks elsewhere, unless they are a synopsis ([optional], a|b, N, S).
+    for text in (README, (ROOT / "deploy" / "README.md").read_text(encoding="utf-8")):
+        for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+            for line in block.splitlines():
+                synopsis = "[" in line or "|" in line or any(
+                    re.fullmatch(r"[A-Z]+", w) for w in line.split())
+                if line.startswith("warmgate ") and not synopsis:
+                    found += warmgate_invocations(line)
+    return found
+
+
+@pytest.mark.parametrize("argv", examples(), ids=lambda argv: " ".join(argv))
+def test_every_example_parses_as_written(argv: list[str]) -> None:
+    args = build_parser({"WARMGATE_SERVER_PID": "4242"}).parse_args(
+        [a.replace("$WARMGATE_SERVER_PID", "4242") for a in argv])
+    assert args.command == argv[0] or args.command in argv
+
+
+def test_generate_json_after_the_command_as_the_readme_shows() -> None:
+    args = build_parser({}).parse_args(["generate", "--prompt-ids", "1,2,3", "--max-tokens",
+                                        "16", "--temperature", "0.8", "--seed", "7", "--json"])
+    assert args.json and args.prompt_ids == [1, 2, 3]
