@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from warmgate.server.jit.events import CACHED_KINDS, JitEvent
-from warmgate.server.serving_metrics import ServingMetrics
+from warmgate.server.serving_metrics import FINISH_REASONS, ServingMetrics
 from warmgate.server.warmup.results import PhaseStatus, SkipReason, WarmupReport
 
 logger = logging.getLogger(__name__)
@@ -85,8 +85,22 @@ class Metrics:
         self.serving = ServingMetrics(r)
         self.set_state("pending")
         self.ready.set(0)
+        self._initialise_label_sets()
         self._load_observed = False
         self._cache_entry_observed = False
+
+    def _initialise_label_sets(self) -> None:
+        """Export 0 for every known label set of the counters the dashboard and alerts divide
+        or take increase() of: a labelled series exists only once touched, so a pod whose
+        lookups all missed would have no hits series and its hit ratio would be No data."""
+        for cache in CACHES:
+            self.cache_hits.labels(cache=cache)
+            self.cache_misses.labels(cache=cache)
+        for kind in COMPILE_KINDS:
+            for after_ready in ("true", "false"):
+                self.jit_compiles.labels(kind=kind, after_ready=after_ready)
+        for reason in FINISH_REASONS:
+            self.serving.requests.labels(finish_reason=reason)
 
     def set_state(self, state: str) -> None:
         for s in STATES:

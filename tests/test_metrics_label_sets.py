@@ -1,0 +1,22 @@
+"""Labelled counters exist at 0 from start-up, so ratios and increase() have a series to read
+(a pod whose compile-cache lookups all missed still shows a 0 % hit ratio, not No data)."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from warmgate.server.metrics import CACHES, COMPILE_KINDS, Metrics
+from warmgate.server.serving_metrics import FINISH_REASONS
+
+
+def test_known_label_sets_are_exported_at_zero_before_any_event() -> None:
+    text = generate_latest(Metrics().registry).decode()
+    for cache in CACHES:
+        assert f'warmgate_compile_cache_hits_total{{cache="{cache}"}} 0.0' in text
+        assert f'warmgate_compile_cache_misses_total{{cache="{cache}"}} 0.0' in text
+    for kind in COMPILE_KINDS:
+        for after_ready in ("true", "false"):
+            assert (f'warmgate_jit_compiles_total{{after_ready="{after_ready}",kind="{kind}"}} '
+                    "0.0") in text
+    for reason in FINISH_REASONS:
+        assert f'warmgate_generate_requests_total{{finish_reason="{reason}"}} 0.0' in text
