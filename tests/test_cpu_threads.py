@@ -4,11 +4,19 @@ device, torch's default on CUDA, an explicit --cpu-threads always wins."""
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
-from warmgate.server.cpu_threads import apply_cpu_threads, intra_op_threads, usable_cpus
+from warmgate.server import cpu_threads
+from warmgate.server.cpu_threads import (
+    apply_cpu_threads,
+    cgroup_cpu_limit,
+    intra_op_threads,
+    usable_cpus,
+)
 from warmgate.server.server_config import load_server_config
 
 
@@ -44,3 +52,35 @@ def test_flag_and_environment_reach_the_config(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit):
         load_server_config(["--cpu-threads", "-1"], environ={})
     assert "argument --cpu-threads" in capsys.readouterr().err
+
+
+def _cgroup(tmp_path: Path, cpu_max: dict[str, str], path: str = "/kubepods/pod1/c1") -> Path:
+    root = tmp_path / "cgroup"
+    for rel, text in cpu_max.items():
+        (root / rel).mkdir(parents=True, exist_ok=True)
+        (root / rel / "cpu.max").write_text(text)
+    (tmp_path / "self_cgroup").write_text(f"0::{path}\n")
+    return root
+
+
+@pytest.mark.parametrize(("cpu_max", "expected"), [
+    ({"kubepods/pod1/c1": "200000 100000\n"}, 2),        # a 2-CPU limit on its own cgroup
+    ({"kubepods/pod1/c1": "150000 100000\n"}, 2),        # 1.5 CPUs round up
+    ({"kubepods/pod1/c1": "max 100000\n", "kubepods/pod1": "300000 100000\n"}, 3),  # parent's
+    ({"kubepods/pod1/c1": "800000 100000\n", "kubepods": "400000 100000\n"}, 4),  # tightest
+    ({"kubepods/pod1/c1": "50000 100000\n"}, 1),          # never below one
+    ({"kubepods/pod1/c1": "max 100000\n"}, None),         # no quota
+    ({}, None),                                           # no cgroup v2 files
+])
+def test_cgroup_cpu_quota(tmp_path: Path, cpu_max: dict[str, str], expected: int | None) -> None:
+    root = _cgroup(tmp_path, cpu_max)
+    assert cgroup_cpu_limit(root, tmp_path / "self_cgroup") == expected
+
+
+def test_usable_cpus_is_capped_by_the_quota(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(64)))
+    monkeypatch.setattr(cpu_threads, "cgroup_cpu_limit", lambda: 2)
+    assert usable_cpus() == 2
+    assert intra_op_threads(0, "cpu", usable_cpus()) == 1
+    monkeypatch.setattr(cpu_threads, "cgroup_cpu_limit", lambda: None)
+    assert usable_cpus() == 64

@@ -13,16 +13,62 @@ default stays.
 from __future__ import annotations
 
 import logging
+import math
 import os
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+
+
+def _cgroup_dirs(root: Path, proc_cgroup: Path) -> list[Path]:
+    """This process's cgroup directories, innermost first, up to the mount's root: a limit
+    set on any ancestor applies. In a container the namespace root is the mount's root."""
+    dirs = []
+    try:
+        for line in proc_cgroup.read_text().splitlines():
+            hierarchy, _, path = line.partition("::")
+            if hierarchy == "0" and path:  # the cgroup v2 line
+                current = root / path.lstrip("/")
+                while current != root and root in current.parents:
+                    dirs.append(current)
+                    current = current.parent
+    except OSError:
+        pass
+    return [*dirs, root]
+
+
+def cgroup_cpu_limit(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> int | None:
+    """CPUs the cgroup's quota allows (cgroup v2 cpu.max, v1 cpu.cfs_quota_us), rounded
+    up; None when no quota is set or the files cannot be read."""
+    limits = []
+    for d in _cgroup_dirs(root, proc_cgroup):
+        try:
+            fields = (d / "cpu.max").read_text().split()  # "max 100000" or "200000 100000"
+            if len(fields) == 2 and fields[0] != "max":
+                limits.append(int(fields[0]) / int(fields[1]))
+        except (OSError, ValueError):
+            continue
+    v1 = root / "cpu"
+    try:
+        quota_us = int((v1 / "cpu.cfs_quota_us").read_text())
+        if quota_us > 0:
+            limits.append(quota_us / int((v1 / "cpu.cfs_period_us").read_text()))
+    except (OSError, ValueError):
+        pass
+    return max(1, math.ceil(min(limits))) if limits else None
+
 
 def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, as a container's cpuset sets)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """The CPUs this process may run on: its affinity mask (a container's cpuset), capped by
+    its cgroup's CPU quota (a pod's CPU limit, which Kubernetes sets as cpu.max: a 2-CPU limit
+    on a 64-core node leaves 64 cores in the mask but 2 CPUs of time)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    cpus = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    quota = cgroup_cpu_limit()
+    return cpus if quota is None else min(cpus, quota)
 
 
 def intra_op_threads(requested: int, device: str, usable: int) -> int | None:
@@ -46,6 +92,7 @@ def apply_cpu_threads(requested: int, device: str) -> int | None:
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    logger.info("torch intra-op threads: %d (torch default %d; %d usable CPUs; --cpu-threads "
-                "%s)", threads, before, usable, requested or "auto")
+    logger.info("torch intra-op threads: %d (torch default %d; %d usable CPUs, cgroup CPU quota "
+                "%s; --cpu-threads %s)", threads, before, usable,
+                cgroup_cpu_limit() or "none", requested or "auto")
     return threads
