@@ -24,6 +24,7 @@ from warmgate.server.faults import FaultInjector
 from warmgate.server.generation import GenerationService
 from warmgate.server.interceptor import ErrorInterceptor
 from warmgate.server.jit import JitMonitor
+from warmgate.server.listen_address import grpc_address
 from warmgate.server.metrics import Metrics, MetricsEndpoint
 from warmgate.server.security import ServerSecurity
 from warmgate.server.server_config import ServerConfig
@@ -85,7 +86,7 @@ def identity_of(config: RunnerConfig) -> Identity:
 
 def _bind(server: grpc.aio.Server, host: str, port: int, security: ServerSecurity | None
           ) -> int:
-    address = f"{host}:{port}"
+    address = grpc_address(host, port)
     if security is not None and security.tls:
         bound = server.add_secure_port(address, security.server_credentials())
     else:

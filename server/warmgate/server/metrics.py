@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 
 from warmgate.server.jit.events import CACHED_KINDS, JitEvent
+from warmgate.server.listen_address import HostWSGIServer, bare_host, is_ipv6
 from warmgate.server.serving_metrics import FINISH_REASONS, ServingMetrics
 from warmgate.server.warmup.results import PhaseStatus, SkipReason, WarmupReport
 
@@ -155,13 +155,15 @@ class MetricsEndpoint:
     POLL_S = 0.05
 
     def __init__(self, metrics: Metrics, host: str, port: int) -> None:
-        self._httpd = make_server(host, port, make_wsgi_app(metrics.registry),
-                                  ThreadingWSGIServer, handler_class=_QuietHandler)
+        host = bare_host(host)  # the same --host the gRPC server binds
+        self._httpd = make_server(host, port, make_wsgi_app(metrics.registry), HostWSGIServer,
+                                  handler_class=_QuietHandler)
         self.port: int = self._httpd.server_port
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(self.POLL_S,),
                                         name="warmgate-metrics", daemon=True)
         self._thread.start()
-        logger.info("metrics on http://%s:%d/metrics", host, self.port)
+        logger.info("metrics on http://%s:%d/metrics",
+                    f"[{host}]" if is_ipv6(host) else host, self.port)
 
     def close(self) -> None:
         self._httpd.shutdown()
