@@ -11,7 +11,9 @@ the objects fit together and fit the server:
   - the ConfigMap's WARMGATE_* keys are flags warmgate-server knows, with values it accepts
     (parsed by the server's own load_server_config, without resolving the device);
   - service links are off (a Service named "warmgate" would inject WARMGATE_PORT=tcp://...);
-  - a pod that asks for CUDA requests a GPU, and one that does not, doesn't.
+  - a pod that asks for CUDA requests a GPU, and one that does not, doesn't;
+  - and check_rollout.py's: namespaces created, startup probe timing against
+    --cache-lock-timeout, one GPU product for the Deployment and the pre-warm Job, a PDB.
 Usage: python .ci/check_manifests.py NAME RENDERED.yaml [BUILTIN.yaml]
   exits 1 with a list of problems; BUILTIN.yaml gets the objects of built-in kinds only, for
   kubernetes-validate (which would only warn about a CRD it has no schema for).
@@ -25,13 +27,15 @@ import sys
 from typing import Any
 
 import yaml
+from check_rollout import check_rollout
 
 from warmgate.server.app import LIVENESS_SERVICE
 from warmgate.server.controller import SERVICE_NAMES
 from warmgate.server.server_config import ENV_PREFIX, build_parser, load_server_config
 
 # CRDs that kubernetes-validate has no schema for; checked here by reference instead.
-SKIPPED_CRDS = {("monitoring.coreos.com/v1", "PodMonitor")}
+SKIPPED_CRDS = {("monitoring.coreos.com/v1", "PodMonitor"),
+                ("monitoring.coreos.com/v1", "PrometheusRule")}
 BUILTIN_GROUPS = {"v1", "apps/v1", "batch/v1", "networking.k8s.io/v1", "policy/v1",
                   "autoscaling/v2", "rbac.authorization.k8s.io/v1"}
 GPU = "nvidia.com/gpu"
@@ -158,7 +162,7 @@ def check(objs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
             if missing:
                 problems.append(f"NetworkPolicy/{name}: {where} ports {sorted(missing)} get no "
                                 "ingress")
-    return problems, notes
+    return problems + check_rollout(objs), notes
 
 
 def main(argv: list[str]) -> int:
