@@ -37,6 +37,10 @@ from warmgate.server.security import (
 from warmgate.server.serving.config import ServingConfig
 
 ENV_PREFIX = "WARMGATE_"
+# Waiting on another process filling the cache entry, plus a cold warmup of its own when the
+# wait times out, must fit the GPU startupProbe's budget (deploy/components/gpu): past it the
+# kubelet kills the pod and it queues again. .ci/check_manifests.py checks the fit.
+CACHE_LOCK_TIMEOUT_S = 240.0
 # -1 turns the metrics endpoint off; 0 binds a free port (tests), reported after start.
 METRICS_DISABLED = -1
 HEALTH_PORT_DISABLED = -1
@@ -69,7 +73,7 @@ class ServerConfig:
     strict_jit: str = "warn"
     # The shared compile cache (warmgate.server.cache); None: the libraries' defaults.
     cache_dir: str | None = None
-    cache_lock_timeout_s: float = 1800.0
+    cache_lock_timeout_s: float = CACHE_LOCK_TIMEOUT_S
     # Load, warm, fill the cache, print the report and exit; never bind a port.
     warmup_only: bool = False
     json_output: bool = False
@@ -206,8 +210,9 @@ _OPTIONS = (
             "or fail (also turn health NOT_SERVING, state FAILED)"),
     _Option("--cache-dir", str, None, "shared compile cache directory: one locked entry per "
             "cache key, holding Triton's, FlashInfer's and inductor's caches"),
-    _Option("--cache-lock-timeout", _positive_float, 1800.0,
-            "seconds to wait for another process filling the same cache entry"),
+    _Option("--cache-lock-timeout", _positive_float, CACHE_LOCK_TIMEOUT_S,
+            "seconds to wait for another process filling the same cache entry (then run "
+            "without the cache)"),
     _Option("--ngram-min", int, 1, "smallest suffix n-gram the speculative drafter matches"),
     _Option("--ngram-max", int, 4, "largest suffix n-gram the speculative drafter matches "
             "(tried first)"),

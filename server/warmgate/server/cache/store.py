@@ -30,7 +30,7 @@ from warmgate.server.config import RunnerConfig
 logger = logging.getLogger(__name__)
 
 HIT, MISS, REBUILT, ERROR, LOCK_TIMEOUT = "hit", "miss", "rebuilt", "error", "lock_timeout"
-DEFAULT_LOCK_TIMEOUT_S = 1800.0
+DEFAULT_LOCK_TIMEOUT_S = 240.0  # server_config.CACHE_LOCK_TIMEOUT_S, without its imports
 SIZE_TTL_S = 5.0
 
 
