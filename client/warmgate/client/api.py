@@ -190,6 +190,8 @@ class WarmgateClient:
                     check_process_alive(server_pid)
                 serving = self.health(service, timeout=left) == \
                     health_pb2.HealthCheckResponse.SERVING
+                if serving and server_pid is None:  # health alone: any gRPC health server
+                    return WaitOutcome(WaitResult.READY, "SERVING")
                 status = self.get_status(timeout=max(deadline - time.monotonic(), 0.001))
                 if server_pid is not None:
                     check_server_pid(status, server_pid)
