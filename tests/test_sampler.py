@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tests.runner_helpers import MiniScheduler, make_runner, prompt
-from warmgate.server.runner.sampler import Sampler, make_generator
+from warmgate.server.runner.sampler import Sampler, SeededStream, make_generator
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
 
 V = 64
@@ -67,11 +67,10 @@ def test_sampling_follows_the_distribution() -> None:
 def test_seeded_rows_do_not_depend_on_batch_companions() -> None:
     x = logits(6, seed=3)
     seeded = SamplingParams(temperature=1.0, seed=42)
-    gens = [make_generator(42, 0, torch.device("cpu"))]
-    alone = Sampler().sample(x[2:3], [seeded], gens)
+    alone = Sampler().sample(x[2:3], [seeded], [SeededStream(42, 0)])
     for companions in ([GREEDY, SamplingParams()], [SamplingParams(top_k=5)] * 4):
         rows = [*companions[:1], seeded, *companions[1:]]
-        gens = [None, make_generator(42, 0, torch.device("cpu"))] + [None] * (len(rows) - 2)
+        gens = [None, SeededStream(42, 0)] + [None] * (len(rows) - 2)
         batch = torch.cat([x[:1], x[2:3], x[3:3 + len(rows) - 2]])
         assert Sampler().sample(batch, rows, gens)[1] == alone[0]
 
@@ -92,6 +91,20 @@ def test_verify_greedy_accepts_matching_prefix() -> None:
     wrong = (best[1] + 1) % V
     tokens, accepted = Sampler().verify(x, [[best[0], wrong, best[2]]], [GREEDY], [None])
     assert tokens == [[best[0], best[1]]] and accepted == [1]
+
+
+def test_verify_emits_what_sample_draws_at_each_position() -> None:
+    # A seeded request at output positions 5..8: 3 draft rows and the bonus row.
+    x = logits(4, seed=6)
+    seeded = SamplingParams(temperature=1.0, seed=9)
+    per_position = [Sampler().sample(x[j:j + 1], [seeded], [SeededStream(9, 5 + j)]).item()
+                    for j in range(4)]
+    tokens, accepted = Sampler().verify(x, [per_position[:3]], [seeded], [SeededStream(9, 5)])
+    assert tokens == [per_position] and accepted == [3]
+    wrong = (per_position[1] + 1) % V
+    tokens, accepted = Sampler().verify(x, [[per_position[0], wrong, per_position[2]]],
+                                        [seeded], [SeededStream(9, 5)])
+    assert tokens == [per_position[:2]] and accepted == [1]
 
 
 def test_verify_stochastic_is_distributed_as_the_target() -> None:

@@ -29,7 +29,7 @@ from warmgate.server.runner.kv_cache import FullAttentionSpec, allocate_kv_cache
 from warmgate.server.runner.model import LlamaModel
 from warmgate.server.runner.ops import TorchOps
 from warmgate.server.runner.request_state import ScheduledRequest
-from warmgate.server.runner.sampler import Sampler, make_generator
+from warmgate.server.runner.sampler import Sampler, SeededStream
 from warmgate.server.runner.scheduler_output import (
     GREEDY,
     GrammarOutput,
@@ -197,14 +197,14 @@ class ModelRunner:
             return None
         sampling = [s for s in pending.scheduled if s.num_logits_rows]
         params = [s.state.sampling_params or GREEDY for s in sampling]
-        generators = [make_generator(p.seed, len(s.state.output_token_ids), self.device)
-                      if p.is_seeded and p.seed is not None else None
-                      for s, p in zip(sampling, params, strict=True)]
+        streams = [SeededStream(p.seed, len(s.state.output_token_ids))
+                   if p.is_seeded and p.seed is not None else None
+                   for s, p in zip(sampling, params, strict=True)]
         drafts = [list(s.draft_token_ids) for s in sampling]
         if any(drafts):
-            tokens, accepted = self.sampler.verify(pending.logits, drafts, params, generators)
+            tokens, accepted = self.sampler.verify(pending.logits, drafts, params, streams)
         else:
-            flat = self.sampler.sample(pending.logits, params, generators).tolist()
+            flat = self.sampler.sample(pending.logits, params, streams).tolist()
             tokens, accepted = [[t] for t in flat], [0] * len(flat)
         by_req = {s.req_id: (t, a) for s, t, a in zip(sampling, tokens, accepted, strict=True)}
         for s in sampling:

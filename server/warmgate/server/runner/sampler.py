@@ -1,14 +1,17 @@
 """Token sampling and speculative verification, vectorised over the batch.
 
 Sampling draws with the exponential race (argmax of p / q with q ~ Exp(1) is a draw from p),
-which needs no normalised distribution and lets every row take its own noise: a seeded row's
-noise comes only from its own generator, so its tokens do not depend on its batch companions.
+which needs no normalised distribution and lets every row take its own noise. A seeded
+request's noise for output position n comes only from a generator seeded with (seed, n), so
+its tokens depend neither on its batch companions nor on how its positions were split into
+steps (preemption, a token budget trimming its drafts, a warmup in between, k itself).
 An all-greedy batch never draws random numbers (vLLM issue 54455 was that path left cold).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -26,36 +29,53 @@ def _mix(seed: int, step: int) -> int:
     return (z ^ (z >> 31)) >> 1  # manual_seed takes a non-negative int64
 
 
-def make_generator(seed: int, num_generated: int, device: torch.device) -> torch.Generator:
-    """The generator for one seeded request's step, from its seed and how far it has got."""
+def make_generator(seed: int, position: int, device: torch.device) -> torch.Generator:
+    """The generator for one seeded request's output position."""
     gen = torch.Generator(device=device)
-    gen.manual_seed(_mix(seed, num_generated))
+    gen.manual_seed(_mix(seed, position))
     return gen
+
+
+@dataclass(frozen=True)
+class SeededStream:
+    """A seeded request's random stream from the first position this step samples: the
+    logits row for output position `start + j` draws only from make_generator(seed, start + j)."""
+
+    seed: int
+    start: int
+
+    def generators(self, num_rows: int, device: torch.device) -> list[torch.Generator]:
+        return [make_generator(self.seed, self.start + j, device) for j in range(num_rows)]
 
 
 class Sampler:
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
-               generators: Sequence[torch.Generator | None]) -> torch.Tensor:
-        """logits: [N, V] float32; params, generators: one per row -> tokens [N] int64."""
+               streams: Sequence[SeededStream | None]) -> torch.Tensor:
+        """logits: [N, V] float32; params, streams: one per row -> tokens [N] int64."""
         greedy = logits.argmax(dim=-1)
         if all(p.is_greedy for p in params):
             return greedy
         probs = self._probs(logits, params)
-        sampled = (probs / self._noise(probs, generators)).argmax(dim=-1)
+        gens = [s.generators(1, logits.device)[0] if s is not None else None for s in streams]
+        sampled = (probs / self._noise(probs, gens)).argmax(dim=-1)
         return self._where_greedy(params, greedy, sampled)
 
     def verify(self, logits: torch.Tensor, draft_token_ids: Sequence[Sequence[int]],
                params: Sequence[SamplingParams],
-               generators: Sequence[torch.Generator | None]) -> tuple[list[list[int]],
-                                                                       list[int]]:
+               streams: Sequence[SeededStream | None]) -> tuple[list[list[int]], list[int]]:
         """Speculative verification against a deterministic (one-hot) drafter.
 
         logits: [sum(k_i + 1), V], request i owning k_i draft rows then its bonus row;
-        draft_token_ids, params, generators: one per request. Returns per request the tokens
-        to append (accepted drafts, then one token from the first rejected row or the bonus
-        row) and the number of drafts accepted. Greedy requests accept while the argmax
-        equals the draft; stochastic ones accept draft d with probability p(d) and on
-        rejection draw from p with d removed, which leaves the output distributed as p.
+        draft_token_ids, params, streams: one per request. Returns per request the tokens
+        to append (accepted drafts, then the target's token at the first rejected row or the
+        bonus row) and the number of drafts accepted.
+
+        Every row draws its own token from the target (the argmax for greedy requests, the
+        race for stochastic ones) and a draft is accepted while it equals that token. For a
+        stochastic request this is rejection sampling with the draft accepted with
+        probability p(d) and, on rejection, a draw from p without d, so the output is
+        distributed as p; and since each position's token is drawn whether or not a draft
+        sits there, a seeded request emits exactly the tokens it would without speculation.
         """
         dev = logits.device
         ks = [len(d) for d in draft_token_ids]
@@ -76,27 +96,15 @@ class Sampler:
                            torch.long, dev)
         rows_t, drafts_t, req_t, pos_t, starts_t = packed.split([nd, nd, nd, nd, nr])
 
-        greedy = logits.argmax(dim=-1)  # [M]
-        accept = greedy[rows_t] == drafts_t  # [num_drafts]
-        final = greedy
+        final = logits.argmax(dim=-1)  # [M]
         if not all(p.is_greedy for p in params):
             probs = self._probs(logits, row_params)  # [M, V]
-            row_gens = [g for g, k in zip(generators, ks, strict=True) for _ in range(k + 1)]
-            # Per request: k uniforms first, then k + 1 noise rows, from its own generator.
-            uniforms = torch.rand(len(draft_rows), device=dev)
-            for i, gen in enumerate(generators):
-                if gen is not None and ks[i]:
-                    offset = starts[i] - i  # drafts of earlier requests
-                    uniforms[offset:offset + ks[i]] = torch.rand(ks[i], device=dev,
-                                                                 generator=gen)
-            stochastic_accept = uniforms < probs[rows_t, drafts_t]
-            row_greedy = to_device([p.is_greedy for p in row_params], torch.bool, dev)
-            accept = torch.where(row_greedy[rows_t], accept, stochastic_accept)
-            # Rejected at row j means d_j was not taken: draw from p without it. The bonus
-            # row keeps its full distribution. The race needs no renormalisation.
-            residual = probs.index_put((rows_t, drafts_t), torch.zeros((), device=dev))
-            sampled = (residual / self._noise(residual, row_gens)).argmax(dim=-1)
-            final = self._where_greedy(row_params, greedy, sampled)
+            row_gens = [g for s, k in zip(streams, ks, strict=True)
+                        for g in (s.generators(k + 1, dev) if s is not None
+                                  else [None] * (k + 1))]
+            sampled = (probs / self._noise(probs, row_gens)).argmax(dim=-1)
+            final = self._where_greedy(row_params, final, sampled)
+        accept = final[rows_t] == drafts_t  # [num_drafts]
 
         max_k = max(ks, default=0)
         accepted = torch.zeros(len(ks), max_k, dtype=torch.int32, device=dev)  # [R, K]

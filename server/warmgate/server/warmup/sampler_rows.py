@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from warmgate.server.runner.sampler import make_generator
+from warmgate.server.runner.sampler import SeededStream
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
 from warmgate.server.warmup.kernels import SEEDED, STOCHASTIC
 
@@ -28,9 +28,8 @@ def _batch(variant: tuple[SamplingParams, ...], n: int) -> list[SamplingParams]:
     return [variant[i % len(variant)] for i in range(n)]
 
 
-def _generators(params: list[SamplingParams], device: torch.device
-                ) -> list[torch.Generator | None]:
-    return [make_generator(p.seed, 0, device) if p.is_seeded and p.seed is not None else None
+def _streams(params: list[SamplingParams]) -> list[SeededStream | None]:
+    return [SeededStream(p.seed, 0) if p.is_seeded and p.seed is not None else None
             for p in params]
 
 
@@ -48,11 +47,10 @@ def sweep_sampler_rows(model_runner: Any) -> int:
     for variant in VARIANTS:
         for n in range(1, max_reqs + 1):
             params = _batch(variant, n)
-            sampler.sample(logits[:n], params, _generators(params, device))
+            sampler.sample(logits[:n], params, _streams(params))
             calls += 1
             if k:
                 drafts = [[0] * k for _ in range(n)]
-                sampler.verify(logits[:n * (1 + k)], drafts, params,
-                               _generators(params, device))
+                sampler.verify(logits[:n * (1 + k)], drafts, params, _streams(params))
                 calls += 1
     return calls
