@@ -68,7 +68,9 @@ class SamplingParams(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     STOP_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     temperature: _builtins.float
-    """0 (the default) is greedy decoding; above 0 samples from softmax(logits / temperature)."""
+    """0 (the default) is greedy decoding; above 0 samples from softmax(logits / temperature).
+    Below 1e-5 (as in vLLM) is greedy too: logits / temperature would overflow float32.
+    """
     top_k: _builtins.int
     """Keep only the k most likely tokens before sampling; 0 keeps all."""
     top_p: _builtins.float

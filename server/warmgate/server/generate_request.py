@@ -16,6 +16,9 @@ DEFAULT_MAX_TOKENS = 16
 MAX_REQUEST_ID_CHARS = 128
 # Stop ids are checked one by one per generated token; thousands would be a mistake.
 MAX_STOP_TOKEN_IDS = 64
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): logits / 1e-38 overflow
+# float32 to inf and the softmax to NaN, which returned junk tokens with finish LENGTH.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,8 @@ def parse_generate_request(request: gen_pb.GenerateRequest, config: RunnerConfig
         _check_fits_cache(config, len(prompt), max_tokens, bad)
     if bad:
         raise InvalidArgument(*bad)
-    params = SamplingParams(temperature=float(s.temperature), top_k=s.top_k, top_p=top_p,
+    temperature = float(s.temperature) if s.temperature >= GREEDY_BELOW_TEMPERATURE else 0.0
+    params = SamplingParams(temperature=temperature, top_k=s.top_k, top_p=top_p,
                             seed=s.seed if s.HasField("seed") else None, max_tokens=max_tokens,
                             stop_token_ids=tuple(stops))
     return ParsedRequest(prompt, params, request.request_id)
