@@ -181,7 +181,9 @@ class GenerationService(gen_grpc.GenerationServicer):
             self._loop = asyncio.get_running_loop()
             self._serving = ServingLoop(
                 runner, Scheduler(self._limits), self._emit_threadsafe,
-                on_step=self._metrics.observe_step if self._metrics is not None else None)
+                on_step=self._metrics.observe_step if self._metrics is not None else None,
+                on_occupancy=(self._metrics.observe_occupancy if self._metrics is not None
+                              else None))
             logger.info("serving loop ready: %d KV blocks of %d tokens, max_num_seqs %d, "
                         "token budget %d", self._limits.num_blocks, self._limits.block_size,
                         self._limits.max_num_seqs, self._limits.max_num_batched_tokens)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from warmgate.server.serving.loop import StepStats
+from warmgate.server.serving.loop import Occupancy, StepStats
 from warmgate.server.serving.request import FinishReason, Usage
 
 FINISH_REASONS = (*(r.value for r in FinishReason), "cancelled", "error")
@@ -50,9 +50,14 @@ class ServingMetrics:
     def observe_step(self, stats: StepStats) -> None:
         """Called on the worker thread; prometheus_client is thread-safe."""
         self.step_duration.observe(stats.seconds)
-        self.running.set(stats.num_running)
-        self.waiting.set(stats.num_waiting)
-        self.kv_usage.set(stats.num_blocks_used / max(1, stats.num_blocks_usable))
+        self.observe_occupancy(Occupancy(stats.num_running, stats.num_waiting,
+                                         stats.num_blocks_used, stats.num_blocks_usable))
+
+    def observe_occupancy(self, occupancy: Occupancy) -> None:
+        """After every step and whenever blocks come free between steps."""
+        self.running.set(occupancy.num_running)
+        self.waiting.set(occupancy.num_waiting)
+        self.kv_usage.set(occupancy.num_blocks_used / max(1, occupancy.num_blocks_usable))
 
     def observe_finish(self, reason: str, usage: Usage, completion_tokens: int,
                        arrival_s: float) -> None:

@@ -26,6 +26,16 @@ EmitEvents = Callable[[list[StepEvent]], None]
 
 
 @dataclass(frozen=True)
+class Occupancy:
+    """What the scheduler holds right now, for the gauges."""
+
+    num_running: int
+    num_waiting: int
+    num_blocks_used: int
+    num_blocks_usable: int
+
+
+@dataclass(frozen=True)
 class StepStats:
     """One step, for metrics: how big it was and how long it took."""
 
@@ -41,11 +51,16 @@ class StepStats:
 class ServingLoop:
     def __init__(self, runner: Any, scheduler: Scheduler, emit: EmitEvents, *,
                  on_step: Callable[[StepStats], None] | None = None,
+                 on_occupancy: Callable[[Occupancy], None] | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.runner = runner
         self.scheduler = scheduler
         self._emit = emit
         self._on_step = on_step
+        # Blocks also come free between steps (cancelled streams, a yield to a warmup, the
+        # last request ending); the gauges must not keep the last step's values until the
+        # next request arrives.
+        self._on_occupancy = on_occupancy
         self._clock = clock
         self._lock = threading.Lock()
         self._inbox: list[ServingRequest] = []
@@ -76,6 +91,7 @@ class ServingLoop:
             self._take_inbox()
             if not self.scheduler.has_requests:
                 self._drop_finished()
+                self._report_occupancy()
                 return
             if should_yield():
                 logger.info("serving pauses for other runner work: %d running requests "
@@ -83,6 +99,7 @@ class ServingLoop:
                             len(self.scheduler.waiting))
                 self.scheduler.preempt_all()
                 self._drop_finished()
+                self._report_occupancy()
                 return
             self.step()
 
@@ -121,10 +138,22 @@ class ServingLoop:
             aborts, self._aborts = self._aborts, []
         for req in new:
             self.scheduler.add(req)
+        aborted = 0
         for req_id in aborts:
             if self.scheduler.abort(req_id):
+                aborted += 1
                 logger.info("aborted %s (stream cancelled); %d blocks free", req_id,
                             self.scheduler.pool.num_free)
+        if aborted:
+            self._report_occupancy()
+
+    def occupancy(self) -> Occupancy:
+        s = self.scheduler
+        return Occupancy(len(s.running), len(s.waiting), s.num_blocks_used, s.pool.num_usable)
+
+    def _report_occupancy(self) -> None:
+        if self._on_occupancy is not None:
+            self._on_occupancy(self.occupancy())
 
     def _drop_finished(self) -> None:
         """Tell the runner to drop finished and preempted requests' state."""
