@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from warmgate.server.auth import AuthInterceptor
@@ -22,6 +21,7 @@ from warmgate.server.controller import WarmupController
 from warmgate.server.engine import PlanEngine, WarmupEngine
 from warmgate.server.faults import FaultInjector
 from warmgate.server.generation import GenerationService
+from warmgate.server.health import LIVENESS_SERVICE, WarmgateHealth
 from warmgate.server.interceptor import ErrorInterceptor
 from warmgate.server.jit import JitMonitor
 from warmgate.server.listen_address import grpc_address
@@ -34,7 +34,6 @@ from warmgate.v1 import generate_pb2, generate_pb2_grpc, warmup_pb2, warmup_pb2_
 
 logger = logging.getLogger(__name__)
 
-LIVENESS_SERVICE = "liveness"
 # so_reuseport 0: otherwise a second server silently binds the same port and shares it.
 SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
 
@@ -44,7 +43,7 @@ class RunningServer:
     server: grpc.aio.Server
     port: int
     controller: WarmupController
-    health: health_aio.HealthServicer
+    health: WarmgateHealth
     metrics: Metrics
     metrics_endpoint: MetricsEndpoint | None
     generation: GenerationService
@@ -59,12 +58,14 @@ class RunningServer:
         return self.metrics_endpoint.port if self.metrics_endpoint else None
 
     async def stop(self, grace: float | None = None, *, wait_for_runner: bool = False) -> None:
-        """NOT_SERVING first (so probes drain traffic), then stop RPCs, then the runner.
+        """Readiness NOT_SERVING first (so probes drain traffic), then stop RPCs, then the
+        runner. Liveness stays SERVING until the process exits (a failed liveness probe would
+        get the draining pod restarted).
 
         The health port goes last: while the main port drains, probes there still get an
-        answer (NOT_SERVING) rather than a refused connection.
+        answer rather than a refused connection.
         """
-        await self.health.enter_graceful_shutdown()
+        await self.health.drain()
         start = time.monotonic()
         # Generate streams get the grace to finish before the runner stops under them.
         await self.generation.drain(grace or 0.0)
@@ -103,7 +104,7 @@ def _default_engine(config: ServerConfig) -> PlanEngine:
     return PlanEngine(config.runner, faults=faults, cache=compile_cache_of(config))
 
 
-def _health_only_server(config: ServerConfig, health: health_aio.HealthServicer,
+def _health_only_server(config: ServerConfig, health: WarmgateHealth,
                         metrics: Metrics) -> tuple[grpc.aio.Server, int]:
     """Plaintext grpc.health.v1 and nothing else, sharing the main server's HealthServicer."""
     server = grpc.aio.server(interceptors=[ErrorInterceptor(metrics)], options=SERVER_OPTIONS)
@@ -123,7 +124,7 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     `engine` defaults to the real runner driven by the warmup plan.
     """
     metrics = Metrics()
-    health = health_aio.HealthServicer()
+    health = WarmgateHealth()
     engine = engine if engine is not None else _default_engine(config)
     # Fakes in tests have none; the real engine's counts every compile of its runner.
     jit_monitor: JitMonitor | None = getattr(engine, "jit_monitor", None)

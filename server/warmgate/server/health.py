@@ -1,0 +1,62 @@
+"""grpc.health.v1 as warmgate serves it: gRPC's asyncio HealthServicer plus List and a drain.
+
+- List: the stock servicer leaves it to the generated base class, which raises
+  NotImplementedError; the error interceptor then answered INTERNAL with a traceback on every
+  call. Here it returns every registered service's status.
+- drain (SIGTERM): the readiness services turn NOT_SERVING for good so traffic moves away,
+  while `liveness` stays SERVING until the process exits: a kubelet that saw liveness fail
+  would restart the pod and cut its grace short. A fatal device error still uses
+  enter_graceful_shutdown, which turns every service, liveness included, NOT_SERVING.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import grpc
+from grpc_health.v1 import health_pb2
+from grpc_health.v1.health import aio as health_aio
+
+logger = logging.getLogger(__name__)
+
+LIVENESS_SERVICE = "liveness"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class WarmgateHealth(health_aio.HealthServicer):
+    def __init__(self, live_through_drain: Iterable[str] = (LIVENESS_SERVICE,)) -> None:
+        super().__init__()
+        self._live_through_drain = frozenset(live_through_drain)
+        self._draining = False
+
+    def statuses(self) -> dict[str, health_pb2.HealthCheckResponse.ServingStatus.ValueType]:
+        """A snapshot of every registered service's status."""
+        return dict(self._server_status)
+
+    async def List(self, request: health_pb2.HealthListRequest,
+                   context: grpc.aio.ServicerContext) -> health_pb2.HealthListResponse:
+        return health_pb2.HealthListResponse(statuses={
+            name: health_pb2.HealthCheckResponse(status=status)
+            for name, status in self.statuses().items()})
+
+    async def set(self, service: str,
+                  status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
+        # During a drain nothing may turn readiness back (a warmup finishing meanwhile).
+        if self._draining and service not in self._live_through_drain:
+            return
+        await super().set(service, status)
+
+    async def drain(self) -> None:
+        """Every service but the live-through-drain ones NOT_SERVING, until the process ends."""
+        if self._draining:
+            return
+        self._draining = True
+        stopped = [name for name in self.statuses() if name not in self._live_through_drain]
+        for name in stopped:
+            await super().set(name, NOT_SERVING)
+        logger.info("health: %d services NOT_SERVING for the drain (%s); %s stay SERVING "
+                    "until the process exits", len(stopped),
+                    ", ".join(repr(n) for n in stopped),
+                    ", ".join(sorted(self._live_through_drain)))
