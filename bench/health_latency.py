@@ -2,6 +2,8 @@
 
 Usage: PYTHONPATH=client:server python bench/health_latency.py [--seconds 5] [--clients 50]
        [--model tiny] [--device auto] [--interval 0.02] [-- extra warmgate-server flags]
+       PYTHONPATH=client:server python bench/health_latency.py --burst 3000 [--channels 10]
+       [--repeats 3]    (simultaneous Checks instead: see bench/health_burst.py)
 
 A real server (the real runner, warmup not on start) runs in this process on a loop thread,
 exactly as warmgate-server runs it. The probes run in a separate process, as the kubelet
@@ -25,10 +27,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from bench.health_burst import PROBE_TIMEOUT_S, percentile, run_bursts
 from bench.load_gen import InProcessServer
 
 GOAL_P99_MS = 50.0
-PROBE_TIMEOUT_S = 1.0  # the kubelet's default gRPC probe timeout
 
 
 # -- the probe process ------------------------------------------------------------------
@@ -86,16 +88,9 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
 def _row(name: str, lat: list[float]) -> str:
     ms = [v * 1e3 for v in lat]
-    return (f"{name:<8} {len(ms):>8} {_percentile(ms, 50):>8.2f} {_percentile(ms, 99):>8.2f} "
+    return (f"{name:<8} {len(ms):>8} {percentile(ms, 50):>8.2f} {percentile(ms, 99):>8.2f} "
             f"{max(ms, default=float('nan')):>8.2f}")
 
 
@@ -110,8 +105,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch intra-op threads in the server (default: torch's). On a "
                              "small CPU box, fewer leave a core for the event loop")
+    parser.add_argument("--burst", type=int, default=0, metavar="N",
+                        help="instead of the idle/warmup windows: N simultaneous Checks")
+    parser.add_argument("--channels", type=int, default=10, help="channels of a --burst")
+    parser.add_argument("--repeats", type=int, default=3, help="bursts, one after another")
     parser.add_argument("server_flags", nargs="*", help="more warmgate-server flags (after --)")
     args = parser.parse_args(argv)
+    if args.burst < 0 or args.channels < 1 or args.repeats < 1:
+        parser.error("--burst must be >= 0, --channels and --repeats >= 1")
     if args.seconds * 2 > 50:
         parser.error("--seconds: keep the bench under a minute (at most 25)")
 
@@ -126,6 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         with WarmgateClient(server.target, timeout=120) as client:
             first = client.warmup_kernels()  # the cold plan (and the load) happen here
+        if args.burst:
+            run_bursts(server.target, args.burst, args.channels, args.repeats)
+            return 0
         ctx = mp.get_context("spawn")  # a fresh interpreter: no torch, no inherited threads
         results = ctx.Queue()
         settle_s = 2.0  # the probe process's own start-up, excluded from both windows
@@ -146,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     idle = [lat for t, lat in samples if idle_from <= t < idle_from + args.seconds]
     busy = [lat for t, lat in samples if t >= idle_from + args.seconds and during(t)]
-    p99_idle, p99_busy = _percentile(idle, 99) * 1e3, _percentile(busy, 99) * 1e3
+    p99_idle, p99_busy = percentile(idle, 99) * 1e3, percentile(busy, 99) * 1e3
     cfg = server.config.runner
     print(f"health latency: {args.clients} probing clients, {args.interval * 1e3:.0f} ms apart; "
           f"model {cfg.model.name} on {cfg.device.device} ({cfg.device.attention_backend}, "
@@ -159,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(_row("idle", idle))
     print(_row("warmup", busy))
     print(f"ratio p99 warmup/idle: {p99_busy / p99_idle:.2f}x   "
-          f"p50: {_percentile(busy, 50) / _percentile(idle, 50):.2f}x")
+          f"p50: {percentile(busy, 50) / percentile(idle, 50):.2f}x")
     print(f"errors: {len(errors)} ({', '.join(sorted(set(errors))) or 'none'})")
     ok = p99_busy <= GOAL_P99_MS and not errors
     print(f"goal p99 during warmup <= {GOAL_P99_MS:.0f} ms: {'MET' if ok else 'NOT MET'}")

@@ -171,6 +171,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                  ) -> None:
         self._metrics = metrics
         self._on_fatal = on_fatal
+        # method -> (the registered handler, its wrapped twin): wrapping builds closures and
+        # a new method handler, work a burst of thousands of health checks would repeat.
+        # Only registered methods get here (an unknown one's handler is None), so it is small.
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails],
@@ -181,6 +185,14 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         method = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         wrap = (self._metrics, method, self._on_fatal)
         codec = {"request_deserializer": _tolerant(handler.request_deserializer),
                  "response_serializer": handler.response_serializer}
