@@ -21,9 +21,9 @@ from warmgate.server.runner.scheduler_output import SamplingParams
 _MASK64 = (1 << 64) - 1
 
 
-def _mix(seed: int, step: int) -> int:
-    """splitmix64 of (seed, step): neighbouring steps get unrelated generator states."""
-    z = (seed * 0x9E3779B97F4A7C15 + step + 0x9E3779B97F4A7C15) & _MASK64
+def _mix(seed: int, position: int) -> int:
+    """splitmix64 of (seed, position): neighbouring positions get unrelated generator states."""
+    z = (seed * 0x9E3779B97F4A7C15 + position + 0x9E3779B97F4A7C15) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     return (z ^ (z >> 31)) >> 1  # manual_seed takes a non-negative int64
