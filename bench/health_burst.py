@@ -1,6 +1,7 @@
 """`bench/health_latency.py --burst N`: N simultaneous Health.Check calls from --channels
 channels, in a separate process (as probes come from outside), each with the kubelet's 1 s
-timeout. Every burst prints its p50, p99, max and errors by code; the last line sums them.
+timeout (a long --timeout measures capacity instead). Every burst prints its p50, p99, max
+and errors by code; the last line sums them.
 
 Latency is per call, from just before that call starts (what its deadline counts from), so
 the client's own time to issue N calls is not charged to the server; `wall_ms` is the whole
@@ -29,7 +30,8 @@ class BurstResult:
     cpu_s: float = 0.0  # the client process's own CPU time for the burst
 
 
-async def _burst(target: str, num_calls: int, num_channels: int) -> BurstResult:
+async def _burst(target: str, num_calls: int, num_channels: int, timeout_s: float
+                 ) -> BurstResult:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -45,7 +47,7 @@ async def _burst(target: str, num_calls: int, num_channels: int) -> BurstResult:
         async def one(stub: Any) -> None:
             start = time.monotonic()
             try:
-                await stub.Check(request, timeout=PROBE_TIMEOUT_S)
+                await stub.Check(request, timeout=timeout_s)
                 result.latencies_s.append(time.monotonic() - start)
             except grpc.aio.AioRpcError as exc:
                 result.errors[exc.code().name] += 1
@@ -59,8 +61,9 @@ async def _burst(target: str, num_calls: int, num_channels: int) -> BurstResult:
         await asyncio.gather(*(c.close() for c in channels))
 
 
-def _burst_process(target: str, num_calls: int, num_channels: int, out: Any) -> None:
-    result = asyncio.run(_burst(target, num_calls, num_channels))
+def _burst_process(target: str, num_calls: int, num_channels: int, timeout_s: float,
+                   out: Any) -> None:
+    result = asyncio.run(_burst(target, num_calls, num_channels, timeout_s))
     out.put((result.latencies_s, dict(result.errors), result.wall_s, result.cpu_s))
 
 
@@ -81,12 +84,13 @@ def _line(name: str, latencies: list[float], errors: Counter[str], wall_s: float
             f"{sum(errors.values())} ({codes})")
 
 
-def run_bursts(target: str, num_calls: int, num_channels: int, repeats: int) -> bool:
+def run_bursts(target: str, num_calls: int, num_channels: int, repeats: int,
+               timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     """Print one line per burst and a total; True when every burst met the goal. The server
     runs in this process: its CPU time over the burst is this process's."""
     ctx = mp.get_context("spawn")  # a fresh interpreter: no torch, no inherited threads
     print(f"health burst: {num_calls} simultaneous Checks over {num_channels} channels, "
-          f"{PROBE_TIMEOUT_S:g} s timeout each, {repeats} bursts")
+          f"{timeout_s:g} s timeout each, {repeats} bursts")
     print(f"{'burst':<7} {'ok':>6} {'p50_ms':>8} {'p99_ms':>8} {'max_ms':>8} {'wall_ms':>8} "
           f"{'srv_cpu':>8} {'cli_cpu':>8}")
     all_latencies: list[float] = []
@@ -94,7 +98,8 @@ def run_bursts(target: str, num_calls: int, num_channels: int, repeats: int) -> 
     met = True
     for i in range(repeats):
         out = ctx.Queue()
-        proc = ctx.Process(target=_burst_process, args=(target, num_calls, num_channels, out))
+        proc = ctx.Process(target=_burst_process,
+                           args=(target, num_calls, num_channels, timeout_s, out))
         proc.start()
         # Server CPU from the child's start: its connections and warm-up Checks included.
         server_cpu = time.process_time()

@@ -109,10 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="instead of the idle/warmup windows: N simultaneous Checks")
     parser.add_argument("--channels", type=int, default=10, help="channels of a --burst")
     parser.add_argument("--repeats", type=int, default=3, help="bursts, one after another")
+    parser.add_argument("--timeout", type=float, default=PROBE_TIMEOUT_S,
+                        help="each burst call's deadline (s); a long one measures capacity")
     parser.add_argument("server_flags", nargs="*", help="more warmgate-server flags (after --)")
     args = parser.parse_args(argv)
-    if args.burst < 0 or args.channels < 1 or args.repeats < 1:
-        parser.error("--burst must be >= 0, --channels and --repeats >= 1")
+    if args.burst < 0 or args.channels < 1 or args.repeats < 1 or not args.timeout > 0:
+        parser.error("--burst must be >= 0, --channels and --repeats >= 1, --timeout > 0")
     if args.seconds * 2 > 50:
         parser.error("--seconds: keep the bench under a minute (at most 25)")
 
@@ -128,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with WarmgateClient(server.target, timeout=120) as client:
             first = client.warmup_kernels()  # the cold plan (and the load) happen here
         if args.burst:
-            run_bursts(server.target, args.burst, args.channels, args.repeats)
+            run_bursts(server.target, args.burst, args.channels, args.repeats, args.timeout)
             return 0
         ctx = mp.get_context("spawn")  # a fresh interpreter: no torch, no inherited threads
         results = ctx.Queue()
