@@ -14,8 +14,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tests.certs import Pki, make_pki
 from tests.grpc_harness import FakeEngine, ServerThread, run, server_config, serving
 from warmgate.client.aio import AsyncWarmgateClient
-from warmgate.client.cli import EXIT_OK, EXIT_RPC_ERROR, main
+from warmgate.client.cli import main
 from warmgate.client.errors import WarmgateRpcError
+from warmgate.client.exit_codes import EXIT_LOCAL, EXIT_OK, EXIT_RPC_ERROR
 from warmgate.client.security import ClientSecurity
 from warmgate.v1 import warmup_pb2 as pb
 from warmgate.v1 import warmup_pb2_grpc as pb_grpc
@@ -212,6 +213,6 @@ def test_cli_takes_token_and_tls_from_flags_or_environment(pki: Pki, token_file:
         # No client certificate: the handshake fails, reported as an RPC error.
         code, err = cli("--tls-ca", str(pki.ca), "status")
         assert code == EXIT_RPC_ERROR and "UNAVAILABLE" in err
-        with pytest.raises(SystemExit) as info:  # a wrong path is a command-line error
-            cli("--token-file", str(token_file) + ".missing", "status")
-        assert info.value.code == 2
+        # A token file that is not there is a local error, one line naming it, before any RPC.
+        code, err = cli("--token-file", str(token_file) + ".missing", "status")
+        assert code == EXIT_LOCAL and ".missing" in err and len(err.strip().splitlines()) == 1
