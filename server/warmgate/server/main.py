@@ -22,7 +22,13 @@ from typing import NamedTuple
 
 from warmgate.server.app import create_server
 from warmgate.server.cpu_threads import apply_cpu_threads
-from warmgate.server.server_config import ServerConfig, configure_logging, load_server_config
+from warmgate.server.port_check import PortInUse, check_ports
+from warmgate.server.server_config import (
+    ServerConfig,
+    configure_logging,
+    load_server_config,
+    startup_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +44,10 @@ class Exit(NamedTuple):
 
 
 async def serve(config: ServerConfig) -> Exit:
-    running = await create_server(config)
+    try:
+        running = await create_server(config)
+    except OSError as exc:  # a port taken since check_ports looked
+        startup_error(f"cannot start: {exc}")
     if running.metrics_port is not None:
         logger.info("metrics on port %d", running.metrics_port)
     stop = asyncio.Event()
@@ -66,6 +75,14 @@ async def serve(config: ServerConfig) -> Exit:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = load_server_config(sys.argv[1:] if argv is None else argv)
+    if not config.warmup_only:  # which binds nothing
+        try:
+            check_ports(config.host, (
+                ("--port", config.port),
+                ("--health-port", config.health_port if config.health_port_enabled else -1),
+                ("--metrics-port", config.metrics_port if config.metrics_enabled else -1)))
+        except PortInUse as exc:
+            startup_error(str(exc))
     configure_logging(config)
     logger.info("config_hash=%s runner=%s", config.runner.config_hash(), config.runner.to_dict())
     apply_cpu_threads(config.cpu_threads, config.runner.device.device)
