@@ -1,5 +1,5 @@
 """A full cache disk mid-warmup on the GPU (issue 17.3), end to end: Triton's compiled
-kernels and launcher fill a 1 MiB tmpfs under --cache-dir, the compile fails with ENOSPC,
+kernels and launcher fill a 128 KiB tmpfs under --cache-dir, the compile fails with ENOSPC,
 the cache degrades to a private temporary directory and `--warmup-only` still succeeds."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     mount = tmp_path / "tmpfs"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(mount)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
