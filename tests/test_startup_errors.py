@@ -145,3 +145,34 @@ def test_model_config_json_that_is_not_json_exits_2(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"vocab_size": 512,')
     assert_one_line_exit_2(run_server("--model", str(tmp_path)), "argument --model:",
                            "config.json")
+
+
+# A port taken between main's check and gRPC's bind: the same one line (gRPC's C core may
+# add its own log line; the last line is ours), exit 2, no traceback.
+RACE = """
+import socket, sys
+import warmgate.server.main as main
+stranger = socket.socket()
+stranger.bind(("127.0.0.1", 0))
+stranger.listen()
+port = stranger.getsockname()[1]
+real, calls = main.check_ports, []
+def taken_after_the_first_check(host, ports):
+    calls.append(1)
+    if len(calls) > 1:
+        real(host, ports)
+main.check_ports = taken_after_the_first_check
+sys.exit(main.main(["--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+                    "--metrics-port", "-1"]))
+"""
+
+
+def test_port_taken_after_the_check_still_exits_2_with_one_line() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARMGATE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "client"), str(ROOT / "server")])
+    result = subprocess.run([sys.executable, "-c", RACE], env=env, capture_output=True,
+                            text=True, timeout=EXIT_WITHIN_S, check=False)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("warmgate-server: error: argument --port: cannot bind 127.0.0.1:")

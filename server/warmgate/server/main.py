@@ -43,11 +43,25 @@ class Exit(NamedTuple):
     runner_idle: bool
 
 
+def _check_ports(config: ServerConfig) -> None:
+    """Exit 2 with one line naming the flag and the address if a configured port is busy."""
+    try:
+        check_ports(config.host, (
+            ("--port", config.port),
+            ("--health-port", config.health_port if config.health_port_enabled else -1),
+            ("--metrics-port", config.metrics_port if config.metrics_enabled else -1)))
+    except PortInUse as exc:
+        startup_error(str(exc))
+
+
 async def serve(config: ServerConfig) -> Exit:
     try:
         running = await create_server(config)
-    except OSError as exc:  # a port taken since check_ports looked
-        startup_error(f"cannot start: {exc}")
+    except (OSError, RuntimeError):
+        # grpc says RuntimeError, http.server OSError; a port taken since main's check gets
+        # the same one line, anything else keeps its traceback.
+        _check_ports(config)
+        raise
     if running.metrics_port is not None:
         logger.info("metrics on port %d", running.metrics_port)
     stop = asyncio.Event()
@@ -76,13 +90,7 @@ async def serve(config: ServerConfig) -> Exit:
 def main(argv: Sequence[str] | None = None) -> int:
     config = load_server_config(sys.argv[1:] if argv is None else argv)
     if not config.warmup_only:  # which binds nothing
-        try:
-            check_ports(config.host, (
-                ("--port", config.port),
-                ("--health-port", config.health_port if config.health_port_enabled else -1),
-                ("--metrics-port", config.metrics_port if config.metrics_enabled else -1)))
-        except PortInUse as exc:
-            startup_error(str(exc))
+        _check_ports(config)
     configure_logging(config)
     logger.info("config_hash=%s runner=%s", config.runner.config_hash(), config.runner.to_dict())
     apply_cpu_threads(config.cpu_threads, config.runner.device.device)

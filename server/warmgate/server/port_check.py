@@ -28,16 +28,16 @@ def _address(host: str, port: int) -> str:
 def check_port(flag: str, host: str, port: int) -> None:
     """Bind every address `host` resolves to on `port`; PortInUse names the flag."""
     try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise PortInUse(flag, _address(host, port), f"cannot resolve {host!r}: {exc.strerror}"
                         ) from None
     for family, kind, proto, _, sockaddr in infos:
         with socket.socket(family, kind, proto) as sock:
+            # IPV6_V6ONLY stays at Linux's default (off), as gRPC leaves it: "::" then
+            # conflicts with an IPv4 listener on the port, as gRPC's own bind would.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 sock.bind(sockaddr)
             except OSError as exc:
