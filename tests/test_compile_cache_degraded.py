@@ -215,3 +215,25 @@ def test_rebuild_bounds_the_trash(tmp_path: Path) -> None:
         (cache.entry / "inductor" / "graph.bin").write_bytes(b"x" * 64)
         cache.close()  # no READY: the next opener rebuilds
         assert len(list((tmp_path / cache_fs.TRASH_DIR).glob("*"))) == min(round_, 2)
+
+
+class Stopped(BaseException):
+    """Like the controller's WarmupCancelled: not an Exception, so no phase catches it."""
+
+
+def test_stopped_warmup_releases_the_fill_lock(tmp_path: Path) -> None:
+    cache = CompileCache(tmp_path, environ={})
+    cache.open(RunnerConfig(), inputs=INPUTS)
+    assert cache.filling
+
+    def stopped_plan() -> WarmupReport:
+        raise Stopped()
+
+    with pytest.raises(Stopped):
+        run_plan_with_cache(cache, stopped_plan)
+    assert not cache.filling and not cache.info.degraded
+    # Another process (here: another opener) can fill the entry at once.
+    other = CompileCache(tmp_path, lock_timeout_s=0.5, environ={})
+    assert other.open(RunnerConfig(), inputs=INPUTS).state == "rebuilt"
+    other.close()
+    cache.close()

@@ -7,6 +7,9 @@ seconds before they are cancelled, and the process exits 0.
 On a fatal device error (a sticky CUDA error: the CUDA context is gone) health turns
 NOT_SERVING for every service, the server stops the same way and the process exits 70, so
 Kubernetes restarts the container instead of keeping a half-alive pod.
+
+A configuration that can never serve (a bad flag, a busy port, a TLS key of another
+certificate, ...) exits 2 before anything starts, with one line on stderr naming the flag.
 """
 
 from __future__ import annotations

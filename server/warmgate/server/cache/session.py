@@ -32,15 +32,25 @@ def run_plan_with_cache(cache: CompileCache | None,
     """run_plan(), then settle the entry. A plan that failed because the cache could not be
     written (a full disk mid-warmup) degrades the cache and runs once more, compiling into
     the private cache: the cache's trouble is never the warmup's."""
-    report = run_plan()
+    report = _run_or_abandon(cache, run_plan)
     if cache is not None and cache.filling and not report.succeeded:
         entry = Path(cache.entry) if cache.entry is not None else None
         reason = cache_write_failure(report, entry)
         if reason is not None:
             cache.degrade(reason)
             logger.info("running the warmup plan again, with the private compile cache")
-            report = run_plan()
+            report = _run_or_abandon(cache, run_plan)
     return settle_compile_cache(cache, report)
+
+
+def _run_or_abandon(cache: CompileCache | None,
+                    run_plan: Callable[[], WarmupReport]) -> WarmupReport:
+    try:
+        return run_plan()
+    except BaseException:  # a stop (WarmupCancelled) or a fatal device error: no READY
+        if cache is not None:
+            cache.abandon("the warmup was stopped")
+        raise
 
 
 def settle_compile_cache(cache: CompileCache | None, report: WarmupReport) -> WarmupReport:

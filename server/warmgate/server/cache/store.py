@@ -205,11 +205,10 @@ class CompileCache:
             self._release_fill()
         self.refresh_size(force=True)
 
-    def abandon(self) -> None:
+    def abandon(self, why: str = "warmup failed") -> None:
         """The warmup failed: leave the entry without a marker (the next opener rebuilds)."""
         if self._fill is not None:
-            logger.warning("warmup failed: compile cache entry %s left without READY",
-                           self.entry)
+            logger.warning("%s: compile cache entry %s left without READY", why, self.entry)
         self._release_fill()
 
     def _release_fill(self) -> None:
