@@ -1,7 +1,9 @@
 """SIGTERM during the start-up warmup is a cancellation, not an error: one INFO line.
 
-Clients in flight (a WarmupKernels call waiting on the same run, a WatchStatus stream) must
-not make the server log an error or grpc's "Exception not handled" either.
+Clients in flight (a WarmupKernels call joined to the run, a MixedWarmup queued behind it, a
+WatchStatus stream) must not make the server log an error, a traceback, or grpc's
+"Exception not handled ... CancelledError", whether the runner reaches its next step within
+the grace or is left behind when the grace runs out.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
+
 from tests.server_process import ServerProcess
 from warmgate.client.api import WarmgateClient
 from warmgate.client.errors import WarmgateRpcError
 
-# Holds the plan inside kernels.decode long enough for the SIGTERM to land mid-warmup.
-DELAY = {"WARMGATE_FAULT_INJECT": "kernels.decode:delay=3"}
 STALL = re.compile(r"injecting fault delay in phase kernels\.decode")
 
 
@@ -33,14 +35,18 @@ def _call_in_background(fn: Callable[[], object]) -> threading.Thread:
     return thread
 
 
-def test_sigterm_during_warmup_logs_one_info_line_and_no_error() -> None:
-    with ServerProcess(env=DELAY) as server:
+# (seconds the decode phase stalls, --shutdown-grace): the step ends within the grace, or not.
+@pytest.mark.parametrize(("delay", "grace"), [("3", "5"), ("6", "1")],
+                         ids=["step-ends-in-grace", "grace-runs-out"])
+def test_sigterm_during_warmup_logs_one_info_line_and_no_error(delay: str, grace: str) -> None:
+    env = {"WARMGATE_FAULT_INJECT": f"kernels.decode:delay={delay}"}
+    with ServerProcess(["--shutdown-grace", grace], env=env) as server:
         server.wait_for(STALL)
         with WarmgateClient(f"127.0.0.1:{server.port}", timeout=30) as client:
             waiters = [_call_in_background(lambda: client.warmup_kernels()),
+                       _call_in_background(lambda: client.mixed_warmup(8)),
                        _call_in_background(lambda: list(client.watch_status(follow=True)))]
-            # Both RPCs are in the server once the forced run's watcher sees the plan.
-            time.sleep(1.0)
+            time.sleep(1.0)  # the three RPCs reach the server and wait on the runner
             server.proc.send_signal(signal.SIGTERM)
             code = server.wait_exit(60)
             for thread in waiters:

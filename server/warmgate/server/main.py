@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NoReturn
 
 from warmgate.server.app import create_server
 from warmgate.server.cpu_threads import apply_cpu_threads
@@ -39,11 +39,19 @@ EXIT_OK = 0
 EXIT_FATAL = 70  # EX_SOFTWARE (sysexits.h); any non-zero code makes the kubelet restart us
 
 
-class Exit(NamedTuple):
-    code: int
-    # False when a runner step was still going after the grace: Python cannot interrupt a
-    # thread, and waiting for it at interpreter exit could outlast the pod's grace period.
-    runner_idle: bool
+def _exit_now(code: int) -> NoReturn:
+    """Leave at once, after flushing the logs.
+
+    For a runner step still going after the grace: Python cannot interrupt a thread, and
+    interpreter exit would join it (the worker is no daemon: ThreadPoolExecutor's never
+    are), which could outlast the pod's grace period. And before asyncio.run's teardown,
+    which would cancel the RPCs still waiting on that step, each logged by grpc as an
+    unhandled CancelledError: a stop is not an error.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _check_ports(config: ServerConfig) -> None:
@@ -57,7 +65,7 @@ def _check_ports(config: ServerConfig) -> None:
         startup_error(str(exc))
 
 
-async def serve(config: ServerConfig) -> Exit:
+async def serve(config: ServerConfig) -> int:
     try:
         running = await create_server(config)
     except (OSError, RuntimeError):
@@ -87,7 +95,9 @@ async def serve(config: ServerConfig) -> Exit:
     if not idle:
         logger.warning("the runner is still inside a step after the grace; exiting without it")
     logger.info("stopped (exit code %d)", code)
-    return Exit(code, idle)
+    if not idle:
+        _exit_now(code)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,15 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from warmgate.server.prewarm import run_warmup_only
 
         return run_warmup_only(config)
-    result = asyncio.run(serve(config))
-    if not result.runner_idle:
-        # The worker thread is not a daemon (ThreadPoolExecutor's never are) and interpreter
-        # exit would join it: leave now, after flushing the logs.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(result.code)
-    return result.code
+    return asyncio.run(serve(config))
 
 
 if __name__ == "__main__":
