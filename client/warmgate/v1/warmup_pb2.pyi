@@ -471,10 +471,11 @@ class CompileCache(_message.Message):
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     WAITED_FIELD_NUMBER: _builtins.int
+    DEGRADED_FIELD_NUMBER: _builtins.int
     state: _builtins.str
     """The entry as found at start-up: "hit" (READY, verified), "miss" (created now),
     "rebuilt" (corrupt or half-written: moved to .trash/ and created again), "error" or
-    "lock_timeout" (the cache is not used by this process).
+    "lock_timeout" (the cache is not used by this process). See also degraded.
     """
     directory: _builtins.str
     """The cache directory (--cache-dir)."""
@@ -486,6 +487,11 @@ class CompileCache(_message.Message):
     """Bytes under the entry now."""
     detail: _builtins.str
     """Why the entry is in this state, in a sentence."""
+    degraded: _builtins.bool
+    """A write into the cache failed (a full disk, a quota, a read-only mount): the entry was
+    given up and this process compiles into a private temporary directory instead; detail
+    says which write failed. Warmup carries on; nothing reaches --cache-dir until a restart.
+    """
     @_builtins.property
     def waited(self) -> _duration_pb2.Duration:
         """Time spent waiting for another process that was filling the entry."""
@@ -500,10 +506,11 @@ class CompileCache(_message.Message):
         size_bytes: _builtins.int = ...,
         detail: _builtins.str = ...,
         waited: _duration_pb2.Duration | None = ...,
+        degraded: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["waited", b"waited"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "directory", b"directory", "entry", b"entry", "key", b"key", "size_bytes", b"size_bytes", "state", b"state", "waited", b"waited"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded", "detail", b"detail", "directory", b"directory", "entry", b"entry", "key", b"key", "size_bytes", b"size_bytes", "state", b"state", "waited", b"waited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -49,8 +49,12 @@ HEARTBEAT_S = 1.0
 IDLE_POLL_S = 0.05
 
 
-class WarmupCancelled(Exception):
-    """Raised into the warmup (through its progress callback) when the server stops."""
+class WarmupCancelled(BaseException):
+    """Raised into the warmup (through its progress callback) when the server stops.
+
+    A BaseException, like asyncio.CancelledError: the plan's `except Exception` records a
+    failed phase with a traceback, and a stop is neither a failure nor worth a traceback.
+    """
 
 
 class WarmupController:
@@ -83,6 +87,8 @@ class WarmupController:
         self._fatal: BaseException | None = None
         self._fatal_event = asyncio.Event()
         self._jobs_waiting = 0
+        # The kind of warmup ("plan", "mixed") on the worker now, for close()'s log line.
+        self._warming: str | None = None
         self._serving = False
         # Called on the event loop just before health turns SERVING (see add_ready_listener).
         self._ready_listeners: list[Callable[[], None]] = []
@@ -105,6 +111,12 @@ class WarmupController:
 
     async def close(self, *, wait: bool = False) -> None:
         """Stop taking work, abort the run in progress at its next step, end watches."""
+        if not self._closing and self._warming is not None:
+            snap = self._tracker.snapshot()
+            # A stop, not a failure: one INFO line here, nothing from the run it cancels.
+            logger.info("warmup cancelled: the server is shutting down (the %s warmup stops at "
+                        "its next step; last progress: phase %s, step %d/%d)", self._warming,
+                        snap.current_phase or "-", snap.steps_done, snap.steps_total)
         self._closing = True
         self._cancel.set()
         self._tracker.notify()
@@ -293,14 +305,19 @@ class WarmupController:
         stopped at a step boundary is not a failure to report: its callers get UNAVAILABLE
         and retry elsewhere.
         """
+        self._warming = kind
         try:
             report = await self._in_worker(fn)
+        except WarmupCancelled:
+            raise ShuttingDown() from None  # close() logged the cancellation
         except FatalDeviceError as exc:
             await self.device_lost(exc)
             return self._failed_report(exc.phase, describe_fatal(exc.phase, exc.cause))
         except Exception as exc:  # the plan reports failures itself; this is its bug
             logger.exception("the %s warmup raised", kind)
             report = self._failed_report(kind, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._warming = None
         if self._cancel.is_set():
             raise ShuttingDown()
         return report
@@ -335,7 +352,9 @@ class WarmupController:
             shared = await self.warmup_kernels()
             logger.info("start-up warmup: %s in %.3f s", shared.value.outcome.value,
                         shared.value.total_duration_s)
-        except (FailedPrecondition, ShuttingDown) as exc:
+        except ShuttingDown:
+            pass  # a stop, logged once where the run was cancelled (or before it started)
+        except FailedPrecondition as exc:
             logger.error("start-up warmup did not run: %s", exc)
 
     async def _run_plan(self, mixed_num_tokens: int | None, force: bool) -> WarmupReport:

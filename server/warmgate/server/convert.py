@@ -82,7 +82,8 @@ def compile_cache_to_proto(info: dict[str, Any]) -> pb.CompileCache:
         state=str(info.get("state", "")), directory=str(info.get("directory", "")),
         key=str(info.get("key", "")), entry=str(info.get("entry", "")),
         size_bytes=int(info.get("size_bytes", 0)), detail=str(info.get("detail", "")),
-        waited=duration(float(info.get("waited_s", 0.0))))
+        waited=duration(float(info.get("waited_s", 0.0))),
+        degraded=bool(info.get("degraded", False)))
 
 
 def report_to_proto(report: WarmupReport, *, joined_in_flight: bool = False,

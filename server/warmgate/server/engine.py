@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any, Protocol
 
-from warmgate.server.cache.session import open_compile_cache, settle_compile_cache
+from warmgate.server.cache.session import open_compile_cache, run_plan_with_cache
 from warmgate.server.cache.store import CompileCache
 from warmgate.server.config import RunnerConfig
 from warmgate.server.faults import FaultInjector
@@ -115,10 +115,9 @@ class PlanEngine:
         if self._faults is not None:
             self._faults.start_run()
             progress = self._faults.watching(progress)
-        report = plan.run_warmup_plan(self._runner, load_phase=load_phase,
-                                      mixed_num_tokens=mixed_num_tokens, progress=progress,
-                                      force=force)
-        return settle_compile_cache(self._cache, report)
+        return run_plan_with_cache(self._cache, lambda: plan.run_warmup_plan(
+            self._runner, load_phase=load_phase, mixed_num_tokens=mixed_num_tokens,
+            progress=progress, force=force))
 
     def compile_cache_info(self) -> dict[str, Any] | None:
         """The entry's state, key, directory and size (refreshed at most every few seconds)."""

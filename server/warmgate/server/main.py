@@ -7,6 +7,9 @@ seconds before they are cancelled, and the process exits 0.
 On a fatal device error (a sticky CUDA error: the CUDA context is gone) health turns
 NOT_SERVING for every service, the server stops the same way and the process exits 70, so
 Kubernetes restarts the container instead of keeping a half-alive pod.
+
+A configuration that can never serve (a bad flag, a busy port, a TLS key of another
+certificate, ...) exits 2 before anything starts, with one line on stderr naming the flag.
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NoReturn
 
 from warmgate.server.app import create_server
 from warmgate.server.cpu_threads import apply_cpu_threads
-from warmgate.server.server_config import ServerConfig, configure_logging, load_server_config
+from warmgate.server.port_check import PortInUse, check_ports
+from warmgate.server.server_config import (
+    ServerConfig,
+    configure_logging,
+    load_server_config,
+    startup_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -30,15 +39,40 @@ EXIT_OK = 0
 EXIT_FATAL = 70  # EX_SOFTWARE (sysexits.h); any non-zero code makes the kubelet restart us
 
 
-class Exit(NamedTuple):
-    code: int
-    # False when a runner step was still going after the grace: Python cannot interrupt a
-    # thread, and waiting for it at interpreter exit could outlast the pod's grace period.
-    runner_idle: bool
+def _exit_now(code: int) -> NoReturn:
+    """Leave at once, after flushing the logs.
+
+    For a runner step still going after the grace: Python cannot interrupt a thread, and
+    interpreter exit would join it (the worker is no daemon: ThreadPoolExecutor's never
+    are), which could outlast the pod's grace period. And before asyncio.run's teardown,
+    which would cancel the RPCs still waiting on that step, each logged by grpc as an
+    unhandled CancelledError: a stop is not an error.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
-async def serve(config: ServerConfig) -> Exit:
-    running = await create_server(config)
+def _check_ports(config: ServerConfig) -> None:
+    """Exit 2 with one line naming the flag and the address if a configured port is busy."""
+    try:
+        check_ports(config.host, (
+            ("--port", config.port),
+            ("--health-port", config.health_port if config.health_port_enabled else -1),
+            ("--metrics-port", config.metrics_port if config.metrics_enabled else -1)))
+    except PortInUse as exc:
+        startup_error(str(exc))
+
+
+async def serve(config: ServerConfig) -> int:
+    try:
+        running = await create_server(config)
+    except (OSError, RuntimeError):
+        # grpc says RuntimeError, http.server OSError; a port taken since main's check gets
+        # the same one line, anything else keeps its traceback.
+        _check_ports(config)
+        raise
     if running.metrics_port is not None:
         logger.info("metrics on port %d", running.metrics_port)
     stop = asyncio.Event()
@@ -61,11 +95,15 @@ async def serve(config: ServerConfig) -> Exit:
     if not idle:
         logger.warning("the runner is still inside a step after the grace; exiting without it")
     logger.info("stopped (exit code %d)", code)
-    return Exit(code, idle)
+    if not idle:
+        _exit_now(code)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = load_server_config(sys.argv[1:] if argv is None else argv)
+    if not config.warmup_only:  # which binds nothing
+        _check_ports(config)
     configure_logging(config)
     logger.info("config_hash=%s runner=%s", config.runner.config_hash(), config.runner.to_dict())
     apply_cpu_threads(config.cpu_threads, config.runner.device.device)
@@ -73,15 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from warmgate.server.prewarm import run_warmup_only
 
         return run_warmup_only(config)
-    result = asyncio.run(serve(config))
-    if not result.runner_idle:
-        # The worker thread is not a daemon (ThreadPoolExecutor's never are) and interpreter
-        # exit would join it: leave now, after flushing the logs.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(result.code)
-    return result.code
+    return asyncio.run(serve(config))
 
 
 if __name__ == "__main__":

@@ -77,6 +77,9 @@ class Metrics:
                                   "Compile cache hits, by cache.", ["cache"], registry=r)
         self.cache_misses = Counter("warmgate_compile_cache_misses_total",
                                     "Compile cache misses, by cache.", ["cache"], registry=r)
+        self.cache_degraded = Gauge(
+            "warmgate_compile_cache_degraded", "1 once a write into --cache-dir failed and "
+            "this process compiles into a private temporary cache instead.", registry=r)
         self.rpc_requests = Counter("warmgate_rpc_requests_total", "RPCs handled, by status.",
                                     ["method", "code"], registry=r)
         self.rpc_duration = Histogram("warmgate_rpc_duration_seconds", "RPC handling time.",
@@ -113,6 +116,8 @@ class Metrics:
             self._cache_entry_observed = True
             (self.cache_hits if cache["state"] == "hit" else self.cache_misses).labels(
                 cache="entry").inc()
+        if cache:
+            self.cache_degraded.set(1 if cache.get("degraded") else 0)
         for p in report.phases:
             phase = _label(p.name, PHASES)
             if phase == "load" and self._load_observed:

@@ -7,6 +7,7 @@ ends up in a log must not carry them.
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +63,55 @@ def _pem(flag: str, path: str) -> bytes:
     return data
 
 
+def _no_passphrase() -> bytes:
+    # Without a callback OpenSSL would prompt on the terminal for an encrypted key's
+    # passphrase, hanging a server; an empty one fails, and the error says why.
+    return b""
+
+
+def _check_tls_pair(cert_path: str, cert: bytes, key_path: str, key: bytes) -> None:
+    """Parse the chain and the key with OpenSSL and check they belong together, so a bad
+    pair fails at start naming its flag rather than at the first handshake (or at bind).
+
+    Names the flag most likely at fault: a key in --tls-cert or a certificate in
+    --tls-key is a swapped pair; a certificate OpenSSL cannot parse is --tls-cert's; a key
+    it cannot parse, or one of another certificate, is --tls-key's.
+    """
+    if b"PRIVATE KEY-----" in cert and b"CERTIFICATE-----" not in cert:
+        raise SecurityConfigError("--tls-cert", f"{cert_path} holds a private key, not a "
+                                                "certificate (--tls-cert and --tls-key swapped?)")
+    if b"PRIVATE KEY-----" not in key:
+        hint = (" (--tls-cert and --tls-key swapped?)" if b"CERTIFICATE-----" in key else "")
+        raise SecurityConfigError("--tls-key", f"{key_path} holds no PEM private key{hint}")
+    if b"ENCRYPTED" in key:
+        raise SecurityConfigError("--tls-key", f"{key_path} is encrypted; gRPC needs an "
+                                               "unencrypted PEM key")
+    try:
+        ssl.create_default_context().load_verify_locations(cadata=cert.decode("ascii"))
+    except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
+        raise SecurityConfigError("--tls-cert", f"{cert_path} is not a valid PEM certificate "
+                                                f"chain: {exc}") from None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(
+            cert_path, key_path, password=_no_passphrase)
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise SecurityConfigError("--tls-key", f"{key_path} is not the private key of the "
+                                                   f"certificate in {cert_path}") from None
+        raise SecurityConfigError("--tls-key", f"{key_path} is not a valid PEM private key "
+                                               f"for {cert_path}: {exc}") from None
+    except OSError as exc:
+        raise SecurityConfigError("--tls-key", f"cannot read {key_path}: {exc}") from None
+
+
+def _check_ca(path: str, data: bytes) -> None:
+    try:
+        ssl.create_default_context().load_verify_locations(cadata=data.decode("ascii"))
+    except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
+        raise SecurityConfigError("--tls-client-ca", f"{path} is not a valid PEM CA bundle: "
+                                                     f"{exc}") from None
+
+
 def read_tokens(flag: str, path: str) -> tuple[bytes, ...]:
     """One token per non-empty line; each must be a valid gRPC metadata value."""
     tokens = []
@@ -86,9 +136,14 @@ def load_server_security(*, auth_token_file: str | None, tls_cert: str | None,
         raise SecurityConfigError(missing, "--tls-cert and --tls-key go together")
     if tls_client_ca is not None and tls_cert is None:
         raise SecurityConfigError("--tls-client-ca", "mTLS needs --tls-cert and --tls-key")
+    cert = _pem("--tls-cert", tls_cert) if tls_cert else None
+    key = _pem("--tls-key", tls_key) if tls_key else None
+    if tls_cert and tls_key and cert is not None and key is not None:
+        _check_tls_pair(tls_cert, cert, tls_key, key)
+    client_ca = _pem("--tls-client-ca", tls_client_ca) if tls_client_ca else None
+    if tls_client_ca and client_ca is not None:
+        _check_ca(tls_client_ca, client_ca)
     return ServerSecurity(
         auth_tokens=read_tokens("--auth-token-file", auth_token_file) if auth_token_file
         else (),
-        tls_cert=_pem("--tls-cert", tls_cert) if tls_cert else None,
-        tls_key=_pem("--tls-key", tls_key) if tls_key else None,
-        tls_client_ca=_pem("--tls-client-ca", tls_client_ca) if tls_client_ca else None)
+        tls_cert=cert, tls_key=key, tls_client_ca=client_ca)

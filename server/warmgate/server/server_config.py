@@ -8,8 +8,11 @@ in argv and environ, so tests never touch the real environment.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -35,6 +38,7 @@ from warmgate.server.security import (
     load_server_security,
 )
 from warmgate.server.serving.config import ServingConfig
+from warmgate.server.startup_checks import check_can_serve
 
 ENV_PREFIX = "WARMGATE_"
 # Waiting on another process filling the cache entry, plus a cold warmup of its own when the
@@ -131,9 +135,19 @@ def _non_negative(text: str) -> int:
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if value <= 0:
-        raise ValueError("must be > 0")
+    # NaN compares false with everything: unchecked, a NaN timeout waits forever.
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("must be a finite number > 0")
     return value
+
+
+def _attention_backend(text: str) -> str:
+    from warmgate.server.runner.attention import backend_names  # lazy: imports torch
+
+    choices = ("auto", *backend_names())
+    if text not in choices:
+        raise ValueError(f"must be one of {', '.join(choices)}")
+    return text
 
 
 def _log_level(text: str) -> str:
@@ -189,7 +203,8 @@ _OPTIONS = (
     _Option("--block-size", int, 16, "tokens per KV cache block"),
     _Option("--device", str, "auto", "auto, cpu, cuda or cuda:N"),
     _Option("--dtype", str, "auto", "auto, float32, bfloat16 or float16"),
-    _Option("--attention-backend", str, "auto", "auto, torch, triton or flashinfer"),
+    _Option("--attention-backend", _attention_backend, "auto",
+            "auto, torch, triton or flashinfer"),
     _Option("--mixed-num-tokens", _non_negative, None,
             "tokens of the plan's mixed prefill+decode phase (default: the plan's)"),
     _Option("--log-level", _log_level, "INFO", ", ".join(LOG_LEVELS)),
@@ -289,9 +304,24 @@ def add_options(parser: argparse.ArgumentParser, flags: Sequence[str],
                                 type=_argtype(opt.parse))
 
 
+PROG = "warmgate-server"
+
+
+def startup_error(message: str) -> NoReturn:
+    """One line naming the flag (or file) on stderr, exit 2: a start-up that can never work
+    says why in a line a log collector keeps whole, never with a usage dump or a traceback."""
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        startup_error(f"{message} (see {PROG} --help)")
+
+
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="warmgate-server",
+    parser = _OneLineParser(
+        prog=PROG,
         description="Serve warmgate.v1.Warmup, health and metrics; warm the model's kernels. "
                     f"Every flag defaults to its {ENV_PREFIX}<FLAG> environment variable.")
     add_options(parser, [opt.flag for opt in _OPTIONS + _BOOL_OPTIONS], environ)
@@ -309,6 +339,12 @@ def _model_config(model: str, max_model_len: int | None) -> ModelConfig:
             return model_config_from_hf(model, **overrides)
         except WeightsError as exc:
             raise ConfigError("model", str(exc)) from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError("model", f"{os.path.join(model, 'config.json')} is not valid "
+                                       f"JSON: {exc}") from None
+        except (ValueError, OSError) as exc:  # any other unreadable model: one line, not a trace
+            raise ConfigError("model", f"cannot read the model in {model}: "
+                                       f"{type(exc).__name__}: {exc}") from None
     raise ConfigError("model", f"{model!r} is neither a preset ({', '.join(preset_names())}) "
                                "nor a local directory")
 
@@ -357,6 +393,11 @@ def load_server_config(argv: Sequence[str] | None = None,
             args.mixed_num_tokens > runner.scheduler.max_num_batched_tokens:
         parser.error(f"argument --mixed-num-tokens: {args.mixed_num_tokens} is more than "
                      f"--max-num-batched-tokens ({runner.scheduler.max_num_batched_tokens})")
+    if resolve:
+        try:
+            check_can_serve(runner, args.mixed_num_tokens, environ)
+        except ConfigError as exc:
+            report_config_error(parser, exc)
     try:
         security = load_server_security(
             auth_token_file=args.auth_token_file, tls_cert=args.tls_cert,

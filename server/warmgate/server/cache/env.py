@@ -53,3 +53,18 @@ def apply_cache_env(entry: Path, environ: MutableMapping[str, str] | None = None
         environ[var] = ours
         result.applied[var] = ours
     return result
+
+
+def repoint_cache_env(result: EnvResult, root: Path,
+                      environ: MutableMapping[str, str] | None = None) -> EnvResult:
+    """Move the variables `result` applied (never the user's own) under `root`."""
+    environ = os.environ if environ is None else environ
+    moved = EnvResult(respected=dict(result.respected))
+    for var, sub in CACHE_ENV_VARS.items():
+        if var in result.respected:
+            continue
+        ours = str(root / sub)
+        Path(ours).mkdir(parents=True, exist_ok=True)
+        environ[var] = ours
+        moved.applied[var] = ours
+    return moved

@@ -10,12 +10,16 @@ Protocol (see warmgate.client.cache_fs for the layout):
    through the warmup;
 4. after a successful warmup: MANIFEST.json, then READY (both by atomic rename), then the
    fill lock is released. A failed warmup releases it without a marker.
-Any filesystem error turns the cache off for this process (state "error") - never fatal.
+Any filesystem error is never fatal: opening fails to state "error"; a write that fails
+while filling (a full disk, mid-warmup) or committing gives the entry up. Either way the
+compilers carry on in a private temporary directory and the entry reports `degraded`
+(cache/degrade.py).
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
@@ -23,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from warmgate.client import cache_fs
-from warmgate.server.cache.env import EnvResult, apply_cache_env
+from warmgate.server.cache.degrade import private_cache_dir
+from warmgate.server.cache.env import EnvResult, apply_cache_env, repoint_cache_env
 from warmgate.server.cache.key import cache_key, dist_versions, key_inputs
+from warmgate.server.cache.trash import bound_trash
 from warmgate.server.config import RunnerConfig
 
 logger = logging.getLogger(__name__)
@@ -46,11 +52,15 @@ class CacheInfo:
     detail: str = ""
     waited_s: float = 0.0
     respected_env: dict[str, str] = field(default_factory=dict)
+    # A write into the cache failed: the compilers use a private temporary directory now
+    # and nothing this process compiles reaches --cache-dir (detail says why).
+    degraded: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"state": self.state, "directory": self.directory, "key": self.key,
                 "entry": self.entry, "size_bytes": self.size_bytes, "detail": self.detail,
-                "waited_s": round(self.waited_s, 3), "respected_env": dict(self.respected_env)}
+                "waited_s": round(self.waited_s, 3), "respected_env": dict(self.respected_env),
+                "degraded": self.degraded}
 
 
 class CompileCache:
@@ -77,9 +87,45 @@ class CompileCache:
             self._open(inputs)
         except OSError as exc:
             self.close()
-            logger.error("compile cache %s unusable, running without it: %s", self.root, exc)
             self.info = CacheInfo(state=ERROR, directory=str(self.root), detail=str(exc))
+            self.degrade(f"opening the entry failed: {exc}")
         return self.info
+
+    def degrade(self, reason: str) -> None:
+        """A write into the cache failed: give the entry up and carry on in a private one.
+
+        The entry, half-written, is moved to .trash/ (or deleted if even that fails) and the
+        trash emptied, so the space goes back to the pods sharing the volume; the fill lock
+        is released without READY, so the next opener builds the entry again.
+        """
+        if self.info.degraded:
+            return
+        given_up = self._give_up_entry()
+        private = private_cache_dir()
+        if self.env.applied:
+            self.env = repoint_cache_env(self.env, private, self._environ)
+        else:
+            self.env = apply_cache_env(private, self._environ)
+        self.info.degraded = True
+        self.info.detail = reason
+        self.info.respected_env = self.env.respected
+        logger.error("compile cache degraded: %s; %s; compiling into the private temporary "
+                     "cache %s for this process", reason, given_up, private)
+
+    def _give_up_entry(self) -> str:
+        entry, filling = self.entry, self._fill is not None
+        self._release_fill()
+        if entry is None or not filling:
+            return "no entry of ours to give up"
+        try:
+            moved = cache_fs.move_to_trash(self.root, entry)
+            gone = f"entry {entry} moved to {moved}"
+        except OSError:
+            shutil.rmtree(entry, ignore_errors=True)
+            gone = f"entry {entry} deleted"
+        bound_trash(self.root, keep=0)
+        self.entry = None
+        return gone + " (trash emptied)"
 
     def _open(self, inputs: dict[str, Any]) -> None:
         key = cache_key(inputs)
@@ -114,6 +160,7 @@ class CompileCache:
                 moved = cache_fs.move_to_trash(self.root, entry)
                 logger.warning("compile cache entry %s is not usable (%s); moved to %s and "
                                "rebuilding", entry, problem, moved)
+                bound_trash(self.root)
                 detail = f"rebuilt: {problem}"
             else:
                 detail = "new entry"
@@ -153,16 +200,15 @@ class CompileCache:
                 "manifest_sha256": cache_fs.file_sha256(self.entry / cache_fs.MANIFEST_FILE)})
             logger.info("compile cache entry %s is READY", self.entry)
         except OSError as exc:
-            logger.error("could not mark compile cache entry %s READY: %s", self.entry, exc)
+            self.degrade(f"marking the entry READY failed: {exc}")
         finally:
             self._release_fill()
         self.refresh_size(force=True)
 
-    def abandon(self) -> None:
+    def abandon(self, why: str = "warmup failed") -> None:
         """The warmup failed: leave the entry without a marker (the next opener rebuilds)."""
         if self._fill is not None:
-            logger.warning("warmup failed: compile cache entry %s left without READY",
-                           self.entry)
+            logger.warning("%s: compile cache entry %s left without READY", why, self.entry)
         self._release_fill()
 
     def _release_fill(self) -> None:

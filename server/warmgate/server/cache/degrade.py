@@ -1,0 +1,67 @@
+"""A cache that cannot be written is never fatal: the process carries on with a private one.
+
+A full disk, a quota or a read-only mount shows up in a compiler, mid-warmup, as
+`OSError: [Errno 28] No space left on device` or, with a little space left, as a C++ or
+Triton compile error naming no errno at all. So a failed warmup is blamed on the cache when a
+failed phase names a write errno, or when a small write into the entry now fails; then the
+entry is given up and the compilers get a private temporary directory, removed at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from warmgate.server.warmup.results import PhaseStatus, WarmupReport
+
+# os.strerror of the errnos that mean "this filesystem takes no more writes".
+WRITE_FAILURES = tuple(os.strerror(e) for e in (errno.ENOSPC, errno.EDQUOT, errno.EROFS))
+# Enough for one compiled kernel or inductor artefact: a disk that cannot take this much
+# cannot hold the warmup's output either.
+PROBE_BYTES = 1 << 20
+PROBE_NAME = ".write-probe"
+
+
+def probe_writable(directory: Path, nbytes: int = PROBE_BYTES) -> str | None:
+    """None if `nbytes` can be written and flushed to disk under `directory`, else why not."""
+    path = directory / f"{PROBE_NAME}.{os.getpid()}"
+    try:
+        with open(path, "wb") as f:
+            f.write(b"\0" * nbytes)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        return f"{exc.strerror or exc} writing {nbytes} bytes under {directory}"
+    finally:
+        # Never created, or the directory itself is gone: nothing to clean up.
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return None
+
+
+def cache_write_failure(report: WarmupReport, entry: Path | None) -> str | None:
+    """Why a failed warmup is the cache's fault (a write errno, a failing probe), or None."""
+    if report.succeeded:
+        return None
+    for phase in report.phases:
+        if phase.status is PhaseStatus.FAILED and any(m in phase.detail for m in WRITE_FAILURES):
+            return f"phase {phase.name}: {phase.detail}"
+    if entry is None:
+        return None
+    problem = probe_writable(entry)
+    if problem is None:
+        return None
+    failed = next((p.name for p in report.phases if p.status is PhaseStatus.FAILED), "?")
+    return f"phase {failed} failed and the cache takes no more writes ({problem})"
+
+
+def private_cache_dir() -> Path:
+    """A fresh temporary directory for this process's compilers, removed at exit."""
+    path = Path(tempfile.mkdtemp(prefix="warmgate-private-cache-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path

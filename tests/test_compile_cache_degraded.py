@@ -1,0 +1,239 @@
+"""A full cache disk is never fatal (issue 17.3): the entry is given up, the compilers carry
+on in a private temporary cache, the warmup succeeds, and the report, GetStatus and
+`warmgate_compile_cache_degraded` say the cache is degraded. `.trash/` stays bounded.
+
+The filesystem is a real 1 MiB tmpfs (mounted here, as root); the test skips where mounting
+is not permitted.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from warmgate.client import cache_fs
+from warmgate.server.cache import CACHE_ENV_VARS, CompileCache
+from warmgate.server.cache.degrade import PROBE_BYTES
+from warmgate.server.cache.session import run_plan_with_cache
+from warmgate.server.cache.trash import bound_trash
+from warmgate.server.config import RunnerConfig
+from warmgate.server.convert import compile_cache_to_proto
+from warmgate.server.metrics import Metrics
+from warmgate.server.warmup.failures import describe_failure
+from warmgate.server.warmup.results import (
+    PhaseResult,
+    PhaseStatus,
+    WarmupOutcome,
+    WarmupReport,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+INPUTS = {"schema": 1, "model": {"hidden_size": 64}, "versions": {"torch": "2.13"}}
+TMPFS_BYTES = 1 << 20
+# A compiled artefact bigger than what the tmpfs can hold.
+ARTEFACT_BYTES = 2 * TMPFS_BYTES
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs",
+                           str(mount)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill_up(directory: Path) -> None:
+    """Write into `directory` until its filesystem has no space left."""
+    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+class CompilingPlan:
+    """Stands in for the warmup plan: each run compiles one artefact into TRITON_CACHE_DIR,
+    as Triton does, and a failed write fails the phase the way the compilers report it."""
+
+    def __init__(self, environ: dict[str, str], failure: Callable[[OSError], Exception]
+                 ) -> None:
+        self.environ = environ
+        self.failure = failure
+        self.written: list[Path] = []
+
+    def __call__(self) -> WarmupReport:
+        target = Path(self.environ["TRITON_CACHE_DIR"]) / "kernel.so"
+        try:
+            target.write_bytes(b"\1" * ARTEFACT_BYTES)
+            self.written.append(target)
+            phase = PhaseResult(name="kernels.prefill", status=PhaseStatus.RAN)
+        except OSError as exc:
+            phase = PhaseResult(name="kernels.prefill", status=PhaseStatus.FAILED,
+                                detail=describe_failure("kernels.prefill", self.failure(exc)))
+        outcome = (WarmupOutcome.SUCCEEDED if phase.status is PhaseStatus.RAN
+                   else WarmupOutcome.FAILED)
+        return WarmupReport(outcome, [phase], 0.1, "hash")
+
+
+class CppCompileError(RuntimeError):
+    """Named like inductor's: with a little space left the compiler fails without an errno."""
+
+
+FAILURES = {
+    "enospc": lambda exc: exc,
+    "compiler-error-without-errno": lambda exc: CppCompileError("C++ compile error: ld: "
+                                                                "final link failed"),
+}
+
+
+@pytest.mark.parametrize("failure", list(FAILURES), ids=list(FAILURES))
+def test_full_disk_mid_warmup_degrades_and_warmup_succeeds(small_fs: Path,
+                                                           failure: str) -> None:
+    env: dict[str, str] = {}
+    cache = CompileCache(small_fs, environ=env)
+    assert cache.open(RunnerConfig(), inputs=INPUTS).state == "miss" and cache.filling
+    entry = cache.entry
+    assert entry is not None and env["TRITON_CACHE_DIR"].startswith(str(entry))
+    plan = CompilingPlan(env, FAILURES[failure])
+
+    report = run_plan_with_cache(cache, plan)
+
+    assert report.succeeded, report
+    info = cache.info.to_dict()
+    assert info["degraded"] and info["state"] == "miss", info
+    assert "kernels.prefill" in info["detail"]
+    assert not cache.filling  # the fill lock is free: the next opener rebuilds the entry
+    # The compilers moved off the full disk, into a private directory that took the write.
+    assert all(not env[var].startswith(str(small_fs)) for var in CACHE_ENV_VARS)
+    assert plan.written and plan.written[0].is_file()
+    # The half-written entry gave its space back; nothing is READY.
+    assert not entry.exists()
+    assert not any((small_fs / cache_fs.TRASH_DIR).glob("*"))
+    assert report.compile_cache is not None and report.compile_cache["degraded"]
+    assert compile_cache_to_proto(report.compile_cache).degraded
+    metrics = Metrics()
+    metrics.observe_report(report)
+    assert metrics.registry.get_sample_value("warmgate_compile_cache_degraded") == 1.0
+    cache.close()
+
+
+def test_ready_marker_that_cannot_be_written_degrades(small_fs: Path) -> None:
+    env: dict[str, str] = {}
+    cache = CompileCache(small_fs, environ=env)
+    cache.open(RunnerConfig(), inputs=INPUTS)
+    assert cache.entry is not None
+    fill_up(small_fs)  # another pod fills the volume before our commit
+    cache.commit(1.0)
+    assert cache.info.degraded and not cache.filling
+    assert "READY" in cache.info.detail
+    assert not any(p.name == "READY" for p in small_fs.rglob("READY"))
+    cache.close()
+
+
+def test_healthy_cache_failure_is_not_blamed_on_the_cache(tmp_path: Path) -> None:
+    """A real compile error on a disk with room stays a failed warmup: no retry, no
+    degraded cache, no silent fallback."""
+    env: dict[str, str] = {}
+    cache = CompileCache(tmp_path, environ=env)
+    cache.open(RunnerConfig(), inputs=INPUTS)
+    runs: list[int] = []
+
+    def failing_plan() -> WarmupReport:
+        runs.append(1)
+        phase = PhaseResult(name="compile", status=PhaseStatus.FAILED,
+                            detail=describe_failure("compile", CppCompileError("syntax")))
+        return WarmupReport(WarmupOutcome.FAILED, [phase], 0.1, "hash")
+
+    report = run_plan_with_cache(cache, failing_plan)
+    assert not report.succeeded and len(runs) == 1
+    assert not cache.info.degraded and report.compile_cache is not None
+    assert not report.compile_cache["degraded"]
+    cache.close()
+
+
+def test_probe_size_fits_the_artefacts() -> None:
+    assert PROBE_BYTES <= TMPFS_BYTES < ARTEFACT_BYTES
+
+
+def test_full_cache_disk_at_start_warmup_only_succeeds_degraded(small_fs: Path) -> None:
+    """The process: --warmup-only on a cache volume with no space left exits 0 and says so."""
+    fill_up(small_fs)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("WARMGATE_") and k not in CACHE_ENV_VARS}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "client"), str(ROOT / "server")])
+    done = subprocess.run(
+        [sys.executable, "-m", "warmgate.server.main", "--warmup-only", "--json", "--device",
+         "cpu", "--cache-dir", str(small_fs / "cache")],
+        env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["compile_cache"]["degraded"] is True, report["compile_cache"]
+    assert report["compile_cache"]["state"] == "error"
+    degraded_lines = [line for line in done.stderr.splitlines() if "degraded" in line]
+    assert len(degraded_lines) == 1, done.stderr
+
+
+def _trash_entry(root: Path, name: str, moved_at: int, size: int) -> Path:
+    path = root / cache_fs.TRASH_DIR / f"{name}.{moved_at}.1.1"
+    path.mkdir(parents=True)
+    (path / "blob").write_bytes(b"\0" * size)
+    return path
+
+
+def test_trash_keeps_the_newest_entries_within_the_byte_bound(tmp_path: Path) -> None:
+    old = _trash_entry(tmp_path, "a", 100, 10)
+    mid = _trash_entry(tmp_path, "b", 200, 10)
+    new = _trash_entry(tmp_path, "c", 300, 10)
+    removed = bound_trash(tmp_path, keep=2, max_bytes=1000)
+    assert removed == [old] and mid.exists() and new.exists()
+    removed = bound_trash(tmp_path, keep=2, max_bytes=15)
+    assert removed == [mid] and new.exists()
+
+
+def test_rebuild_bounds_the_trash(tmp_path: Path) -> None:
+    """Each rebuild moves a damaged entry aside; the trash never holds more than the bound."""
+    for round_ in range(4):
+        cache = CompileCache(tmp_path, environ={})
+        cache.open(RunnerConfig(), inputs=INPUTS)
+        assert cache.entry is not None
+        (cache.entry / "inductor" / "graph.bin").write_bytes(b"x" * 64)
+        cache.close()  # no READY: the next opener rebuilds
+        assert len(list((tmp_path / cache_fs.TRASH_DIR).glob("*"))) == min(round_, 2)
+
+
+class Stopped(BaseException):
+    """Like the controller's WarmupCancelled: not an Exception, so no phase catches it."""
+
+
+def test_stopped_warmup_releases_the_fill_lock(tmp_path: Path) -> None:
+    cache = CompileCache(tmp_path, environ={})
+    cache.open(RunnerConfig(), inputs=INPUTS)
+    assert cache.filling
+
+    def stopped_plan() -> WarmupReport:
+        raise Stopped()
+
+    with pytest.raises(Stopped):
+        run_plan_with_cache(cache, stopped_plan)
+    assert not cache.filling and not cache.info.degraded
+    # Another process (here: another opener) can fill the entry at once.
+    other = CompileCache(tmp_path, lock_timeout_s=0.5, environ={})
+    assert other.open(RunnerConfig(), inputs=INPUTS).state == "rebuilt"
+    other.close()
+    cache.close()

@@ -1,0 +1,61 @@
+"""startup_checks in-process: the warmup's minimum context is exact (the plan succeeds at it
+and fails one token below), and a backend whose package is missing is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.runner_helpers import tiny_config
+from warmgate.server.config import ConfigError, DeviceConfig
+from warmgate.server.runner.attention import backend_available
+from warmgate.server.startup_checks import (
+    check_attention_backend,
+    check_model_len,
+    min_model_len_for_warmup,
+)
+from warmgate.server.warmup.plan import load_runner, run_warmup_plan
+
+
+@pytest.mark.parametrize(("num_spec", "max_num_seqs", "mixed"),
+                         [(0, 8, None), (1, 8, None), (3, 8, 4), (0, 1, None)])
+def test_min_model_len_is_exactly_what_the_plan_needs(num_spec: int, max_num_seqs: int,
+                                                      mixed: int | None) -> None:
+    need = min_model_len_for_warmup(
+        tiny_config(num_spec=num_spec, max_num_seqs=max_num_seqs), mixed)
+    for length, ok in ((need, True), (need - 1, False)):
+        config = tiny_config(num_spec=num_spec, max_num_seqs=max_num_seqs,
+                             max_model_len=length)
+        runner, load = load_runner(config)
+        report = run_warmup_plan(runner, load_phase=load, mixed_num_tokens=mixed)
+        assert report.succeeded is ok, (length, report.to_dict())
+        if ok:
+            check_model_len(config, mixed)
+        else:
+            with pytest.raises(ConfigError) as info:
+                check_model_len(config, mixed)
+            assert info.value.field_name == "model.max_model_len"
+            assert f"--max-model-len {need}" in info.value.message
+
+
+def test_a_backend_whose_package_is_missing_is_refused() -> None:
+    if backend_available("flashinfer"):
+        pytest.skip("flashinfer is installed here")
+    config = tiny_config()
+    on_cuda = dataclasses.replace(config, device=DeviceConfig(
+        device="cuda", dtype="bfloat16", attention_backend="flashinfer"))
+    with pytest.raises(ConfigError) as info:
+        check_attention_backend(on_cuda, {})
+    assert info.value.field_name == "device.attention_backend"
+    assert "not installed" in info.value.message
+
+
+def test_triton_on_cpu_is_allowed_in_the_interpreter_only() -> None:
+    config = dataclasses.replace(tiny_config(), device=DeviceConfig(
+        device="cpu", dtype="float32", attention_backend="triton"))
+    if not backend_available("triton"):
+        pytest.skip("triton is not installed")
+    check_attention_backend(config, {"TRITON_INTERPRET": "1"})
+    with pytest.raises(ConfigError):
+        check_attention_backend(config, {})
