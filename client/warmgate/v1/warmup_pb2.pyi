@@ -112,6 +112,8 @@ class _SkipReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SkipReason
     """An earlier phase failed, so the plan stopped before this one."""
     SKIP_REASON_ALREADY_CAPTURED: _SkipReason.ValueType  # 13
     """CUDA graphs were captured by an earlier plan and `force` was not set."""
+    SKIP_REASON_MAX_MODEL_LEN_TOO_SMALL: _SkipReason.ValueType  # 14
+    """max_model_len cannot hold one warmup request (its prefill and first decode)."""
 
 class SkipReason(_SkipReason, metaclass=_SkipReasonEnumTypeWrapper):
     """Why a phase skipped. Mirrors warmgate.server.warmup.results.SkipReason."""
@@ -144,6 +146,8 @@ SKIP_REASON_EARLIER_PHASE_FAILED: SkipReason.ValueType  # 12
 """An earlier phase failed, so the plan stopped before this one."""
 SKIP_REASON_ALREADY_CAPTURED: SkipReason.ValueType  # 13
 """CUDA graphs were captured by an earlier plan and `force` was not set."""
+SKIP_REASON_MAX_MODEL_LEN_TOO_SMALL: SkipReason.ValueType  # 14
+"""max_model_len cannot hold one warmup request (its prefill and first decode)."""
 Global___SkipReason: _TypeAlias = SkipReason  # noqa: Y015
 
 class _WarmupState:
