@@ -54,6 +54,9 @@ class StatusSnapshot:
     work_in_flight: bool = False
     # The --cache-dir entry (CacheInfo.to_dict()), once the model load opened it.
     compile_cache: dict[str, Any] | None = None
+    # Filled in by the controller, which owns readiness and the JIT monitor.
+    cuda_graph_misses_after_ready: int = 0
+    not_serving_reason: str = ""
 
     @property
     def settled(self) -> bool:
