@@ -153,6 +153,7 @@ def _failed_step(step_names: tuple[str, ...], tracker: _PlanProgress,
     """The step's results after `exc`: the sub-phases that ended keep their own results
     and seconds; the first that had not ended failed, with the time since the last ended."""
     culprit = next((n for n in step_names if n not in tracker.completed), step_names[-1])
+    logger.error("phase %s failed", culprit, exc_info=exc)
     tracker.ledger.charge(culprit)
     if is_fatal_device_error(exc):
         # Not a phase failure: the CUDA context is gone, no later phase can run, and the
@@ -191,7 +192,6 @@ def _run_phases(steps: list[Step], progress: ProgressCallback | None,
             # What ran after the step's last progress event (its clean-up) is its last phase's.
             tracker.ledger.charge(step_names[-1])
         except Exception as exc:  # a phase failure is data; the caller decides what is fatal
-            logger.exception("phase %s failed", step_names[0])
             produced = _failed_step(step_names, tracker, exc)
         failed = any(p.status is PhaseStatus.FAILED for p in produced)
         for p in produced:
