@@ -61,20 +61,32 @@ def test_plan_fails_when_the_mixed_step_does_not_fit() -> None:
     assert mixed.status is PhaseStatus.FAILED and "--num-blocks" in mixed.detail
 
 
-@pytest.mark.parametrize(("kwargs", "flag"), [
-    (dict(num_blocks=1), "--num-blocks"),
-    (dict(num_blocks=4, max_num_seqs=2), "--num-blocks"),
-    (dict(num_spec=3, max_model_len=8), "--max-model-len"),
+@pytest.mark.parametrize(("kwargs", "mixed", "flag"), [
+    (dict(num_blocks=1), None, "--num-blocks"),
+    (dict(num_blocks=4, max_num_seqs=2), None, "--num-blocks"),
+    (dict(num_spec=3, max_model_len=8), None, "--max-model-len"),
+    (dict(max_model_len=8), 16, "--mixed-num-tokens"),
 ])
-def test_start_up_check_names_the_flag(kwargs: dict, flag: str) -> None:
+def test_start_up_check_names_the_flag(kwargs: dict, mixed: int | None, flag: str) -> None:
     with pytest.raises(ConfigError) as info:
-        check_config_capacity(tiny_config(**kwargs), None)
+        check_config_capacity(tiny_config(**kwargs), mixed)
     assert flag in info.value.message
 
 
 def test_start_up_check_passes_what_the_plan_can_warm() -> None:
     check_config_capacity(tiny_config(num_blocks=6, max_num_seqs=2), None)
     check_config_capacity(tiny_config(num_blocks=4, max_num_seqs=2), 2)  # mixed skips
+    check_config_capacity(tiny_config(max_model_len=8), None)  # mixed default: 9 tokens
+
+
+def test_mixed_warmup_longer_than_max_model_len_skips_touching_nothing() -> None:
+    from tests.warmup_fakes import fail_execute, fail_sample
+    from warmgate.server.warmup import run_mixed_prefill_decode_warmup
+
+    result = run_mixed_prefill_decode_warmup(fake_runner(max_model_len=8), fail_execute,
+                                             fail_sample, 16)
+    assert not result and result.skip_reason is SkipReason.MAX_MODEL_LEN_TOO_SMALL
+    assert "--mixed-num-tokens" in result.detail
 
 
 def test_server_exits_2_with_one_line_naming_num_blocks() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import threading
 import time
@@ -28,7 +27,14 @@ from warmgate.server.jit import JitMonitor, StrictJitPolicy
 from warmgate.server.metrics import Metrics
 from warmgate.server.report_log import log_phase, log_report
 from warmgate.server.singleflight import Shared, SingleFlight
-from warmgate.server.status import Identity, StatusSnapshot, StatusTracker, WarmupState
+from warmgate.server.status import (
+    Identity,
+    StatusSnapshot,
+    StatusTracker,
+    WarmupState,
+    not_ready_sentence,
+    with_readiness,
+)
 from warmgate.server.warmup.failures import FatalDeviceError, describe_fatal
 from warmgate.server.warmup.progress import ProgressEvent
 from warmgate.server.warmup.results import (
@@ -186,15 +192,12 @@ class WarmupController:
                                      force=force)
 
     def status(self) -> StatusSnapshot:
-        return self._with_readiness(self._tracker.snapshot())
-
-    def _with_readiness(self, snap: StatusSnapshot) -> StatusSnapshot:
         """The tracker's snapshot plus what only the controller knows: why health is not
         SERVING, and the CUDA-graph misses serving has hit since ready."""
         misses = self._jit.snapshot().graph_misses_after_ready if self._jit is not None else 0
-        return dataclasses.replace(
-            snap, cuda_graph_misses_after_ready=misses,
-            not_serving_reason="" if self._serving else self._reason_from(snap))
+        return with_readiness(self._tracker.snapshot(), serving=self._serving,
+                              shutting_down=self._closing or self._draining,
+                              graph_misses_after_ready=misses)
 
     async def watch(self, *, follow: bool = False) -> AsyncIterator[StatusSnapshot]:
         """The status now, then after every change; ends once settled unless following."""
@@ -272,20 +275,8 @@ class WarmupController:
 
     def not_ready_reason(self) -> str:
         """Where the warmup stands, in a sentence, for an UNAVAILABLE answer."""
-        return self._reason_from(self._tracker.snapshot())
-
-    def _reason_from(self, snap: StatusSnapshot) -> str:
-        if self._closing or self._draining:
-            return "the server is shutting down"
-        text = f"the server is not ready: warmup state {snap.state.value.upper()}"
-        if snap.state is WarmupState.READY and snap.work_in_flight:
-            text += " and a warmup that preempts serving is running"
-        if snap.current_phase:
-            text += (f", phase {snap.current_phase} ({snap.phase_index + 1}/{snap.num_phases}, "
-                     f"step {snap.steps_done}/{snap.steps_total})")
-        if snap.failure_reason:
-            text += f": {snap.failure_reason}"
-        return text
+        return not_ready_sentence(self._tracker.snapshot(),
+                                  shutting_down=self._closing or self._draining)
 
     async def run_serving(self, fn: Callable[[], None]) -> None:
         """fn (the serving loop) on the worker, between runner jobs; jobs queued meanwhile

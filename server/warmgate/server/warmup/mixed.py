@@ -114,6 +114,12 @@ def _check_capacity(model_runner: Any, num_tokens: int) -> WarmupResult | None:
         return WarmupResult.skipped(
             MIXED, SkipReason.TOKEN_BUDGET_TOO_SMALL,
             f"num_tokens ({num_tokens}) exceeds max_num_batched_tokens ({budget})")
+    max_model_len = model_runner.max_model_len
+    if num_tokens - 1 > max_model_len:
+        return WarmupResult.skipped(
+            MIXED, SkipReason.MAX_MODEL_LEN_TOO_SMALL,
+            f"the mixed step's prefill ({num_tokens - 1} tokens) is longer than max_model_len "
+            f"({max_model_len}); lower --mixed-num-tokens to at most {max_model_len + 1}")
     block_sizes = kv_block_sizes(model_runner)
     needed = mixed_blocks_needed(num_tokens, block_sizes)
     available = model_runner.kv_cache_config.num_blocks - 1

@@ -116,6 +116,11 @@ def check_config_capacity(config: RunnerConfig, mixed_num_tokens: int | None) ->
                   if mixed_num_tokens is None else mixed_num_tokens)
     if config.model.is_pooling_model or sched.max_num_seqs < 2 or num_tokens < 3:
         return  # the mixed phase skips for a reason that is not a shortfall
+    if num_tokens - 1 > max_model_len:
+        raise ConfigError("--mixed-num-tokens",
+                          f"the mixed step's prefill ({num_tokens - 1} tokens) is longer than "
+                          f"--max-model-len ({max_model_len}); lower --mixed-num-tokens to at "
+                          f"most {max_model_len + 1}")
     needed = mixed_blocks_needed(num_tokens, block_sizes)
     if needed > config.cache.num_blocks - 1:
         raise ConfigError("cache.num_blocks",
