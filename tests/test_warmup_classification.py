@@ -13,22 +13,24 @@ from warmgate.server.runner.batch import BatchKind, classify_batch, is_uniform_d
 from warmgate.server.warmup import run_warmup_plan
 
 
-def _spy_steps(runner: Any) -> list[tuple[bool, bool, str]]:
-    """Per step: (a request is reading its prompt, meta.is_uniform_decode, monitor's kind)."""
-    seen: list[tuple[bool, bool, str]] = []
+def _spy_steps(runner: Any) -> list[tuple[bool, bool, str, bool]]:
+    """Per step: (a request is reading its prompt, meta.is_uniform_decode, monitor's kind,
+    every request has the decode query length)."""
+    seen: list[tuple[bool, bool, str, bool]] = []
     prepare = runner.input_batch.prepare_inputs
     batch_shape = runner._batch_shape
 
     def spy_prepare(scheduled: list[Any]) -> Any:
         inputs = prepare(scheduled)
         prefill = any(s.num_computed_tokens < s.state.num_prompt_tokens for s in scheduled)
-        seen.append((prefill, inputs.meta.is_uniform_decode, ""))
+        decode_len = all(s.num_scheduled_tokens == runner.decode_query_len for s in scheduled)
+        seen.append((prefill, inputs.meta.is_uniform_decode, "", decode_len))
         return inputs
 
     def spy_shape(inputs: Any) -> Any:
         shape = batch_shape(inputs)
-        prefill, uniform, _ = seen[-1]
-        seen[-1] = (prefill, uniform, shape.kind)
+        prefill, uniform, _, decode_len = seen[-1]
+        seen[-1] = (prefill, uniform, shape.kind, decode_len)
         return shape
 
     runner.input_batch.prepare_inputs = spy_prepare
@@ -45,7 +47,21 @@ def test_no_prefill_step_is_classified_uniform_decode(num_spec: int) -> None:
     prefill_steps = [s for s in steps if s[0]]
     assert prefill_steps and any(not s[0] and s[1] for s in steps)  # both kinds occurred
     assert [s for s in prefill_steps if s[1]] == [], "a prefill step took the uniform path"
-    assert all(kind != BatchKind.UNIFORM_DECODE.value for _, _, kind in prefill_steps)
+    assert all(s[2] != BatchKind.UNIFORM_DECODE.value for s in prefill_steps)
+
+
+@pytest.mark.parametrize("num_spec", [0, 3])
+def test_every_decode_shaped_step_is_uniform_even_after_a_restatement(num_spec: int) -> None:
+    # max_model_len 16 makes the decode phase restate request 0 to its prompt length.
+    runner = make_runner(num_spec=num_spec, max_num_seqs=4, max_num_batched_tokens=64,
+                         max_model_len=16, block_size=16)
+    steps = _spy_steps(runner)
+    report = run_warmup_plan(runner)
+    assert report.succeeded
+    assert num_spec == 0 or report.phase("kernels.decode").shapes["restated_requests"] >= 1
+    for prefill, uniform, kind, decode_len in steps:
+        assert uniform == (not prefill and decode_len)
+        assert (kind == BatchKind.UNIFORM_DECODE.value) == uniform
 
 
 def test_two_token_prefill_at_k1_is_not_uniform() -> None:

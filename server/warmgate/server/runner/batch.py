@@ -15,11 +15,11 @@ class BatchKind(enum.Enum):
     MIXED = "mixed"
 
 
-def is_prefilling(num_computed_tokens: int, num_prompt_tokens: int, num_tokens: int) -> bool:
-    """Whether a request is still reading tokens it was given rather than decoding: its
-    first step (whatever the prompt's length), the rest of its prompt, or the recompute of a
-    request resumed after preemption. A decode computes only the last sampled token."""
-    return num_computed_tokens < max(num_prompt_tokens, num_tokens - 1)
+def is_prefilling(num_computed_tokens: int, num_prompt_tokens: int) -> bool:
+    """Whether a request is still reading its prompt: its first step whatever the prompt's
+    length (a 2-token prompt at one speculative step has a decode's shape), every later chunk
+    of it, and the start of a request resumed after preemption (it recomputes from 0)."""
+    return num_computed_tokens < num_prompt_tokens
 
 
 def is_uniform_decode(num_tokens: int, num_reqs: int, max_query_len: int,

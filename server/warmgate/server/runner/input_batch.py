@@ -153,8 +153,8 @@ class InputBatch:
             block_table_cpu=self.block_table.cpu[:num_reqs],
             is_uniform_decode=is_uniform_decode(
                 num_tokens, num_reqs, max_query_len, self.decode_query_len,
-                any_prefill=any(is_prefilling(s.num_computed_tokens, s.state.num_prompt_tokens,
-                                              s.state.num_tokens) for s in scheduled)))
+                any_prefill=any(is_prefilling(s.num_computed_tokens, s.state.num_prompt_tokens)
+                                for s in scheduled)))
         inputs = StepInputs(scheduled=scheduled,
                             input_ids=self.input_ids.copy_to_device(num_tokens),
                             positions=meta.positions, meta=meta,

@@ -242,8 +242,8 @@ class ModelRunner:
     def _batch_shape(self, inputs: StepInputs) -> BatchShape:
         s = inputs.scheduled
         kind = classify_batch([r.num_scheduled_tokens for r in s], self.decode_query_len,
-                              [is_prefilling(r.num_computed_tokens, r.state.num_prompt_tokens,
-                                             r.state.num_tokens) for r in s])
+                              [is_prefilling(r.num_computed_tokens, r.state.num_prompt_tokens)
+                               for r in s])
         meta = inputs.meta
         return BatchShape(kind.value, meta.num_reqs, meta.num_tokens, meta.max_query_len)
 
