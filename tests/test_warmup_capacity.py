@@ -3,11 +3,11 @@ never succeeds when a path serving takes was skipped for lack of them."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
+from google.protobuf import json_format
 
 from tests.runner_helpers import make_runner, tiny_config
 from tests.warmup_fakes import Recorder, fake_runner, query_lens
@@ -16,6 +16,7 @@ from warmgate.server.warmup import PhaseStatus, SkipReason, run_warmup_plan, war
 from warmgate.server.warmup.__main__ import main as warmup_main
 from warmgate.server.warmup.kernels import decode_plan
 from warmgate.server.warmup.shapes import check_config_capacity
+from warmgate.v1 import warmup_pb2 as pb
 
 # -- item 2: an explicit mixed_num_tokens below 3 skips; unset means the default -----------
 
@@ -35,10 +36,11 @@ def test_unset_mixed_num_tokens_runs_the_default() -> None:
 def test_warmup_cli_mixed_num_tokens_zero_skips(capsys: pytest.CaptureFixture[str]) -> None:
     code = warmup_main(["--model", "tiny", "--device", "cpu", "--mixed-num-tokens", "0",
                         "--json"])
-    phases = {p["name"]: p for p in json.loads(capsys.readouterr().out)["phases"]}
+    report = json_format.Parse(capsys.readouterr().out, pb.WarmupReport())
+    mixed = next(p for p in report.phases if p.name == "mixed")
     assert code == 0
-    assert phases["mixed"]["status"] == "SKIPPED"
-    assert phases["mixed"]["skip_reason"] == "NUM_TOKENS_LT_3"
+    assert mixed.status == pb.PHASE_STATUS_SKIPPED
+    assert mixed.skip_reason == pb.SKIP_REASON_NUM_TOKENS_LT_3
 
 
 # -- item 3: not even one request fits -> the plan fails, start-up exits 2 -----------------
