@@ -71,12 +71,15 @@ def test_sigterm_goes_not_serving_at_once_drains_the_warmup_and_exits_0() -> Non
             time.sleep(0.01)
         check = health_pb2_grpc.HealthStub(probe).Check
         request = health_pb2.HealthCheckRequest(service="")
-        assert check(request, timeout=1).status == SERVING  # the last success still holds
+        # A re-warmup preempts serving: not ready until it ends (issue 16 item 7).
+        assert check(request, timeout=1).status == NOT_SERVING
+        assert "RUNNING" in client.get_status().not_serving_reason
         sent = time.monotonic()
         p.proc.send_signal(signal.SIGTERM)
-        while check(request, timeout=1).status != NOT_SERVING:
-            assert time.monotonic() - sent < 1.0, "health did not turn NOT_SERVING at once"
+        while client.get_status().not_serving_reason != "the server is shutting down":
+            assert time.monotonic() - sent < 1.0, "the drain did not begin at once"
             time.sleep(0.01)
+        assert check(request, timeout=1).status == NOT_SERVING
         not_serving_after = time.monotonic() - sent
         # The warmup in flight is stopped at its next step and answered, not cut off.
         error = forced.exception(timeout=GRACE_S + 5)

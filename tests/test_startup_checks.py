@@ -1,5 +1,7 @@
-"""startup_checks in-process: the warmup's minimum context is exact (the plan succeeds at it
-and fails one token below), and a backend whose package is missing is refused."""
+"""Start-up checks in-process: warmup.shapes.check_config_capacity refuses a context exactly
+when the warmup plan itself would fail on it (so the server never binds a port for a
+configuration that can never be ready, and never refuses one that can), and a backend whose
+package is missing is refused."""
 
 from __future__ import annotations
 
@@ -10,33 +12,29 @@ import pytest
 from tests.runner_helpers import tiny_config
 from warmgate.server.config import ConfigError, DeviceConfig
 from warmgate.server.runner.attention import backend_available
-from warmgate.server.startup_checks import (
-    check_attention_backend,
-    check_model_len,
-    min_model_len_for_warmup,
-)
+from warmgate.server.startup_checks import check_attention_backend
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
+from warmgate.server.warmup.shapes import check_config_capacity
 
 
 @pytest.mark.parametrize(("num_spec", "max_num_seqs", "mixed"),
                          [(0, 8, None), (1, 8, None), (3, 8, 4), (0, 1, None)])
-def test_min_model_len_is_exactly_what_the_plan_needs(num_spec: int, max_num_seqs: int,
-                                                      mixed: int | None) -> None:
-    need = min_model_len_for_warmup(
-        tiny_config(num_spec=num_spec, max_num_seqs=max_num_seqs), mixed)
-    for length, ok in ((need, True), (need - 1, False)):
+def test_the_start_up_check_agrees_with_the_plan(num_spec: int, max_num_seqs: int,
+                                                 mixed: int | None) -> None:
+    for length in (1, 2, 3, 5, 16):
         config = tiny_config(num_spec=num_spec, max_num_seqs=max_num_seqs,
                              max_model_len=length)
+        try:
+            check_config_capacity(config, mixed)
+            refused = None
+        except ConfigError as exc:
+            refused = exc
         runner, load = load_runner(config)
         report = run_warmup_plan(runner, load_phase=load, mixed_num_tokens=mixed)
-        assert report.succeeded is ok, (length, report.to_dict())
-        if ok:
-            check_model_len(config, mixed)
-        else:
-            with pytest.raises(ConfigError) as info:
-                check_model_len(config, mixed)
-            assert info.value.field_name == "model.max_model_len"
-            assert f"--max-model-len {need}" in info.value.message
+        assert report.succeeded is (refused is None), (length, refused, report.to_dict())
+        if refused is not None:
+            assert refused.field_name in ("model.max_model_len", "--mixed-num-tokens",
+                                          "cache.num_blocks")
 
 
 def test_a_backend_whose_package_is_missing_is_refused() -> None:

@@ -48,8 +48,8 @@ def assert_one_line_exit_2(result: subprocess.CompletedProcess[str], *needles: s
 @pytest.mark.parametrize(("flags", "env", "flag"), [
     (["--max-model-len", "1"], {}, "--max-model-len"),
     (["--max-model-len", "2"], {}, "--max-model-len"),
-    # k=1: the warmup's requests reach 13 tokens; 12 could never be ready.
-    (["--max-model-len", "12", "--num-speculative-steps", "1"], {}, "--max-model-len"),
+    # k=3: one warmup request is 5 prompt tokens and a 4-token decode; 8 cannot hold it.
+    (["--max-model-len", "8", "--num-speculative-steps", "3"], {}, "--max-model-len"),
     (["--attention-backend", "bogus"], {}, "--attention-backend"),
     (["--attention-backend", "triton"], {}, "--attention-backend"),
     (["--attention-backend", "flashinfer"], {}, "--attention-backend"),
@@ -58,7 +58,7 @@ def assert_one_line_exit_2(result: subprocess.CompletedProcess[str], *needles: s
     (["--cache-lock-timeout", "NaN"], {}, "--cache-lock-timeout"),
     (["--cache-lock-timeout", "-inf"], {}, "--cache-lock-timeout"),
     ([], {"WARMGATE_CACHE_LOCK_TIMEOUT": "nan"}, "--cache-lock-timeout"),
-], ids=["len1", "len2", "len12-k1", "bogus-backend", "triton-cpu", "flashinfer-cpu",
+], ids=["len1", "len2", "len8-k3", "bogus-backend", "triton-cpu", "flashinfer-cpu",
         "grace-nan", "grace-inf", "lock-nan", "lock-neg-inf", "lock-nan-env"])
 def test_never_serving_configs_exit_2_naming_the_flag(flags: list[str], env: dict[str, str],
                                                       flag: str) -> None:
@@ -78,9 +78,10 @@ def test_every_float_flag_refuses_nan_and_inf() -> None:
 
 
 def test_smallest_model_len_the_warmup_needs_is_accepted() -> None:
-    cfg = server_config.load_server_config(["--device", "cpu", "--max-model-len", "15"],
+    # The plan caps its steps at the context, so one request (2 + 1 tokens at k=0) is enough.
+    cfg = server_config.load_server_config(["--device", "cpu", "--max-model-len", "3"],
                                            environ={})
-    assert cfg.runner.model.max_model_len == 15  # the mixed phase's 16 tokens - 1
+    assert cfg.runner.model.max_model_len == 3
 
 
 @pytest.fixture

@@ -51,7 +51,7 @@ def metadata(computed: list[int], query: list[int], tables: list[list[int]],
         slot_mapping=torch.tensor(slots), positions=torch.tensor(positions),
         query_start_loc_cpu=qsl_t.clone(), seq_lens_cpu=seq_t.clone(),
         is_uniform_decode=is_uniform_decode(sum(query), len(query), max(query),
-                                            decode_query_len))
+                                            decode_query_len, any_prefill=False))
 
 
 @pytest.mark.parametrize("decode_query_len", [1, 3])

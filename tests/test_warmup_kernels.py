@@ -7,7 +7,6 @@ import pytest
 from tests.warmup_fakes import Recorder, fake_runner, query_lens
 from warmgate.server.runner.batch import BatchKind, classify_batch
 from warmgate.server.warmup import SkipReason, warmup_kernels, warmup_shapes
-from warmgate.server.warmup.kernels import num_decode_steps
 
 
 @pytest.mark.parametrize("num_spec", range(17))
@@ -35,11 +34,14 @@ def test_prefill_is_prefill_and_decode_is_uniform(num_spec: int) -> None:
         # token budget binds: 40 // max(prompt_len=2+3, decode_query_len=4) = 8
         (dict(num_spec=3, max_num_seqs=64, max_num_batched_tokens=40, num_blocks=10_000), 8,
          "tokens"),
-        # KV blocks bind: worst_len = 2 + 3*1 = 5 tokens -> 1 block of 16; (num_blocks-1)//1
+        # KV blocks bind: decode_len = 2 + 1 = 3 tokens -> 1 block of 16; (num_blocks-1)//1
         (dict(max_num_seqs=64, max_num_batched_tokens=4096, num_blocks=6), 5, "blocks"),
-        # with block_size 2 and k=1: worst_len = 3 + 5*2 = 13 -> 7 blocks; (50-1)//7 = 7
+        # with block_size 2 and k=1: decode_len = 3 + 2 = 5 -> 3 blocks; (50-1)//3 = 16
         (dict(num_spec=1, max_num_seqs=64, max_num_batched_tokens=4096, num_blocks=50,
-              block_size=2), 7, "blocks"),
+              block_size=2), 16, "blocks"),
+        # issue 16: k=3, 40 blocks of 16: decode_len 9 -> 1 block; (40-1)//1 = 39, not 19
+        (dict(num_spec=3, max_num_seqs=64, max_num_batched_tokens=4096, num_blocks=40), 39,
+         "blocks"),
     ],
 )
 def test_num_reqs_matches_vllm_formula(kwargs: dict, expected: int, binding: str) -> None:
@@ -47,9 +49,8 @@ def test_num_reqs_matches_vllm_formula(kwargs: dict, expected: int, binding: str
     shapes = warmup_shapes(runner)
     k = kwargs.get("num_spec", 0)
     prompt_len, dql = 2 + k, 1 + k
-    worst = prompt_len + num_decode_steps(k) * dql
     bs = kwargs.get("block_size", 16)
-    max_blocks = -(-worst // bs)
+    max_blocks = -(-(prompt_len + dql) // bs)  # the seed's blocks: a prefill and one decode
     formula = min(kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"] // max(prompt_len, dql),
                   max(1, (kwargs["num_blocks"] - 1) // max_blocks))
     assert shapes["num_reqs"] == formula == expected
@@ -141,8 +142,8 @@ def test_pooling_model_runs_prefill_only_and_never_samples() -> None:
 def test_too_few_blocks_for_one_request_skips_without_running() -> None:
     from tests.warmup_fakes import fail_execute, fail_sample
 
-    # worst_len = 2 + 3 = 5 tokens with block_size 1 -> 5 blocks; only 3 besides the null one.
-    result = warmup_kernels(fake_runner(num_blocks=4, block_size=1), fail_execute, fail_sample)
+    # decode_len = 2 + 1 = 3 tokens with block_size 1 -> 3 blocks; only 2 besides the null one.
+    result = warmup_kernels(fake_runner(num_blocks=3, block_size=1), fail_execute, fail_sample)
     assert not result and result.skip_reason is SkipReason.INSUFFICIENT_KV_BLOCKS
 
 

@@ -10,12 +10,13 @@ from warmgate.server.runner.scheduler_output import SchedulerOutput
 
 def fake_runner(*, num_spec: int = 0, max_num_seqs: int = 8, max_num_batched_tokens: int = 256,
                 num_blocks: int = 1000, block_size: int = 16,
-                is_pooling: bool = False) -> SimpleNamespace:
+                is_pooling: bool = False, max_model_len: int = 2048) -> SimpleNamespace:
     spec = SimpleNamespace(block_size=block_size)
     return SimpleNamespace(
         num_speculative_steps=num_spec,
         decode_query_len=1 + num_spec,
         max_num_reqs=max_num_seqs,
+        max_model_len=max_model_len,
         is_pooling_model=is_pooling,
         scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs,
                                          max_num_batched_tokens=max_num_batched_tokens),

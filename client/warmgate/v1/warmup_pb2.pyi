@@ -112,6 +112,8 @@ class _SkipReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SkipReason
     """An earlier phase failed, so the plan stopped before this one."""
     SKIP_REASON_ALREADY_CAPTURED: _SkipReason.ValueType  # 13
     """CUDA graphs were captured by an earlier plan and `force` was not set."""
+    SKIP_REASON_MAX_MODEL_LEN_TOO_SMALL: _SkipReason.ValueType  # 14
+    """max_model_len cannot hold one warmup request (its prefill and first decode)."""
 
 class SkipReason(_SkipReason, metaclass=_SkipReasonEnumTypeWrapper):
     """Why a phase skipped. Mirrors warmgate.server.warmup.results.SkipReason."""
@@ -144,6 +146,8 @@ SKIP_REASON_EARLIER_PHASE_FAILED: SkipReason.ValueType  # 12
 """An earlier phase failed, so the plan stopped before this one."""
 SKIP_REASON_ALREADY_CAPTURED: SkipReason.ValueType  # 13
 """CUDA graphs were captured by an earlier plan and `force` was not set."""
+SKIP_REASON_MAX_MODEL_LEN_TOO_SMALL: SkipReason.ValueType  # 14
+"""max_model_len cannot hold one warmup request (its prefill and first decode)."""
 Global___SkipReason: _TypeAlias = SkipReason  # noqa: Y015
 
 class _WarmupState:
@@ -539,6 +543,8 @@ class WarmupStatus(_message.Message):
     WORK_IN_FLIGHT_FIELD_NUMBER: _builtins.int
     COMPILE_CACHE_FIELD_NUMBER: _builtins.int
     SERVER_PID_FIELD_NUMBER: _builtins.int
+    CUDA_GRAPH_MISSES_AFTER_READY_FIELD_NUMBER: _builtins.int
+    NOT_SERVING_REASON_FIELD_NUMBER: _builtins.int
     state: Global___WarmupState.ValueType
     """Where the configured warmup stands."""
     current_phase: _builtins.str
@@ -566,6 +572,14 @@ class WarmupStatus(_message.Message):
     server_pid: _builtins.int
     """The server's process id, so a client that started the server can tell its answer from
     another process's listening on the same port (`warmgate --server-pid`).
+    """
+    cuda_graph_misses_after_ready: _builtins.int
+    """Uniform-decode batches since the last successful plan that found no captured CUDA graph
+    and ran eagerly (warmgate_cuda_graph_misses_total{after_ready="true"}).
+    """
+    not_serving_reason: _builtins.str
+    """Why health is NOT_SERVING now, in a sentence (loading, warming up, a forced re-warmup or
+    a mixed warmup in progress, failed, shutting down); empty while SERVING.
     """
     @_builtins.property
     def elapsed(self) -> _duration_pb2.Duration:
@@ -605,10 +619,12 @@ class WarmupStatus(_message.Message):
         work_in_flight: _builtins.bool = ...,
         compile_cache: Global___CompileCache | None = ...,
         server_pid: _builtins.int = ...,
+        cuda_graph_misses_after_ready: _builtins.int = ...,
+        not_serving_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["compile_cache", b"compile_cache", "elapsed", b"elapsed", "estimated_remaining", b"estimated_remaining", "last_report", b"last_report"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention_backend", b"attention_backend", "compile_cache", b"compile_cache", "config_hash", b"config_hash", "current_phase", b"current_phase", "device", b"device", "elapsed", b"elapsed", "estimated_remaining", b"estimated_remaining", "failure_reason", b"failure_reason", "last_report", b"last_report", "model", b"model", "num_phases", b"num_phases", "phase_index", b"phase_index", "server_pid", b"server_pid", "state", b"state", "steps_done", b"steps_done", "steps_total", b"steps_total", "work_in_flight", b"work_in_flight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention_backend", b"attention_backend", "compile_cache", b"compile_cache", "config_hash", b"config_hash", "cuda_graph_misses_after_ready", b"cuda_graph_misses_after_ready", "current_phase", b"current_phase", "device", b"device", "elapsed", b"elapsed", "estimated_remaining", b"estimated_remaining", "failure_reason", b"failure_reason", "last_report", b"last_report", "model", b"model", "not_serving_reason", b"not_serving_reason", "num_phases", b"num_phases", "phase_index", b"phase_index", "server_pid", b"server_pid", "state", b"state", "steps_done", b"steps_done", "steps_total", b"steps_total", "work_in_flight", b"work_in_flight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

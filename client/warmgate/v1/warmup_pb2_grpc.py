@@ -71,6 +71,8 @@ class WarmupServicer:
         """Runs the whole warmup plan (load, flashinfer, compile, kernels.prefill, kernels.decode,
         kernels.sampler, mixed, cuda_graphs) and returns a report with one entry per phase.
         Phase failures are reported in the body (outcome FAILED), not as an RPC error.
+        A run on a ready server (force) turns health NOT_SERVING until it ends, SERVING again on
+        success. During shutdown it is refused with UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -78,7 +80,9 @@ class WarmupServicer:
 
     def MixedWarmup(self, request, context):
         """Runs only the mixed prefill+decode step for one `num_tokens`; the report has one phase,
-        "mixed". Does not change readiness.
+        "mixed". It preempts serving like a re-warmup: on a ready server health is NOT_SERVING
+        until it ends, SERVING again on success; a failure turns the state FAILED (a forced
+        WarmupKernels recovers). During shutdown it is refused with UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

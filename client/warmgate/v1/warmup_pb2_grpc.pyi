@@ -47,10 +47,14 @@ class WarmupStub:
     """Runs the whole warmup plan (load, flashinfer, compile, kernels.prefill, kernels.decode,
     kernels.sampler, mixed, cuda_graphs) and returns a report with one entry per phase.
     Phase failures are reported in the body (outcome FAILED), not as an RPC error.
+    A run on a ready server (force) turns health NOT_SERVING until it ends, SERVING again on
+    success. During shutdown it is refused with UNAVAILABLE.
     """
     MixedWarmup: _grpc.UnaryUnaryMultiCallable[_warmup_pb2.MixedWarmupRequest, _warmup_pb2.WarmupReport]
     """Runs only the mixed prefill+decode step for one `num_tokens`; the report has one phase,
-    "mixed". Does not change readiness.
+    "mixed". It preempts serving like a re-warmup: on a ready server health is NOT_SERVING
+    until it ends, SERVING again on success; a failure turns the state FAILED (a forced
+    WarmupKernels recovers). During shutdown it is refused with UNAVAILABLE.
     """
     GetStatus: _grpc.UnaryUnaryMultiCallable[_warmup_pb2.GetStatusRequest, _warmup_pb2.WarmupStatus]
     """Returns the current warmup state and progress once."""
@@ -72,10 +76,14 @@ class WarmupAsyncStub(WarmupStub):
     """Runs the whole warmup plan (load, flashinfer, compile, kernels.prefill, kernels.decode,
     kernels.sampler, mixed, cuda_graphs) and returns a report with one entry per phase.
     Phase failures are reported in the body (outcome FAILED), not as an RPC error.
+    A run on a ready server (force) turns health NOT_SERVING until it ends, SERVING again on
+    success. During shutdown it is refused with UNAVAILABLE.
     """
     MixedWarmup: _aio.UnaryUnaryMultiCallable[_warmup_pb2.MixedWarmupRequest, _warmup_pb2.WarmupReport]  # type: ignore[assignment]
     """Runs only the mixed prefill+decode step for one `num_tokens`; the report has one phase,
-    "mixed". Does not change readiness.
+    "mixed". It preempts serving like a re-warmup: on a ready server health is NOT_SERVING
+    until it ends, SERVING again on success; a failure turns the state FAILED (a forced
+    WarmupKernels recovers). During shutdown it is refused with UNAVAILABLE.
     """
     GetStatus: _aio.UnaryUnaryMultiCallable[_warmup_pb2.GetStatusRequest, _warmup_pb2.WarmupStatus]  # type: ignore[assignment]
     """Returns the current warmup state and progress once."""
@@ -100,6 +108,8 @@ class WarmupServicer(metaclass=_abc_1.ABCMeta):
         """Runs the whole warmup plan (load, flashinfer, compile, kernels.prefill, kernels.decode,
         kernels.sampler, mixed, cuda_graphs) and returns a report with one entry per phase.
         Phase failures are reported in the body (outcome FAILED), not as an RPC error.
+        A run on a ready server (force) turns health NOT_SERVING until it ends, SERVING again on
+        success. During shutdown it is refused with UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod
@@ -109,7 +119,9 @@ class WarmupServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_warmup_pb2.WarmupReport, _abc.Awaitable[_warmup_pb2.WarmupReport]]:
         """Runs only the mixed prefill+decode step for one `num_tokens`; the report has one phase,
-        "mixed". Does not change readiness.
+        "mixed". It preempts serving like a re-warmup: on a ready server health is NOT_SERVING
+        until it ends, SERVING again on success; a failure turns the state FAILED (a forced
+        WarmupKernels recovers). During shutdown it is refused with UNAVAILABLE.
         """
 
     @_abc_1.abstractmethod

@@ -73,6 +73,7 @@ class RunningServer:
         answer rather than a refused connection.
         """
         await self.health.drain()
+        self.controller.begin_drain()  # warmups would preempt the streams being drained
         start = time.monotonic()
         # Generate streams get the grace to finish before the runner stops under them.
         await self.generation.drain(grace or 0.0)

@@ -27,7 +27,14 @@ from warmgate.server.jit import JitMonitor, StrictJitPolicy
 from warmgate.server.metrics import Metrics
 from warmgate.server.report_log import log_phase, log_report
 from warmgate.server.singleflight import Shared, SingleFlight
-from warmgate.server.status import Identity, StatusSnapshot, StatusTracker, WarmupState
+from warmgate.server.status import (
+    Identity,
+    StatusSnapshot,
+    StatusTracker,
+    WarmupState,
+    not_ready_sentence,
+    with_readiness,
+)
 from warmgate.server.warmup.failures import FatalDeviceError, describe_fatal
 from warmgate.server.warmup.progress import ProgressEvent
 from warmgate.server.warmup.results import (
@@ -80,6 +87,8 @@ class WarmupController:
         # Checked by the worker between steps; a Python thread cannot be interrupted otherwise.
         self._cancel = threading.Event()
         self._closing = False
+        # Set by begin_drain (SIGTERM): warmups are refused while Generate streams finish.
+        self._draining = False
         self._background: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         # Set by the worker thread while it runs a job, which close() cannot interrupt.
@@ -108,6 +117,11 @@ class WarmupController:
         self._spawn(self._load())
         if warmup_on_start:
             self._spawn(self._warm_on_start())
+
+    def begin_drain(self) -> None:
+        """Shutdown started: refuse warmups from now on (UNAVAILABLE, like Generate), so none
+        preempts the streams the grace period is for; running streams keep the runner."""
+        self._draining = True
 
     async def close(self, *, wait: bool = False) -> None:
         """Stop taking work, abort the run in progress at its next step, end watches."""
@@ -176,7 +190,7 @@ class WarmupController:
 
     async def warmup_kernels(self, *, force: bool = False, mixed_num_tokens: int | None = None
                              ) -> Shared[WarmupReport]:
-        self._check_open()
+        self._check_accepting_warmups()
         if mixed_num_tokens is not None:
             self._check_num_tokens("mixed_num_tokens", mixed_num_tokens)
         key = self._default_mixed if mixed_num_tokens is None else mixed_num_tokens
@@ -184,13 +198,18 @@ class WarmupController:
 
     async def mixed_warmup(self, num_tokens: int, *, force: bool = False
                            ) -> Shared[WarmupReport]:
-        self._check_open()
+        self._check_accepting_warmups()
         self._check_num_tokens("num_tokens", num_tokens)
         return await self._mixed.run(num_tokens, lambda: self._run_mixed(num_tokens),
                                      force=force)
 
     def status(self) -> StatusSnapshot:
-        return self._tracker.snapshot()
+        """The tracker's snapshot plus what only the controller knows: why health is not
+        SERVING, and the CUDA-graph misses serving has hit since ready."""
+        misses = self._jit.snapshot().graph_misses_after_ready if self._jit is not None else 0
+        return with_readiness(self._tracker.snapshot(), serving=self._serving,
+                              shutting_down=self._closing or self._draining,
+                              graph_misses_after_ready=misses)
 
     async def watch(self, *, follow: bool = False) -> AsyncIterator[StatusSnapshot]:
         """The status now, then after every change; ends once settled unless following."""
@@ -198,7 +217,7 @@ class WarmupController:
         while not self._closing:
             if self._tracker.version != seen:
                 seen = self._tracker.version
-                snapshot = self._tracker.snapshot()
+                snapshot = self.status()
                 yield snapshot
                 if snapshot.settled and not follow:
                     return
@@ -212,6 +231,10 @@ class WarmupController:
 
     def _check_open(self) -> None:
         if self._closing:
+            raise ShuttingDown()
+
+    def _check_accepting_warmups(self) -> None:
+        if self._closing or self._draining:
             raise ShuttingDown()
 
     def _check_num_tokens(self, field: str, value: int) -> None:
@@ -264,14 +287,8 @@ class WarmupController:
 
     def not_ready_reason(self) -> str:
         """Where the warmup stands, in a sentence, for an UNAVAILABLE answer."""
-        snap = self._tracker.snapshot()
-        text = f"the server is not ready: warmup state {snap.state.value.upper()}"
-        if snap.current_phase:
-            text += (f", phase {snap.current_phase} ({snap.phase_index + 1}/{snap.num_phases}, "
-                     f"step {snap.steps_done}/{snap.steps_total})")
-        if snap.failure_reason:
-            text += f": {snap.failure_reason}"
-        return text
+        return not_ready_sentence(self._tracker.snapshot(),
+                                  shutting_down=self._closing or self._draining)
 
     async def run_serving(self, fn: Callable[[], None]) -> None:
         """fn (the serving loop) on the worker, between runner jobs; jobs queued meanwhile
@@ -343,9 +360,12 @@ class WarmupController:
                 await self.device_lost(exc)
             self._tracker.end_load(phase)
             self._observe_state()
-            self._observe(WarmupReport(WarmupOutcome.SUCCEEDED if phase.ok
-                                       else WarmupOutcome.FAILED, [phase], phase.duration_s,
-                                       self._identity.config_hash))
+            # A load is no warmup: its phase line was logged where it ran, and it gets no
+            # "warmup outcome=" summary; the metrics record its duration.
+            if self._metrics is not None:
+                self._metrics.observe_report(WarmupReport(
+                    WarmupOutcome.SUCCEEDED if phase.ok else WarmupOutcome.FAILED, [phase],
+                    phase.duration_s, self._identity.config_hash))
 
     async def _warm_on_start(self) -> None:
         try:
@@ -359,8 +379,13 @@ class WarmupController:
 
     async def _run_plan(self, mixed_num_tokens: int | None, force: bool) -> WarmupReport:
         async with self._job():
+            self._check_accepting_warmups()  # a drain may have begun while this one queued
             self._require_loaded()
             self._tracker.begin("plan", self._plan_phases, previous=self._tracker.last_report)
+            if self._serving:
+                # A re-warmup preempts every stream and recompiles: not ready until it ends.
+                logger.info("re-warmup: health NOT_SERVING until the plan ends")
+                await self._set_serving(False)
             self._observe_state()
             if self._jit is not None:
                 self._jit.mark_not_ready()  # what this plan compiles is the plan's own work
@@ -381,14 +406,26 @@ class WarmupController:
 
     async def _run_mixed(self, num_tokens: int) -> WarmupReport:
         async with self._job():
+            self._check_accepting_warmups()
             self._require_loaded()
             self._tracker.begin("mixed", MIXED_PHASES, previous=self._mixed.stored(num_tokens))
+            was_serving = self._serving
+            if was_serving:
+                # It preempts every stream like a re-warmup: not ready until it ends.
+                logger.info("mixed warmup: health NOT_SERVING until it ends")
+                await self._set_serving(False)
             try:
                 report = await self._run_job("mixed", lambda: self._engine.run_mixed(
                     num_tokens, progress=self._progress))
             finally:
                 self._tracker.end_other()
             self._observe(report)
+            if was_serving and not report.succeeded:
+                failed = "; ".join(p.detail for p in report.phases
+                                   if p.status is PhaseStatus.FAILED)
+                self._lose_readiness(f"mixed warmup ({num_tokens} tokens) failed: {failed}")
+            elif was_serving and self._tracker.state is WarmupState.READY:
+                await self._set_serving(True)  # unless something failed meanwhile
             return report
 
     def _require_loaded(self) -> None:
@@ -413,8 +450,12 @@ class WarmupController:
                 loop.call_soon_threadsafe(self._jit_failed, reason)
 
     def _jit_failed(self, reason: str) -> None:
-        """FAILED with the compile's batch as the reason, and NOT_SERVING. Not fatal: a
-        forced WarmupKernels warms again and, if it succeeds, turns health SERVING."""
+        """FAILED with the compile's batch as the reason, and NOT_SERVING."""
+        self._lose_readiness(reason)
+
+    def _lose_readiness(self, reason: str) -> None:
+        """FAILED for `reason`, and NOT_SERVING. Not fatal: a forced WarmupKernels warms
+        again and, if it succeeds, turns health SERVING."""
         if self._fatal is not None or self._tracker.state is WarmupState.FAILED:
             return  # the first reason stands
         self._tracker.fail(reason)

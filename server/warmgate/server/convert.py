@@ -110,7 +110,8 @@ def status_to_proto(s: StatusSnapshot) -> pb.WarmupStatus:
         elapsed=duration(s.elapsed_s), failure_reason=s.failure_reason,
         config_hash=s.identity.config_hash, model=s.identity.model, device=s.identity.device,
         attention_backend=s.identity.attention_backend, work_in_flight=s.work_in_flight,
-        server_pid=os.getpid())
+        server_pid=os.getpid(), cuda_graph_misses_after_ready=s.cuda_graph_misses_after_ready,
+        not_serving_reason=s.not_serving_reason)
     if s.estimated_remaining_s is not None:
         out.estimated_remaining.CopyFrom(duration(s.estimated_remaining_s))
     if s.last_report is not None:

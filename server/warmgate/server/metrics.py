@@ -18,7 +18,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-from warmgate.server.jit.events import CACHED_KINDS, JitEvent
+from warmgate.server.jit.events import CACHED_KINDS, CUDA_GRAPH_MISS, JitEvent
 from warmgate.server.listen_address import HostWSGIServer, bare_host, is_ipv6
 from warmgate.server.serving_metrics import FINISH_REASONS, ServingMetrics
 from warmgate.server.warmup.results import PhaseStatus, SkipReason, WarmupReport
@@ -73,6 +73,11 @@ class Metrics:
         self.jit_compiles = Counter(
             "warmgate_jit_compiles_total", "JIT compilations, by kind and whether health "
             "was already SERVING.", ["kind", "after_ready"], registry=r)
+        # Uniform decodes that found no captured CUDA graph (another JitMonitor event).
+        self.graph_misses = Counter(
+            "warmgate_cuda_graph_misses_total", "Uniform-decode batches that found no captured "
+            "CUDA graph and ran eagerly, by whether health was already SERVING.",
+            ["after_ready"], registry=r)
         self.cache_hits = Counter("warmgate_compile_cache_hits_total",
                                   "Compile cache hits, by cache.", ["cache"], registry=r)
         self.cache_misses = Counter("warmgate_compile_cache_misses_total",
@@ -102,6 +107,8 @@ class Metrics:
         for kind in COMPILE_KINDS:
             for after_ready in ("true", "false"):
                 self.jit_compiles.labels(kind=kind, after_ready=after_ready)
+        for after_ready in ("true", "false"):
+            self.graph_misses.labels(after_ready=after_ready)
         for reason in FINISH_REASONS:
             self.serving.requests.labels(finish_reason=reason)
 
@@ -132,6 +139,8 @@ class Metrics:
     def observe_jit(self, event: JitEvent) -> None:
         """A JitMonitor listener: compiles by kind and readiness, compile-cache hits/misses.
         Runs on the compiling thread; prometheus_client counters are thread-safe."""
+        if event.kind == CUDA_GRAPH_MISS:
+            self.graph_misses.labels(after_ready=str(event.after_ready).lower()).inc()
         if event.is_compile:
             self.jit_compiles.labels(kind=_label(event.kind, COMPILE_KINDS),
                                      after_ready=str(event.after_ready).lower()).inc()

@@ -372,6 +372,13 @@ def report_config_error(parser: argparse.ArgumentParser, exc: ConfigError) -> No
     parser.error(f"argument {flag}: {exc.message}")
 
 
+def _check_warmup_capacity(runner: RunnerConfig, mixed_num_tokens: int | None) -> None:
+    """A configuration whose warmup plan can never succeed can never serve: fail now."""
+    from warmgate.server.warmup.shapes import check_config_capacity  # imports the runner
+
+    check_config_capacity(runner, mixed_num_tokens)
+
+
 def load_server_config(argv: Sequence[str] | None = None,
                        environ: Mapping[str, str] | None = None, *,
                        resolve: bool = True) -> ServerConfig:
@@ -395,7 +402,8 @@ def load_server_config(argv: Sequence[str] | None = None,
                      f"--max-num-batched-tokens ({runner.scheduler.max_num_batched_tokens})")
     if resolve:
         try:
-            check_can_serve(runner, args.mixed_num_tokens, environ)
+            check_can_serve(runner, environ)
+            _check_warmup_capacity(runner, args.mixed_num_tokens)
         except ConfigError as exc:
             report_config_error(parser, exc)
     try:

@@ -54,6 +54,9 @@ class StatusSnapshot:
     work_in_flight: bool = False
     # The --cache-dir entry (CacheInfo.to_dict()), once the model load opened it.
     compile_cache: dict[str, Any] | None = None
+    # Filled in by the controller, which owns readiness and the JIT monitor.
+    cuda_graph_misses_after_ready: int = 0
+    not_serving_reason: str = ""
 
     @property
     def settled(self) -> bool:
@@ -212,3 +215,27 @@ class StatusTracker:
             steps_total=run.steps_total, phase_index=run.phase_index,
             num_phases=len(run.phases), elapsed_s=now - run.started_at,
             estimated_remaining_s=eta)
+
+
+def not_ready_sentence(snap: StatusSnapshot, *, shutting_down: bool) -> str:
+    """Why the server is not ready, in a sentence: for UNAVAILABLE answers and GetStatus."""
+    if shutting_down:
+        return "the server is shutting down"
+    text = f"the server is not ready: warmup state {snap.state.value.upper()}"
+    if snap.state is WarmupState.READY and snap.work_in_flight:
+        text += " and a warmup that preempts serving is running"
+    if snap.current_phase:
+        text += (f", phase {snap.current_phase} ({snap.phase_index + 1}/{snap.num_phases}, "
+                 f"step {snap.steps_done}/{snap.steps_total})")
+    if snap.failure_reason:
+        text += f": {snap.failure_reason}"
+    return text
+
+
+def with_readiness(snap: StatusSnapshot, *, serving: bool, shutting_down: bool,
+                   graph_misses_after_ready: int) -> StatusSnapshot:
+    """The snapshot with what the controller knows beside the tracker: health's reason for
+    NOT_SERVING (empty while SERVING) and the CUDA-graph misses after ready."""
+    reason = "" if serving else not_ready_sentence(snap, shutting_down=shutting_down)
+    return dataclasses.replace(snap, not_serving_reason=reason,
+                               cuda_graph_misses_after_ready=graph_misses_after_ready)

@@ -1,13 +1,15 @@
 """--strict-jit: what a compile after ready does. off: nothing beyond the counters; warn: a
 log line naming the batch that caused it; fail: an error line, and `on_fail(reason)`, which
-the controller turns into state FAILED and health NOT_SERVING."""
+the controller turns into state FAILED and health NOT_SERVING. A CUDA-graph miss after ready
+(a uniform decode that ran eagerly because no captured graph fits) is treated the same: it is
+the same first-use cost serving was promised it would not pay."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 
-from warmgate.server.jit.events import JitEvent
+from warmgate.server.jit.events import CUDA_GRAPH_MISS, JitEvent
 
 logger = logging.getLogger(__name__)
 
@@ -25,8 +27,10 @@ class StrictJitPolicy:
         # Cache loads are first uses in this process but no compiler ran: they never fail.
         if not event.after_ready or self.mode == "off" or not event.compiled:
             return
-        reason = f"compile after ready: {event.describe()}"
-        if self.mode == "fail" and event.is_compile:
+        is_miss = event.kind == CUDA_GRAPH_MISS
+        what = "CUDA-graph miss" if is_miss else "compile"
+        reason = f"{what} after ready: {event.describe()}"
+        if self.mode == "fail" and (event.is_compile or is_miss):
             logger.error("%s (--strict-jit=fail: health turns NOT_SERVING)", reason)
             self._on_fail(reason)
         else:

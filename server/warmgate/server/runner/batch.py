@@ -15,10 +15,21 @@ class BatchKind(enum.Enum):
     MIXED = "mixed"
 
 
+def is_prefilling(num_computed_tokens: int, num_prompt_tokens: int) -> bool:
+    """Whether a request is still reading its prompt: its first step whatever the prompt's
+    length (a 2-token prompt at one speculative step has a decode's shape), every later chunk
+    of it, and the start of a request resumed after preemption (it recomputes from 0)."""
+    return num_computed_tokens < num_prompt_tokens
+
+
 def is_uniform_decode(num_tokens: int, num_reqs: int, max_query_len: int,
-                      decode_query_len: int) -> bool:
-    """vLLM's rule: uniform iff every request has max_query_len tokens and that is a decode's."""
-    return (num_reqs > 0 and num_tokens == max_query_len * num_reqs
+                      decode_query_len: int, *, any_prefill: bool) -> bool:
+    """Uniform iff no request is prefilling and every request has a decode's query length.
+
+    The shape alone is not enough: with one speculative step a 2-token prefill has a decode's
+    query length, and running it as a uniform decode would take the CUDA-graph path.
+    """
+    return (not any_prefill and num_reqs > 0 and num_tokens == max_query_len * num_reqs
             and max_query_len == decode_query_len)
 
 
@@ -27,17 +38,17 @@ def classify_batch(query_lens: Sequence[int], decode_query_len: int,
     """Classify a batch from its per-request query lengths.
 
     `is_prefill` says, per request, whether it is still reading its prompt; when omitted a
-    request counts as prefill iff its query is longer than a decode's. A uniform decode is
-    decided by shapes alone, as the runner does, which is why a warmup prefill must use more
-    than decode_query_len tokens per request.
+    request counts as prefill iff its query is longer than a decode's. A batch with any
+    prefilling request is never a uniform decode, as the runner decides (input_batch).
     """
     if not query_lens:
         raise ValueError("query_lens: a batch needs at least one request")
     num_tokens = sum(query_lens)
-    if is_uniform_decode(num_tokens, len(query_lens), max(query_lens), decode_query_len):
-        return BatchKind.UNIFORM_DECODE
     flags = list(is_prefill) if is_prefill is not None else [q > decode_query_len
                                                               for q in query_lens]
+    if is_uniform_decode(num_tokens, len(query_lens), max(query_lens), decode_query_len,
+                         any_prefill=any(flags)):
+        return BatchKind.UNIFORM_DECODE
     if all(flags):
         return BatchKind.PREFILL
     return BatchKind.MIXED

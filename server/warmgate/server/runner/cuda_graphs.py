@@ -89,8 +89,6 @@ class CudaGraphRunner:
         self.ragged_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.ragged_outputs: dict[int, torch.Tensor] = {}
         self.num_ragged_replays = 0
-        # Uniform-decode batches that found no captured size and ran eagerly.
-        self.num_misses = 0
         self.num_replays = 0
         # For a uniform decode, query_start_loc is always 0, q, 2q, ...
         self._uniform_qsl = (torch.arange(max_reqs + 1, dtype=torch.int32)
@@ -224,9 +222,7 @@ class CudaGraphRunner:
         """Replay the graph for this uniform-decode batch; None means run it eagerly."""
         size = self.size_for(meta.num_reqs)
         if size is None:
-            if self.graphs:
-                self.num_misses += 1
-            return None
+            return None  # the runner records the miss, with the batch, in its JitMonitor
         graph_meta = self._pad(meta.num_reqs, size)
         self.backend.plan(graph_meta)
         self.graphs[size].replay()

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from warmgate.server.runner.attention.base import AttentionMetadata
-from warmgate.server.runner.batch import is_uniform_decode
+from warmgate.server.runner.batch import is_prefilling, is_uniform_decode
 from warmgate.server.runner.request_state import RequestState, ScheduledRequest
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams, SchedulerOutput
 
@@ -151,8 +151,10 @@ class InputBatch:
             query_start_loc_cpu=self.query_start_loc.cpu[:num_reqs + 1],
             seq_lens_cpu=self.seq_lens.cpu[:num_reqs],
             block_table_cpu=self.block_table.cpu[:num_reqs],
-            is_uniform_decode=is_uniform_decode(num_tokens, num_reqs, max_query_len,
-                                                self.decode_query_len))
+            is_uniform_decode=is_uniform_decode(
+                num_tokens, num_reqs, max_query_len, self.decode_query_len,
+                any_prefill=any(is_prefilling(s.num_computed_tokens, s.state.num_prompt_tokens)
+                                for s in scheduled)))
         inputs = StepInputs(scheduled=scheduled,
                             input_ids=self.input_ids.copy_to_device(num_tokens),
                             positions=meta.positions, meta=meta,

@@ -21,7 +21,7 @@ from warmgate.server.jit import BatchShape, JitMonitor
 from warmgate.server.jit.events import CUDA_GRAPH_MISS
 from warmgate.server.runner.attention import AttentionSpec, create_backend
 from warmgate.server.runner.attention.base import AttentionMetadata
-from warmgate.server.runner.batch import classify_batch
+from warmgate.server.runner.batch import classify_batch, is_prefilling
 from warmgate.server.runner.compile_buckets import compile_buckets
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
@@ -96,6 +96,7 @@ class ModelRunner:
         self.decode_query_len = config.decode_query_len
         self.max_num_reqs = config.scheduler.max_num_seqs
         self.max_num_tokens = config.scheduler.max_num_batched_tokens
+        self.max_model_len = config.model.max_model_len
         self.is_pooling_model = config.model.is_pooling_model
         self.ops = ops if ops is not None else default_ops(config)
         mc, num_blocks = config.model, config.cache.num_blocks
@@ -241,7 +242,8 @@ class ModelRunner:
     def _batch_shape(self, inputs: StepInputs) -> BatchShape:
         s = inputs.scheduled
         kind = classify_batch([r.num_scheduled_tokens for r in s], self.decode_query_len,
-                              [r.num_computed_tokens < r.state.num_prompt_tokens for r in s])
+                              [is_prefilling(r.num_computed_tokens, r.state.num_prompt_tokens)
+                               for r in s])
         meta = inputs.meta
         return BatchShape(kind.value, meta.num_reqs, meta.num_tokens, meta.max_query_len)
 

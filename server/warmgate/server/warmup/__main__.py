@@ -18,6 +18,7 @@ from warmgate.server.server_config import (
     runner_config_from_args,
 )
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
+from warmgate.server.warmup.shapes import check_config_capacity
 from warmgate.server.warmup.table import format_phase_table
 
 
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = build_config(args)
+        check_config_capacity(config, args.mixed_num_tokens)
     except ConfigError as exc:
         report_config_error(parser, exc)  # exits 2, naming the flag
     monitor = JitMonitor()  # so the table's phases carry their compile counts

@@ -1,14 +1,17 @@
 """`warmup_kernels`: drive prefill, every decode shape and every sampler path once.
 
-The logic follows vLLM's Model Runner V2 warmup:
+The logic follows vLLM's Model Runner V2 warmup (shapes and caps: warmup/shapes.py):
 - the prefill uses prompt_len = decode_query_len + 1 = 2 + num_spec_steps tokens per request,
-  so a prefill batch is never classified as a uniform decode and prefill kernels compile
-  (vLLM PR 40746);
+  so a prefill batch never has a uniform decode's shape (vLLM PR 40746); the runner also
+  classifies by whether a request is still reading its prompt, so no prefill step ever
+  counts as a uniform decode whatever its shape;
 - num_reqs = min(max_num_seqs, max_num_batched_tokens // max(prompt_len, decode_query_len),
-  max(1, (num_blocks - 1) // max_blocks_per_req)), block 0 being the null block;
-- each request's blocks are sized for the worst case, prompt_len + steps * decode_query_len;
+  max(1, (num_blocks - 1) // blocks_per_req)), block 0 being the null block and
+  blocks_per_req the blocks of prompt_len + decode_query_len tokens, as the seed sizes them;
 - decode steps: all requests; requests [0, 1] with [spec, plain] drafts; with speculation also
-  [plain, plain]; then single requests: 3 steps without speculation, 5 with;
+  [plain, plain]; then request 0 alone (with speculation: with drafts, then plain). A request
+  that would run past the tokens its blocks hold, or past max_model_len, is restated back to
+  prompt_len computed tokens first, so the extra steps reuse the seed's blocks;
 - the sampler paths that vLLM once missed (greedy and seeded, vLLM issue 54455) get a batch
   each, beside stochastic sampling.
 """
@@ -16,12 +19,13 @@ The logic follows vLLM's Model Runner V2 warmup:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
 from warmgate.server.warmup.progress import PhaseProgress, ProgressCallback
 from warmgate.server.warmup.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
+from warmgate.server.warmup.shapes import kernel_shapes, kernel_shortfall
 from warmgate.server.warmup.steps import (
     BlockAllocator,
     ExecuteModel,
@@ -44,33 +48,23 @@ STOCHASTIC = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
 SEEDED = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1234)
 SAMPLER_VARIANTS: tuple[tuple[str, SamplingParams], ...] = (
     ("greedy", GREEDY), ("stochastic", STOCHASTIC), ("seeded", SEEDED))
-
-
-def num_decode_steps(num_spec_steps: int) -> int:
-    return 5 if num_spec_steps > 0 else 3
+# Called with each sub-phase's result as soon as it ends, so a later failure cannot lose it.
+PhaseDone = Callable[[PhaseResult], None]
 
 
 def warmup_shapes(model_runner: Any) -> dict[str, int]:
     """The shapes warmup_kernels will use: prompt_len, decode_query_len, num_reqs and caps."""
-    num_spec_steps = model_runner.num_speculative_steps
-    decode_query_len = 1 + num_spec_steps
-    prompt_len = 2 + num_spec_steps
-    worst_len = prompt_len + num_decode_steps(num_spec_steps) * decode_query_len
-    max_blocks_per_req = sum(blocks_for(worst_len, kv_block_sizes(model_runner)))
     sched = model_runner.scheduler_config
-    num_blocks = model_runner.kv_cache_config.num_blocks
-    cap_seqs = sched.max_num_seqs
-    cap_tokens = sched.max_num_batched_tokens // max(prompt_len, decode_query_len)
-    cap_blocks = max(1, (num_blocks - 1) // max_blocks_per_req)
-    return dict(prompt_len=prompt_len, decode_query_len=decode_query_len,
-                num_reqs=min(cap_seqs, cap_tokens, cap_blocks), cap_max_num_seqs=cap_seqs,
-                cap_max_num_batched_tokens=cap_tokens, cap_kv_blocks=cap_blocks,
-                max_blocks_per_req=max_blocks_per_req, num_blocks=num_blocks,
-                worst_len=worst_len)
+    return kernel_shapes(num_spec_steps=model_runner.num_speculative_steps,
+                         block_sizes=kv_block_sizes(model_runner),
+                         num_blocks=model_runner.kv_cache_config.num_blocks,
+                         max_num_seqs=sched.max_num_seqs,
+                         max_num_batched_tokens=sched.max_num_batched_tokens,
+                         max_model_len=model_runner.max_model_len)
 
 
 def decode_plan(num_reqs: int, num_spec_steps: int) -> list[list[tuple[int, bool]]]:
-    """Decode steps as lists of (request index, has drafts)."""
+    """Decode steps as lists of (request index, has drafts); no step repeats another."""
     spec = num_spec_steps > 0
     steps = [[(i, spec) for i in range(num_reqs)]]
     if num_reqs >= 2:
@@ -78,25 +72,19 @@ def decode_plan(num_reqs: int, num_spec_steps: int) -> list[list[tuple[int, bool
         steps.append([(0, spec), (1, False)])
         if spec:
             steps.append([(0, False), (1, False)])
-    steps.append([(0, spec)])
+        # One request alone (with one request the first step already was).
+        steps.append([(0, spec)])
     if spec:
         steps.append([(0, False)])
     return steps
 
 
 def _precheck(model_runner: Any, shapes: dict[str, int]) -> WarmupResult | None:
-    if shapes["cap_max_num_batched_tokens"] < 1:
-        return WarmupResult.skipped(
-            PREFILL, SkipReason.TOKEN_BUDGET_TOO_SMALL,
-            f"max_num_batched_tokens ({model_runner.scheduler_config.max_num_batched_tokens}) "
-            f"is below one warmup prompt ({shapes['prompt_len']} tokens); raise "
-            "--max-num-batched-tokens")
-    if shapes["num_blocks"] - 1 < shapes["max_blocks_per_req"]:
-        return WarmupResult.skipped(
-            PREFILL, SkipReason.INSUFFICIENT_KV_BLOCKS,
-            f"one warmup request needs {shapes['max_blocks_per_req']} KV blocks but only "
-            f"{shapes['num_blocks'] - 1} exist besides the null block; raise --num-blocks")
-    return None
+    short = kernel_shortfall(shapes, model_runner.scheduler_config.max_num_batched_tokens)
+    if short is None:
+        return None
+    reason, _flag, detail = short
+    return WarmupResult.skipped(PREFILL, reason, detail)
 
 
 def _prefill(execute: ExecuteModel, sample: SampleTokens, reqs: Sequence[WarmupRequest],
@@ -116,14 +104,20 @@ def _prefill(execute: ExecuteModel, sample: SampleTokens, reqs: Sequence[WarmupR
 
 def _decode(execute: ExecuteModel, sample: SampleTokens, reqs: Sequence[WarmupRequest],
             rows: Sequence[tuple[int, bool]], num_spec_steps: int, alloc: BlockAllocator,
-            block_sizes: list[int]) -> int:
-    """One decode step over `rows`; returns the number of tokens scheduled."""
+            block_sizes: list[int], tokens_per_req: int) -> tuple[int, int]:
+    """One decode step over `rows`; returns (tokens scheduled, requests restated back)."""
     cached, num_scheduled, spec_tokens = [], {}, {}
+    restated = 0
     for idx, has_drafts in rows:
         req = reqs[idx]
         k = num_spec_steps if has_drafts else 0
+        if req.num_computed_tokens + 1 + k > tokens_per_req:
+            # Past its blocks or max_model_len: back to the end of its prompt (a scheduler
+            # restates rejected drafts the same way); still a decode, never a prefill.
+            req.num_computed_tokens = req.prompt_len
+            restated += 1
         need = blocks_for(req.num_computed_tokens + 1 + k, block_sizes)
-        delta = [n - h for n, h in zip(need, req.blocks, strict=True)]
+        delta = [max(0, n - h) for n, h in zip(need, req.blocks, strict=True)]
         new_blocks = alloc.take(delta) if any(d > 0 for d in delta) else None
         req.blocks = [max(n, h) for n, h in zip(need, req.blocks, strict=True)]
         cached.append((req.req_id, req.num_computed_tokens, new_blocks))
@@ -135,7 +129,7 @@ def _decode(execute: ExecuteModel, sample: SampleTokens, reqs: Sequence[WarmupRe
                                                spec_tokens=spec_tokens))
     for idx, has_drafts in rows:
         reqs[idx].num_computed_tokens += 1 + (num_spec_steps if has_drafts else 0)
-    return sum(num_scheduled.values())
+    return sum(num_scheduled.values()), restated
 
 
 def _phase(name: str, seconds: float, num_reqs: int, num_tokens: int, steps: int,
@@ -149,11 +143,13 @@ def _phase(name: str, seconds: float, num_reqs: int, num_tokens: int, steps: int
 def warmup_kernels(model_runner: Any, worker_execute_model: ExecuteModel,
                    worker_sample_tokens: SampleTokens, *,
                    progress: ProgressCallback | None = None,
-                   req_id_prefix: str = "_warmup") -> WarmupResult:
+                   req_id_prefix: str = "_warmup",
+                   on_phase: PhaseDone | None = None) -> WarmupResult:
     """Run the prefill, decode and sampler warmups; truthy iff they ran.
 
-    Returns one PhaseResult per sub-phase (kernels.prefill, kernels.decode, kernels.sampler).
-    A pooling model runs the prefill only; the other two come back SKIPPED.
+    Returns one PhaseResult per sub-phase (kernels.prefill, kernels.decode, kernels.sampler),
+    each also passed to `on_phase` as it ends. A pooling model runs the prefill only; the
+    other two come back SKIPPED.
     """
     shapes = warmup_shapes(model_runner)
     skipped = _precheck(model_runner, shapes)
@@ -168,6 +164,11 @@ def warmup_kernels(model_runner: Any, worker_execute_model: ExecuteModel,
     execute, sample = worker_execute_model, worker_sample_tokens
     phases: list[PhaseResult] = []
 
+    def done(phase: PhaseResult) -> None:
+        phases.append(phase)
+        if on_phase is not None:
+            on_phase(phase)
+
     # 1. Prefill: every request reads a prompt_len-token prompt.
     reqs = [WarmupRequest(f"{req_id_prefix}_{i}", prompt_len) for i in range(num_reqs)]
     alloc = BlockAllocator(len(block_sizes))
@@ -177,30 +178,34 @@ def warmup_kernels(model_runner: Any, worker_execute_model: ExecuteModel,
             _prefill(execute, sample, reqs, alloc, block_sizes, [STOCHASTIC] * num_reqs,
                      is_pooling=is_pooling)
             tracker.step()
-        phases.append(_phase(PREFILL, t[0], num_reqs, num_reqs * prompt_len, 1, shapes,
-                             f"{num_reqs} requests x {prompt_len} prompt tokens"))
+        done(_phase(PREFILL, t[0], num_reqs, num_reqs * prompt_len, 1, shapes,
+                    f"{num_reqs} requests x {prompt_len} prompt tokens"))
         if is_pooling:
             detail = "a pooling model never decodes or samples"
-            phases += [PhaseResult.skipped(DECODE, SkipReason.POOLING_MODEL, detail),
-                       PhaseResult.skipped(SAMPLER, SkipReason.POOLING_MODEL, detail)]
+            done(PhaseResult.skipped(DECODE, SkipReason.POOLING_MODEL, detail))
+            done(PhaseResult.skipped(SAMPLER, SkipReason.POOLING_MODEL, detail))
             return WarmupResult(ran=True, phases=phases)
 
         # 2. Decode: the uniform batch, then the shapes that reclassify.
         plan = decode_plan(num_reqs, num_spec)
         tracker = PhaseProgress(DECODE, len(plan), progress)
-        tokens = 0
+        tokens = restated = 0
         with synced_timer(model_runner) as t:
             for rows in plan:
-                tokens += _decode(execute, sample, reqs, rows, num_spec, alloc, block_sizes)
+                n, r = _decode(execute, sample, reqs, rows, num_spec, alloc, block_sizes,
+                               shapes["tokens_per_req"])
+                tokens, restated = tokens + n, restated + r
                 tracker.step()
-        phases.append(_phase(DECODE, t[0], num_reqs, tokens, len(plan), shapes,
-                             f"{len(plan)} decode steps, query length "
-                             f"{shapes['decode_query_len']}"))
+        done(_phase(DECODE, t[0], num_reqs, tokens, len(plan),
+                    {**shapes, "restated_requests": restated},
+                    f"{len(plan)} decode steps, query length {shapes['decode_query_len']}; "
+                    f"{restated} requests restated to {prompt_len} computed tokens to stay "
+                    f"within {shapes['tokens_per_req']} tokens"))
     finally:
         finish(execute, [r.req_id for r in reqs])
 
-    phases.append(_warmup_sampler(model_runner, execute, sample, shapes, block_sizes,
-                                  progress, req_id_prefix))
+    done(_warmup_sampler(model_runner, execute, sample, shapes, block_sizes,
+                         progress, req_id_prefix))
     return WarmupResult(ran=True, phases=phases)
 
 
@@ -224,7 +229,8 @@ def _warmup_sampler(model_runner: Any, execute: ExecuteModel, sample: SampleToke
                 tracker.step()
                 rows = [(i, num_spec > 0) for i in range(num_reqs)]
                 tokens += num_reqs * prompt_len
-                tokens += _decode(execute, sample, reqs, rows, num_spec, alloc, block_sizes)
+                tokens += _decode(execute, sample, reqs, rows, num_spec, alloc, block_sizes,
+                                  shapes["tokens_per_req"])[0]
                 tracker.step()
             finally:
                 finish(execute, [r.req_id for r in reqs])

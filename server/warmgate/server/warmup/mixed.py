@@ -15,6 +15,7 @@ from typing import Any
 from warmgate.server.runner.scheduler_output import GREEDY
 from warmgate.server.warmup.progress import PhaseProgress, ProgressCallback
 from warmgate.server.warmup.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
+from warmgate.server.warmup.shapes import MIXED_DECODE_PROMPT_LEN, mixed_blocks_needed
 from warmgate.server.warmup.steps import (
     BlockAllocator,
     ExecuteModel,
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 MIXED = "mixed"
 # The decoding request's prompt: two tokens, so its next step is a one-token decode.
-DECODE_PROMPT_LEN = 2
+DECODE_PROMPT_LEN = MIXED_DECODE_PROMPT_LEN
 
 
 def _gate(model_runner: Any, num_tokens: int) -> WarmupResult | None:
@@ -113,9 +114,14 @@ def _check_capacity(model_runner: Any, num_tokens: int) -> WarmupResult | None:
         return WarmupResult.skipped(
             MIXED, SkipReason.TOKEN_BUDGET_TOO_SMALL,
             f"num_tokens ({num_tokens}) exceeds max_num_batched_tokens ({budget})")
+    max_model_len = model_runner.max_model_len
+    if num_tokens - 1 > max_model_len:
+        return WarmupResult.skipped(
+            MIXED, SkipReason.MAX_MODEL_LEN_TOO_SMALL,
+            f"the mixed step's prefill ({num_tokens - 1} tokens) is longer than max_model_len "
+            f"({max_model_len}); lower --mixed-num-tokens to at most {max_model_len + 1}")
     block_sizes = kv_block_sizes(model_runner)
-    needed = sum(blocks_for(DECODE_PROMPT_LEN + 1, block_sizes))
-    needed += sum(blocks_for(num_tokens - 1, block_sizes))
+    needed = mixed_blocks_needed(num_tokens, block_sizes)
     available = model_runner.kv_cache_config.num_blocks - 1
     if needed > available:
         logger.warning("mixed warmup needs %d KV blocks, only %d available; skipping",

@@ -37,13 +37,13 @@ from warmgate.server.warmup.results import (
     WarmupOutcome,
     WarmupReport,
 )
+from warmgate.server.warmup.shapes import RESOURCE_SKIPS, default_mixed_num_tokens
 from warmgate.server.warmup.steps import synced_timer
 
 logger = logging.getLogger(__name__)
 
 LOAD, FLASHINFER, CUDA_GRAPHS = "load", "flashinfer", "cuda_graphs"
 PHASES = (LOAD, FLASHINFER, COMPILE, PREFILL, DECODE, SAMPLER, MIXED, CUDA_GRAPHS)
-DEFAULT_MIXED_NUM_TOKENS = 16  # vLLM's mixed FlashInfer attention warmup uses 16 tokens
 
 
 def load_runner(config: RunnerConfig, *, jit_monitor: JitMonitor | None = None
@@ -112,12 +112,9 @@ def _cuda_graphs_phase(runner: Any, force: bool) -> PhaseResult:
                        shapes=info, detail=f"captured {len(sizes)} uniform-decode graphs{ragged}")
 
 
-# A step runs one or more named phases, reporting step progress through the callback it gets.
-Step = tuple[tuple[str, ...], Callable[[ProgressCallback], list[PhaseResult]]]
-
-
 class _PlanProgress:
-    """Stamps events with the phase's place in the plan and remembers which phases spoke."""
+    """Stamps events with the phase's place in the plan, remembers which phases spoke and
+    keeps each sub-phase's result as it ends (phase_done), with the time it ended."""
 
     def __init__(self, progress: ProgressCallback | None, names: tuple[str, ...],
                  ledger: PhaseLedger) -> None:
@@ -125,18 +122,52 @@ class _PlanProgress:
         self._names = names
         self.ledger = ledger
         self.seen: set[str] = set()
-        # Phases whose last step reported: a failure after that belongs to a later phase.
-        self.finished: set[str] = set()
+        # Results of the current step's sub-phases that ended, and when the last one did.
+        self.completed: dict[str, PhaseResult] = {}
+        self.last_end = time.perf_counter()
+
+    def begin_step(self) -> None:
+        self.completed = {}
+        self.last_end = time.perf_counter()
+
+    def phase_done(self, result: PhaseResult) -> None:
+        self.completed[result.name] = result
+        self.last_end = time.perf_counter()
 
     def __call__(self, e: ProgressEvent) -> None:
         self.seen.add(e.phase)
-        if e.steps_done >= e.steps_total:
-            self.finished.add(e.phase)
         self.ledger.charge(e.phase)
         if self._progress is not None:
             index = self._names.index(e.phase) if e.phase in self._names else 0
             self._progress(ProgressEvent(e.phase, e.steps_done, e.steps_total, index,
                                          len(self._names)))
+
+
+# A step runs one or more named phases, reporting step progress (and, when it has several
+# sub-phases, each one's result as it ends) through the tracker it gets.
+Step = tuple[tuple[str, ...], Callable[[_PlanProgress], list[PhaseResult]]]
+
+
+def _failed_step(step_names: tuple[str, ...], tracker: _PlanProgress,
+                 exc: Exception) -> list[PhaseResult]:
+    """The step's results after `exc`: the sub-phases that ended keep their own results
+    and seconds; the first that had not ended failed, with the time since the last ended."""
+    culprit = next((n for n in step_names if n not in tracker.completed), step_names[-1])
+    logger.error("phase %s failed", culprit, exc_info=exc)
+    tracker.ledger.charge(culprit)
+    if is_fatal_device_error(exc):
+        # Not a phase failure: the CUDA context is gone, no later phase can run, and the
+        # process has to exit; the controller decides how.
+        raise FatalDeviceError(culprit, exc) from exc
+    at = step_names.index(culprit)
+    produced = [tracker.completed[n] for n in step_names[:at]]
+    produced.append(PhaseResult(name=culprit, status=PhaseStatus.FAILED,
+                                duration_s=time.perf_counter() - tracker.last_end,
+                                detail=describe_failure(culprit, exc)))
+    produced += [PhaseResult.skipped(n, SkipReason.EARLIER_PHASE_FAILED,
+                                     "not run: an earlier phase failed")
+                 for n in step_names[at + 1:]]
+    return produced
 
 
 def _run_phases(steps: list[Step], progress: ProgressCallback | None,
@@ -155,31 +186,14 @@ def _run_phases(steps: list[Step], progress: ProgressCallback | None,
                                             "not run: an earlier phase failed")
                         for n in step_names]
             continue
-        start = time.perf_counter()
+        tracker.begin_step()
         try:
             produced = step(tracker)
             # What ran after the step's last progress event (its clean-up) is its last phase's.
             tracker.ledger.charge(step_names[-1])
         except Exception as exc:  # a phase failure is data; the caller decides what is fatal
-            logger.exception("phase %s failed", step_names[0])
-            # Blame the first sub-phase that had not finished when the exception came.
-            culprit = next((n for n in step_names if n not in tracker.finished),
-                           step_names[-1])
-            tracker.ledger.charge(culprit)
-            if is_fatal_device_error(exc):
-                # Not a phase failure: the CUDA context is gone, no later phase can run, and
-                # the process has to exit; the controller decides how.
-                raise FatalDeviceError(culprit, exc) from exc
-            produced = [PhaseResult(name=n, status=PhaseStatus.RAN,
-                                    detail=f"finished before {culprit} failed")
-                        for n in step_names[:step_names.index(culprit)]]
-            produced += [PhaseResult(name=culprit, status=PhaseStatus.FAILED,
-                                    duration_s=time.perf_counter() - start,
-                                    detail=describe_failure(culprit, exc))]
-            produced += [PhaseResult.skipped(n, SkipReason.EARLIER_PHASE_FAILED,
-                                             "not run: an earlier phase failed")
-                         for n in step_names[step_names.index(culprit) + 1:]]
-            failed = True
+            produced = _failed_step(step_names, tracker, exc)
+        failed = any(p.status is PhaseStatus.FAILED for p in produced)
         for p in produced:
             tracker.ledger.fill(p)
             log_phase(p)
@@ -187,6 +201,24 @@ def _run_phases(steps: list[Step], progress: ProgressCallback | None,
                 tracker(ProgressEvent(p.name, 1, 1))
         results += produced
     return results
+
+
+def _require_resources(phases: list[PhaseResult]) -> list[PhaseResult]:
+    """A plan phase skipped for lack of KV blocks, token budget or max_model_len fails the
+    plan: serving takes that path, so ready would be a promise the warmup did not keep. The
+    phases after it in the same step did not run because of it."""
+    out: list[PhaseResult] = []
+    for p in phases:
+        if any(o.status is PhaseStatus.FAILED for o in out):
+            out.append(PhaseResult.skipped(p.name, SkipReason.EARLIER_PHASE_FAILED,
+                                           "not run: an earlier phase failed"))
+        elif p.status is PhaseStatus.SKIPPED and p.skip_reason in RESOURCE_SKIPS:
+            out.append(PhaseResult(name=p.name, status=PhaseStatus.FAILED,
+                                   detail=f"serving needs this path but the configuration "
+                                          f"cannot hold its warmup: {p.detail}"))
+        else:
+            out.append(p)
+    return out
 
 
 def run_warmup_plan(runner: Any, *, load_phase: PhaseResult | None = None,
@@ -199,20 +231,22 @@ def run_warmup_plan(runner: Any, *, load_phase: PhaseResult | None = None,
     comes back SKIPPED (ALREADY_CAPTURED).
     """
     start = time.perf_counter()
-    budget = runner.scheduler_config.max_num_batched_tokens
-    num_tokens = mixed_num_tokens or min(DEFAULT_MIXED_NUM_TOKENS, budget)
+    # Unset means the default; an explicit 0, 1 or 2 is kept, and the mixed phase skips it.
+    num_tokens = (default_mixed_num_tokens(runner.scheduler_config.max_num_batched_tokens,
+                                           runner.max_model_len)
+                  if mixed_num_tokens is None else mixed_num_tokens)
 
-    def kernels(report: ProgressCallback) -> list[PhaseResult]:
+    def kernels(report: _PlanProgress) -> list[PhaseResult]:
         result = warmup_kernels(runner, runner.execute_model, runner.sample_tokens,
-                                progress=report)
-        return _with_skipped_tail(result.phases)
+                                progress=report, on_phase=report.phase_done)
+        return _require_resources(_with_skipped_tail(result.phases))
 
-    def mixed(report: ProgressCallback) -> list[PhaseResult]:
-        return run_mixed_prefill_decode_warmup(
+    def mixed(report: _PlanProgress) -> list[PhaseResult]:
+        return _require_resources(run_mixed_prefill_decode_warmup(
             runner, runner.execute_model, runner.sample_tokens, num_tokens,
-            progress=report).phases
+            progress=report).phases)
 
-    def compile_buckets(report: ProgressCallback) -> list[PhaseResult]:
+    def compile_buckets(report: _PlanProgress) -> list[PhaseResult]:
         return run_compile_warmup(runner, runner.execute_model, runner.sample_tokens,
                                   progress=report).phases
 

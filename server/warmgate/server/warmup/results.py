@@ -30,6 +30,8 @@ class SkipReason(enum.Enum):
     EARLIER_PHASE_FAILED = "EARLIER_PHASE_FAILED"
     # Graphs were captured by an earlier plan and `force` was not set.
     ALREADY_CAPTURED = "ALREADY_CAPTURED"
+    # max_model_len cannot hold one warmup request (its prefill and first decode).
+    MAX_MODEL_LEN_TOO_SMALL = "MAX_MODEL_LEN_TOO_SMALL"
 
 
 @dataclass

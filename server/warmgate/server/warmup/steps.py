@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmgate.server.config import cdiv
 from warmgate.server.runner.scheduler_output import (
     CachedRequestData,
     GrammarOutput,
@@ -21,6 +20,10 @@ from warmgate.server.runner.scheduler_output import (
     SamplingParams,
     SchedulerOutput,
 )
+from warmgate.server.warmup.shapes import blocks_for
+
+__all__ = ["BlockAllocator", "WarmupRequest", "blocks_for", "finish", "kv_block_sizes",
+           "new_request", "run_step", "scheduler_output", "synced_timer"]
 
 ExecuteModel = Callable[[SchedulerOutput], Any]
 SampleTokens = Callable[[GrammarOutput | None], Any]
@@ -28,11 +31,6 @@ SampleTokens = Callable[[GrammarOutput | None], Any]
 
 def kv_block_sizes(model_runner: Any) -> list[int]:
     return [g.kv_cache_spec.block_size for g in model_runner.kv_cache_config.kv_cache_groups]
-
-
-def blocks_for(num_tokens: int, block_sizes: Sequence[int]) -> list[int]:
-    """Blocks each KV cache group needs to hold num_tokens."""
-    return [cdiv(num_tokens, bs) for bs in block_sizes]
 
 
 class BlockAllocator:
