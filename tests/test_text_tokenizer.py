@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 
 from tests.grpc_harness import run, server_config
 from tests.text_helpers import (
+    CHATML_TEMPLATE,
     MULTIBYTE_TEXT,
     smollm2_dir,
     train_tokenizer,
@@ -44,6 +45,19 @@ RICH_TEMPLATE = (
     "{% else %}{{ m['content'] | tojson }}{% endif %}{{ eos_token }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant ({{ ns.turns }} turns)\n{% endif %}")
 
+# Block tags on lines of their own, indented: what trim_blocks and lstrip_blocks are for.
+MULTILINE_TEMPLATE = """{% for m in messages %}
+  {% if m['role'] == 'system' %}
+[SYS] {{ m['content'] }}
+  {% else %}
+<|im_start|>{{ m['role'] }}
+{{ m['content'] }}<|im_end|>
+  {% endif %}
+{% endfor %}
+{% if add_generation_prompt %}
+<|im_start|>assistant
+{% endif %}"""
+
 
 def reference_chat_ids(directory: Path, messages: list[dict[str, str]]) -> list[int]:
     hf = AutoTokenizer.from_pretrained(directory)
@@ -61,9 +75,13 @@ def check_against_transformers(directory: Path, chats: list[list[dict[str, str]]
         assert ours.encode_prompt(text) == hf(text)["input_ids"], text
 
 
+@pytest.mark.parametrize("template", [CHATML_TEMPLATE, MULTILINE_TEMPLATE],
+                         ids=["chatml", "multiline"])
 @pytest.mark.parametrize("kind", ["byte_level", "byte_fallback"])
-def test_chat_and_prompt_ids_equal_transformers(tmp_path: Path, kind: str) -> None:
-    check_against_transformers(write_text_files(tmp_path, train_tokenizer(kind)), CHATS)
+def test_chat_and_prompt_ids_equal_transformers(tmp_path: Path, kind: str,
+                                                template: str) -> None:
+    directory = write_text_files(tmp_path, train_tokenizer(kind), chat_template=template)
+    check_against_transformers(directory, CHATS)
 
 
 def test_transformers_template_globals_and_the_tokenizer_config_key(tmp_path: Path) -> None:

@@ -10,7 +10,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 
 from tests.runner_helpers import make_runner
 from warmgate.server.runner.weights import save_weights
@@ -35,7 +43,8 @@ MULTIBYTE_TEXT = "\U0001F600 \u65e5\u672c\u8a9e \U0001F680\u00e9 \u20ac \U0001F4
 
 
 def train_tokenizer(kind: str, vocab_size: int = 400) -> Tokenizer:
-    """A small trained tokenizer: "byte_level" or "byte_fallback"."""
+    """A small trained tokenizer: "byte_level" (adds no special tokens to a prompt) or
+    "byte_fallback" (adds a BOS, as Llama 2's does)."""
     if kind == "byte_level":
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -57,7 +66,11 @@ def train_tokenizer(kind: str, vocab_size: int = 400) -> Tokenizer:
     # them as ordinary vocabulary entries, as Llama 2's tokenizer has them.
     data = json.loads(tok.to_str())
     data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] not in byte_tokens]
-    return Tokenizer.from_str(json.dumps(data))
+    tok = Tokenizer.from_str(json.dumps(data))
+    bos = SPECIAL_TOKENS[1]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))])
+    return tok
 
 
 def write_text_files(directory: Path, tokenizer: Tokenizer, *,
