@@ -132,6 +132,7 @@ class ChatMessage(_message.Message):
     role: _builtins.str
     """"system", "user", "assistant", or another role the chat template knows."""
     content: _builtins.str
+    """The turn's text."""
     def __init__(
         self,
         *,
