@@ -114,3 +114,14 @@ def test_smollm2_deltas_concatenate_to_the_full_decode(data: st.DataObject) -> N
     ids = data.draw(token_streams(tokenizer), label="ids")
     steps = data.draw(st.lists(st.integers(1, 4), max_size=5), label="step sizes")
     check_stream(tokenizer, ids, steps)
+
+
+def test_a_skipped_special_token_is_no_context_for_the_next_tokens_spacing() -> None:
+    """Llama-style decoders strip the leading space of the first token decoded: the token
+    after a skipped special one is not first, and keeps its space."""
+    tokenizer = TOKENIZERS["byte_fallback"]
+    end = tokenizer.token_to_id("<|im_end|>")
+    ids = [*tokenizer.encode("Paris!", add_special_tokens=False).ids, end,
+           *tokenizer.encode(" Rome", add_special_tokens=False).ids]
+    for steps in ([1], [2], [3]):
+        check_stream(tokenizer, ids, steps)

@@ -60,10 +60,10 @@ def run_generate(client: WarmgateClient, args: argparse.Namespace, out: TextIO,
                              ignore_eos=args.ignore_eos)
     for message in stream:
         if args.json:
-            pass
-        elif as_text and message.text:
+            pass  # one object at the end
+        elif as_text:
             print(message.text, end="", file=out, flush=True)
-        elif not as_text and message.token_ids:
+        elif message.token_ids:
             prefix = "," if result.token_ids else ""
             print(prefix + ",".join(map(str, message.token_ids)), end="", file=out, flush=True)
         result.add(message)

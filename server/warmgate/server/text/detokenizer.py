@@ -3,9 +3,10 @@
 A character can span several tokens (byte-level BPE pieces, byte-fallback tokens, emoji), and
 decoding a prefix that ends inside one gives U+FFFD. So the text of new tokens is held back
 while the decoded window ends with U+FFFD, and sent whole once the character completes. Each
-step decodes only a window: the tokens already sent in the previous delta (for context: a
-decoder's spacing can depend on the token before) plus the new ones; the delta is the window's
-text past the part already sent. UTF-8 is self-synchronising, so a complete character never
+step decodes only a window: the last token already sent that decoding keeps (for context: a
+decoder's spacing depends on whether a token comes first, e.g. Llama's strip of the leading
+space; special tokens are skipped, so they give none) plus the new ones; the delta is the
+window's text past the context's. UTF-8 is self-synchronising, so a complete character never
 changes when more tokens follow, and the deltas concatenate to the decode of all the ids.
 
 One exception: a ByteFallback decoder (Llama 2-style <0xNN> tokens) turns a whole run of
@@ -52,6 +53,8 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         self._traits = traits if traits is not None else DecodeTraits.of(tokenizer)
         self._skip_special_tokens = skip_special_tokens
+        # Tokens decoding drops: they are no context.
+        self._skipped = self._traits.special_ids if skip_special_tokens else frozenset()
         self._ids: list[int] = []
         # ids[_prefix:_read] is the context decoded with the new tokens; ids[:_read] is sent.
         self._prefix = 0
@@ -78,12 +81,14 @@ class IncrementalDetokenizer:
         window = self._decode(self._ids[self._prefix:])
         if not final and (window.endswith(REPLACEMENT_CHARACTER) or self._in_byte_run()):
             return ""
-        self._prefix, self._read = self._read, len(self._ids)
+        self._read = len(self._ids)
+        # Before any kept token, the context stays the whole (empty-text) start of the stream.
+        self._prefix = next((i for i in range(self._read - 1, self._prefix - 1, -1)
+                             if self._ids[i] not in self._skipped), self._prefix)
         return window[len(sent):]
 
     def _in_byte_run(self) -> bool:
         if not self._traits.byte_fallback_ids:
             return False
-        skipped = self._traits.special_ids if self._skip_special_tokens else frozenset()
-        last = next((t for t in reversed(self._ids) if t not in skipped), None)
+        last = next((t for t in reversed(self._ids) if t not in self._skipped), None)
         return last in self._traits.byte_fallback_ids
