@@ -40,7 +40,7 @@ def parse_generate_request(request: gen_pb.GenerateRequest, config: RunnerConfig
     text = text if text is not None else ModelText()
     vocab, max_len = config.model.vocab_size, config.model.max_model_len
     bad: list[FieldViolation] = []
-    field, prompt = "prompt_token_ids", []
+    field, prompt = "prompt_token_ids", list[int]()
     try:
         field, prompt = prompt_token_ids(request, text)
     except PromptError as exc:
