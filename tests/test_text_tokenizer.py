@@ -193,3 +193,18 @@ def test_the_server_does_not_start_with_an_unusable_tokenizer(tmp_path: Path) ->
     (tmp_path / "tokenizer.json").write_text("garbage")
     with pytest.raises(TextLoadError, match=r"tokenizer\.json: not a tokenizers file"):
         run(create_server(server_config("--model", str(tmp_path))))
+
+
+@pytest.mark.parametrize("template", [
+    "{{ messages.append({'role': 'x'}) }}",  # the immutable environment: no mutation
+    "{{ raise_exception('roles must alternate') }}",
+    "{{ messages[5]['content'] }}",  # an undefined value used as a mapping
+])
+def test_a_template_that_fails_on_the_messages_is_the_requests_error(
+        tmp_path: Path, template: str) -> None:
+    directory = write_text_files(tmp_path, train_tokenizer("byte_level"), chat_template=template)
+    ours = TextTokenizer.load(directory, 10**6)
+    assert ours is not None
+    with pytest.raises(PromptError, match="the model's chat template refused them") as info:
+        ours.encode_chat(CHATS[0])
+    assert info.value.fields == ("messages",)
