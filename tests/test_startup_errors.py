@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.certs import make_pki
+from tests.text_helpers import write_tiny_model
 from warmgate.server import server_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,3 +178,10 @@ def test_port_taken_after_the_check_still_exits_2_with_one_line() -> None:
     assert "Traceback" not in result.stderr, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("warmgate-server: error: argument --port: cannot bind 127.0.0.1:")
+
+
+def test_an_unusable_chat_template_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    write_tiny_model(tmp_path)
+    (tmp_path / "chat_template.jinja").write_text("{% if %}")
+    assert_one_line_exit_2(run_server("--model", str(tmp_path)), "argument --model:",
+                           "chat_template.jinja")

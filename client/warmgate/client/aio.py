@@ -95,7 +95,7 @@ class AsyncWarmgateClient:
         return _stream(self._warmup.WatchStatus(pb.WatchStatusRequest(follow=follow),
                                                 timeout=timeout, metadata=self._metadata))
 
-    def generate(self, prompt_token_ids: Sequence[int], *, timeout: float | None = None,
+    def generate(self, prompt_token_ids: Sequence[int] = (), *, timeout: float | None = None,
                  **sampling: Any) -> AsyncIterator[gen_pb.GenerateResponse]:
         """See WarmgateClient.generate. The call starts here; iterate (or aclose) the result."""
         return _stream(self._generation.Generate(generate_request(prompt_token_ids, **sampling),

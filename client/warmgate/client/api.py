@@ -151,10 +151,11 @@ class WarmgateClient:
         yield from _stream(self._warmup.WatchStatus(pb.WatchStatusRequest(follow=follow),
                                                 timeout=timeout, metadata=self._metadata))
 
-    def generate(self, prompt_token_ids: Sequence[int], *, timeout: float | None = None,
+    def generate(self, prompt_token_ids: Sequence[int] = (), *, timeout: float | None = None,
                  **sampling: Any) -> Iterator[gen_pb.GenerateResponse]:
         """Stream one request's tokens; `sampling` takes generate_request's keywords
-        (temperature, top_k, top_p, seed, max_tokens, stop_token_ids, request_id).
+        (prompt or messages instead of prompt_token_ids, temperature, top_k, top_p, seed,
+        max_tokens, stop_token_ids, ignore_eos, request_id).
 
         No deadline unless `timeout` is given. Leaving the loop early cancels the request on
         the server, which frees its KV blocks.

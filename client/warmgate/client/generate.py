@@ -3,27 +3,37 @@ and the CLI (so every caller spells the defaults the same way)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from warmgate.v1 import generate_pb2 as gen_pb
 
 
-def generate_request(prompt_token_ids: Sequence[int], *, temperature: float = 0.0,
+def generate_request(prompt_token_ids: Sequence[int] = (), *, prompt: str | None = None,
+                     messages: Sequence[Mapping[str, str]] = (), temperature: float = 0.0,
                      top_k: int = 0, top_p: float | None = None, seed: int | None = None,
                      max_tokens: int | None = None, stop_token_ids: Sequence[int] = (),
-                     request_id: str = "") -> gen_pb.GenerateRequest:
-    """A GenerateRequest; unset options keep the server's defaults (greedy, 16 tokens)."""
+                     ignore_eos: bool = False, request_id: str = "") -> gen_pb.GenerateRequest:
+    """A GenerateRequest; unset options keep the server's defaults (greedy, 16 tokens).
+
+    The prompt is one of prompt_token_ids, `prompt` (text) or `messages` (chat turns, each
+    {"role": ..., "content": ...}); the text forms need a server whose model has a tokenizer.
+    """
     sampling = gen_pb.SamplingParams(temperature=temperature, top_k=top_k,
-                                     stop_token_ids=list(stop_token_ids))
+                                     stop_token_ids=list(stop_token_ids),
+                                     ignore_eos=ignore_eos)
     if top_p is not None:
         sampling.top_p = top_p
     if seed is not None:
         sampling.seed = seed
     if max_tokens is not None:
         sampling.max_tokens = max_tokens
-    return gen_pb.GenerateRequest(prompt_token_ids=list(prompt_token_ids), sampling=sampling,
-                                  request_id=request_id)
+    request = gen_pb.GenerateRequest(
+        prompt_token_ids=list(prompt_token_ids), sampling=sampling, request_id=request_id,
+        messages=[gen_pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages])
+    if prompt is not None:
+        request.prompt = prompt
+    return request
 
 
 @dataclass
@@ -33,11 +43,14 @@ class Generation:
     token_ids: list[int] = field(default_factory=list)
     # Server-side seconds since arrival, one per token (tokens of one step share a time).
     token_times_s: list[float] = field(default_factory=list)
+    # The decoded text (empty when the server's model has no tokenizer).
+    text: str = ""
     finish_reason: str = ""
     usage: gen_pb.GenerateUsage | None = None
 
     def add(self, message: gen_pb.GenerateResponse) -> None:
         self.token_ids += list(message.token_ids)
+        self.text += message.text
         self.token_times_s += [message.time_since_arrival_s] * len(message.token_ids)
         if message.finish_reason != gen_pb.FINISH_REASON_UNSPECIFIED:
             self.finish_reason = gen_pb.FinishReason.Name(message.finish_reason) \
@@ -48,6 +61,7 @@ class Generation:
         usage = self.usage
         return {
             "token_ids": self.token_ids,
+            "text": self.text,
             "finish_reason": self.finish_reason,
             "token_times_s": [round(t, 6) for t in self.token_times_s],
             "usage": None if usage is None else {

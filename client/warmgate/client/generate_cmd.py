@@ -1,4 +1,5 @@
-"""`warmgate generate`: stream one request's tokens and print them."""
+"""`warmgate generate`: stream one request's tokens (or, for a text prompt, its text) and print
+them."""
 
 from __future__ import annotations
 
@@ -22,11 +23,16 @@ def token_ids(text: str) -> list[int]:
 
 def add_generate_command(commands: Any) -> None:
     gen = commands.add_parser(
-        "generate", help="generate tokens from prompt token ids (needs a ready server)",
-        description="Stream generated token ids to stdout (comma-separated, as they arrive) "
-                    "and a summary to stderr; --json prints one object instead.")
-    gen.add_argument("--prompt-ids", type=token_ids, required=True, metavar="IDS",
-                     help="prompt token ids, comma-separated")
+        "generate", help="generate from a prompt (needs a ready server)",
+        description="Stream the generated text (--prompt, --chat) or token ids (--prompt-ids, "
+                    "comma-separated) to stdout as they arrive, and a summary to stderr; "
+                    "--json prints one object instead. Text needs a model with a tokenizer.")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt-ids", type=token_ids, metavar="IDS",
+                        help="prompt token ids, comma-separated")
+    prompt.add_argument("--prompt", metavar="TEXT", help="a text prompt, tokenized as is")
+    prompt.add_argument("--chat", metavar="TEXT",
+                        help="one user message, rendered with the model's chat template")
     gen.add_argument("--max-tokens", type=int, default=None, metavar="N",
                      help="tokens to generate at most (server default 16)")
     gen.add_argument("--temperature", type=float, default=0.0, metavar="T",
@@ -37,17 +43,27 @@ def add_generate_command(commands: Any) -> None:
                      help="makes a stochastic request reproducible")
     gen.add_argument("--stop-ids", type=token_ids, default=[], metavar="IDS",
                      help="stop after any of these token ids")
+    gen.add_argument("--ignore-eos", action="store_true",
+                     help="do not stop at the model's end-of-sequence ids")
 
 
 def run_generate(client: WarmgateClient, args: argparse.Namespace, out: TextIO,
                  err: TextIO) -> int:
     result = Generation()
-    stream = client.generate(args.prompt_ids, timeout=args.rpc_timeout,
-                             max_tokens=args.max_tokens, temperature=args.temperature,
-                             top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                             stop_token_ids=args.stop_ids)
+    as_text = args.prompt_ids is None
+    stream = client.generate(args.prompt_ids or (), prompt=args.prompt,
+                             messages=[{"role": "user", "content": args.chat}]
+                             if args.chat is not None else (),
+                             timeout=args.rpc_timeout, max_tokens=args.max_tokens,
+                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                             seed=args.seed, stop_token_ids=args.stop_ids,
+                             ignore_eos=args.ignore_eos)
     for message in stream:
-        if not args.json and message.token_ids:
+        if args.json:
+            pass  # one object at the end
+        elif as_text:
+            print(message.text, end="", file=out, flush=True)
+        elif message.token_ids:
             prefix = "," if result.token_ids else ""
             print(prefix + ",".join(map(str, message.token_ids)), end="", file=out, flush=True)
         result.add(message)

@@ -24,23 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1awarmgate/v1/generate.proto\x12\x0bwarmgate.v1\"\xae\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\x05H\x02\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x42\x08\n\x06_top_pB\x07\n\x05_seedB\r\n\x0b_max_tokens\"n\n\x0fGenerateRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12-\n\x08sampling\x18\x02 \x01(\x0b\x32\x1b.warmgate.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\xdd\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x1c\n\x14time_since_arrival_s\x18\x02 \x01(\x01\x12!\n\x19num_accepted_draft_tokens\x18\x03 \x01(\x05\x12\x18\n\x10num_draft_tokens\x18\x04 \x01(\x05\x12\x30\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x19.warmgate.v1.FinishReason\x12)\n\x05usage\x18\x06 \x01(\x0b\x32\x1a.warmgate.v1.GenerateUsage\"\xdf\x01\n\rGenerateUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x11\n\tnum_steps\x18\x03 \x01(\x05\x12\x17\n\x0fnum_preemptions\x18\x04 \x01(\x05\x12\x18\n\x10num_draft_tokens\x18\x05 \x01(\x05\x12!\n\x19num_accepted_draft_tokens\x18\x06 \x01(\x05\x12\x14\n\x0cqueue_time_s\x18\x07 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\x08 \x01(\x01*\x80\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x1f\n\x1b\x46INISH_REASON_MAX_MODEL_LEN\x10\x03\x32W\n\nGeneration\x12I\n\x08Generate\x12\x1c.warmgate.v1.GenerateRequest\x1a\x1d.warmgate.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1awarmgate/v1/generate.proto\x12\x0bwarmgate.v1\"\xc2\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\x05H\x02\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\x08\n\x06_top_pB\x07\n\x05_seedB\r\n\x0b_max_tokens\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xba\x01\n\x0fGenerateRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12-\n\x08sampling\x18\x02 \x01(\x0b\x32\x1b.warmgate.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x13\n\x06prompt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12*\n\x08messages\x18\x05 \x03(\x0b\x32\x18.warmgate.v1.ChatMessageB\t\n\x07_prompt\"\xeb\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x1c\n\x14time_since_arrival_s\x18\x02 \x01(\x01\x12!\n\x19num_accepted_draft_tokens\x18\x03 \x01(\x05\x12\x18\n\x10num_draft_tokens\x18\x04 \x01(\x05\x12\x30\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x19.warmgate.v1.FinishReason\x12)\n\x05usage\x18\x06 \x01(\x0b\x32\x1a.warmgate.v1.GenerateUsage\x12\x0c\n\x04text\x18\x07 \x01(\t\"\xdf\x01\n\rGenerateUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x11\n\tnum_steps\x18\x03 \x01(\x05\x12\x17\n\x0fnum_preemptions\x18\x04 \x01(\x05\x12\x18\n\x10num_draft_tokens\x18\x05 \x01(\x05\x12!\n\x19num_accepted_draft_tokens\x18\x06 \x01(\x05\x12\x14\n\x0cqueue_time_s\x18\x07 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\x08 \x01(\x01*\x80\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x1f\n\x1b\x46INISH_REASON_MAX_MODEL_LEN\x10\x03\x32W\n\nGeneration\x12I\n\x08Generate\x12\x1c.warmgate.v1.GenerateRequest\x1a\x1d.warmgate.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'warmgate.v1.generate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=783
-  _globals['_FINISHREASON']._serialized_end=911
+  _globals['_FINISHREASON']._serialized_start=940
+  _globals['_FINISHREASON']._serialized_end=1068
   _globals['_SAMPLINGPARAMS']._serialized_start=44
-  _globals['_SAMPLINGPARAMS']._serialized_end=218
-  _globals['_GENERATEREQUEST']._serialized_start=220
-  _globals['_GENERATEREQUEST']._serialized_end=330
-  _globals['_GENERATERESPONSE']._serialized_start=333
-  _globals['_GENERATERESPONSE']._serialized_end=554
-  _globals['_GENERATEUSAGE']._serialized_start=557
-  _globals['_GENERATEUSAGE']._serialized_end=780
-  _globals['_GENERATION']._serialized_start=913
-  _globals['_GENERATION']._serialized_end=1000
+  _globals['_SAMPLINGPARAMS']._serialized_end=238
+  _globals['_CHATMESSAGE']._serialized_start=240
+  _globals['_CHATMESSAGE']._serialized_end=284
+  _globals['_GENERATEREQUEST']._serialized_start=287
+  _globals['_GENERATEREQUEST']._serialized_end=473
+  _globals['_GENERATERESPONSE']._serialized_start=476
+  _globals['_GENERATERESPONSE']._serialized_end=711
+  _globals['_GENERATEUSAGE']._serialized_start=714
+  _globals['_GENERATEUSAGE']._serialized_end=937
+  _globals['_GENERATION']._serialized_start=1070
+  _globals['_GENERATION']._serialized_end=1157
 # @@protoc_insertion_point(module_scope)

@@ -30,6 +30,7 @@ from warmgate.server.security import ServerSecurity
 from warmgate.server.server_config import ServerConfig
 from warmgate.server.service import WarmupService
 from warmgate.server.status import Identity
+from warmgate.server.text.model_text import ModelText, load_model_text
 from warmgate.v1 import generate_pb2, generate_pb2_grpc, warmup_pb2, warmup_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -125,12 +126,16 @@ def _describe_security(security: ServerSecurity) -> str:
     return f"{tls}, {'bearer token' if security.auth else 'no'} auth"
 
 
-async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = None
-                        ) -> RunningServer:
+async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = None,
+                        text: ModelText | None = None) -> RunningServer:
     """Bind, register every service and start; warmup (if configured) starts in background.
 
-    `engine` defaults to the real runner driven by the warmup plan.
+    `engine` defaults to the real runner driven by the warmup plan; `text` to the model
+    directory's tokenizer files, read here (main reads them earlier, before logging starts,
+    so that an unusable one is a single line).
     """
+    # Before anything binds: an unusable tokenizer or chat template fails the start-up.
+    text = text if text is not None else load_model_text(config.runner.model)
     metrics = Metrics()
     health = WarmgateHealth()
     engine = engine if engine is not None else _default_engine(config)
@@ -149,7 +154,7 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
     warmup_pb2_grpc.add_WarmupServicer_to_server(WarmupService(controller), server)
     generation = GenerationService(controller, engine, config.runner, config.serving,
-                                   metrics.serving)
+                                   metrics.serving, text)
     generate_pb2_grpc.add_GenerationServicer_to_server(generation, server)
     controller.add_ready_listener(generation.prepare)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -10,6 +10,9 @@ from warmgate.server.config import RunnerConfig
 from warmgate.server.errors import FieldViolation, InvalidArgument
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.scheduler import SchedulerLimits
+from warmgate.server.text.errors import PromptError
+from warmgate.server.text.model_text import ModelText
+from warmgate.server.text.prompt import prompt_token_ids
 from warmgate.v1 import generate_pb2 as gen_pb
 
 DEFAULT_MAX_TOKENS = 16
@@ -26,25 +29,33 @@ class ParsedRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     client_request_id: str
+    # Which request field the prompt came in: prompt_token_ids, prompt or messages.
+    prompt_field: str = "prompt_token_ids"
 
 
 def _first_outside(values: list[int], vocab_size: int) -> int | None:
     return next((i for i, t in enumerate(values) if not 0 <= t < vocab_size), None)
 
 
-def parse_generate_request(request: gen_pb.GenerateRequest, config: RunnerConfig
-                           ) -> ParsedRequest:
+def parse_generate_request(request: gen_pb.GenerateRequest, config: RunnerConfig,
+                           text: ModelText | None = None) -> ParsedRequest:
+    """`text` (the model's tokenizer and EOS ids) defaults to none: token ids only."""
+    text = text if text is not None else ModelText()
     vocab, max_len = config.model.vocab_size, config.model.max_model_len
     bad: list[FieldViolation] = []
-    prompt = list(request.prompt_token_ids)
-    if not prompt:
-        bad.append(FieldViolation("prompt_token_ids", "must hold at least one token id"))
-    elif (i := _first_outside(prompt, vocab)) is not None:
-        bad.append(FieldViolation(f"prompt_token_ids[{i}]", f"{prompt[i]} is outside the "
-                                  f"vocabulary [0, {vocab})"))
-    elif len(prompt) >= max_len:
-        bad.append(FieldViolation("prompt_token_ids", f"{len(prompt)} tokens leave no room to "
-                                  f"generate under max_model_len = {max_len}"))
+    field, prompt = "prompt_token_ids", list[int]()
+    try:
+        field, prompt = prompt_token_ids(request, text)
+    except PromptError as exc:
+        bad += [FieldViolation(f, exc.message) for f in exc.fields]
+    else:
+        if (i := _first_outside(prompt, vocab)) is not None:
+            bad.append(FieldViolation(f"prompt_token_ids[{i}]" if field == "prompt_token_ids"
+                                      else field, f"{prompt[i]} is outside the vocabulary "
+                                      f"[0, {vocab})"))
+        elif len(prompt) >= max_len:
+            bad.append(FieldViolation(field, f"{len(prompt)} tokens leave no room to generate "
+                                      f"under max_model_len = {max_len}"))
     s = request.sampling
     if not math.isfinite(s.temperature) or s.temperature < 0:
         bad.append(FieldViolation("sampling.temperature",
@@ -73,10 +84,12 @@ def parse_generate_request(request: gen_pb.GenerateRequest, config: RunnerConfig
     if bad:
         raise InvalidArgument(*bad)
     temperature = float(s.temperature) if s.temperature >= GREEDY_BELOW_TEMPERATURE else 0.0
+    # The model's EOS ids stop a request through the same path as the caller's stop ids.
+    eos = () if s.ignore_eos else tuple(t for t in text.eos_token_ids if t not in stops)
     params = SamplingParams(temperature=temperature, top_k=s.top_k, top_p=top_p,
                             seed=s.seed if s.HasField("seed") else None, max_tokens=max_tokens,
-                            stop_token_ids=tuple(stops))
-    return ParsedRequest(prompt, params, request.request_id)
+                            stop_token_ids=tuple(stops) + eos)
+    return ParsedRequest(prompt, params, request.request_id, field)
 
 
 def _check_fits_cache(config: RunnerConfig, prompt_len: int, max_tokens: int,

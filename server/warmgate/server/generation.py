@@ -36,6 +36,8 @@ from warmgate.server.serving.ngram import NgramIndex
 from warmgate.server.serving.request import ServingRequest, StepEvent, Usage
 from warmgate.server.serving.scheduler import Scheduler, SchedulerLimits
 from warmgate.server.serving_metrics import ServingMetrics
+from warmgate.server.text.detokenizer import IncrementalDetokenizer
+from warmgate.server.text.model_text import ModelText
 from warmgate.server.warmup.failures import describe_failure, is_out_of_memory
 from warmgate.v1 import generate_pb2 as gen_pb
 from warmgate.v1 import generate_pb2_grpc as gen_grpc
@@ -51,7 +53,15 @@ DRAIN_POLL_S = 0.05
 class _Stream:
     req: ServingRequest
     queue: asyncio.Queue[StepEvent]
+    # Turns the stream's tokens into text deltas; None when the model has no tokenizer.
+    detokenizer: IncrementalDetokenizer | None = None
     num_sent: int = 0
+
+    def text_of(self, event: StepEvent) -> str:
+        if self.detokenizer is None:
+            return ""
+        text = self.detokenizer.push(event.token_ids)
+        return text + self.detokenizer.flush() if event.finish_reason is not None else text
 
 
 def _stream_error(error: BaseException) -> WarmgateError | BaseException:
@@ -77,8 +87,10 @@ def _usage_to_proto(req: ServingRequest, usage: Usage, completion: int) -> gen_p
 
 class GenerationService(gen_grpc.GenerationServicer):
     def __init__(self, controller: WarmupController, engine: Any, runner_config: RunnerConfig,
-                 serving_config: ServingConfig, metrics: ServingMetrics | None = None) -> None:
+                 serving_config: ServingConfig, metrics: ServingMetrics | None = None,
+                 text: ModelText | None = None) -> None:
         self._controller = controller
+        self._text = text if text is not None else ModelText()
         self._engine = engine
         self._runner_config = runner_config
         self._config = serving_config
@@ -99,17 +111,21 @@ class GenerationService(gen_grpc.GenerationServicer):
     async def Generate(self, request: gen_pb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[gen_pb.GenerateResponse]:
         arrival = time.perf_counter()
-        parsed = parse_generate_request(request, self._runner_config)
+        parsed = parse_generate_request(request, self._runner_config, self._text)
         serving = self._admit()
         req_id = f"gen-{next(self._ids)}"
         k = self._limits.num_speculative_steps
         drafter = NgramIndex(self._config.ngram_min, self._config.ngram_max) if k else None
         req = ServingRequest(req_id, parsed.prompt_token_ids, parsed.params, arrival, drafter)
-        stream = _Stream(req, asyncio.Queue())
+        tokenizer = self._text.tokenizer
+        stream = _Stream(req, asyncio.Queue(),
+                         tokenizer.detokenizer() if tokenizer is not None else None)
         self._streams[req_id] = stream
-        logger.debug("generate %s%s: %d prompt tokens, max_tokens %d", req_id,
+        logger.debug("generate %s%s: %d prompt tokens from %s, max_tokens %d, stop ids %s",
+                     req_id,
                      f" ({parsed.client_request_id})" if parsed.client_request_id else "",
-                     len(req.prompt_token_ids), req.params.max_tokens)
+                     len(req.prompt_token_ids), parsed.prompt_field, req.params.max_tokens,
+                     list(req.params.stop_token_ids))
         serving.submit(req)
         self._ensure_driver()
         outcome = "cancelled"
@@ -123,7 +139,7 @@ class GenerationService(gen_grpc.GenerationServicer):
                 message = gen_pb.GenerateResponse(
                     token_ids=event.token_ids, time_since_arrival_s=event.time_s - arrival,
                     num_accepted_draft_tokens=event.num_accepted_draft_tokens,
-                    num_draft_tokens=event.num_draft_tokens)
+                    num_draft_tokens=event.num_draft_tokens, text=stream.text_of(event))
                 if event.finish_reason is None:
                     yield message
                     continue

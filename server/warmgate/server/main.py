@@ -32,6 +32,8 @@ from warmgate.server.server_config import (
     load_server_config,
     startup_error,
 )
+from warmgate.server.text.errors import TextLoadError
+from warmgate.server.text.model_text import ModelText, load_model_text
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +67,9 @@ def _check_ports(config: ServerConfig) -> None:
         startup_error(str(exc))
 
 
-async def serve(config: ServerConfig) -> int:
+async def serve(config: ServerConfig, text: ModelText | None = None) -> int:
     try:
-        running = await create_server(config)
+        running = await create_server(config, text=text)
     except (OSError, RuntimeError):
         # grpc says RuntimeError, http.server OSError; a port taken since main's check gets
         # the same one line, anything else keeps its traceback.
@@ -102,8 +104,13 @@ async def serve(config: ServerConfig) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = load_server_config(sys.argv[1:] if argv is None else argv)
-    if not config.warmup_only:  # which binds nothing
+    text = None
+    if not config.warmup_only:  # which binds nothing and serves no text
         _check_ports(config)
+        try:
+            text = load_model_text(config.runner.model)
+        except TextLoadError as exc:
+            startup_error(f"argument --model: {exc}")
     configure_logging(config)
     logger.info("config_hash=%s runner=%s", config.runner.config_hash(), config.runner.to_dict())
     apply_cpu_threads(config.cpu_threads, config.runner.device.device)
@@ -111,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from warmgate.server.prewarm import run_warmup_only
 
         return run_warmup_only(config)
-    return asyncio.run(serve(config))
+    return asyncio.run(serve(config, text))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,22 @@
+"""Reading the model directory's JSON files, with load errors that name the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from warmgate.server.text.errors import TextLoadError
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; TextLoadError naming the file if it is not one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TextLoadError(path, f"cannot be read ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise TextLoadError(path, f"is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise TextLoadError(path, f"holds a JSON {type(data).__name__}, not an object")
+    return data

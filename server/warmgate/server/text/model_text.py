@@ -1,0 +1,45 @@
+"""What the serving path knows about a model's text: its EOS ids and, when the directory has
+tokenizer.json, its tokenizer and chat template. Loaded once, at server start-up."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from warmgate.server.config import ModelConfig
+from warmgate.server.text.eos import read_eos_token_ids
+from warmgate.server.text.tokenizer import TOKENIZER_FILE, TextTokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelText:
+    # Requests stop at these unless they set ignore_eos; empty for presets and random weights.
+    eos_token_ids: tuple[int, ...] = ()
+    # None: the model has no tokenizer.json, so requests send token ids only.
+    tokenizer: TextTokenizer | None = None
+    # The model directory, for messages; None for presets.
+    directory: str | None = None
+
+
+def load_model_text(model: ModelConfig) -> ModelText:
+    """The model directory's EOS ids and tokenizer; TextLoadError (a ValueError naming the
+    file and key) when one of its files is unusable."""
+    if model.weights_path is None:
+        logger.info("text: model %s has random weights and no directory: token ids only, no "
+                    "EOS ids", model.name)
+        return ModelText()
+    directory = Path(model.weights_path)
+    eos, eos_source = read_eos_token_ids(directory, model.vocab_size)
+    tokenizer = TextTokenizer.load(directory, model.vocab_size)
+    template = tokenizer.chat_template if tokenizer is not None else None
+    logger.info("text: %s; %s; EOS ids %s",
+                f"{tokenizer.source} ({tokenizer.vocab_size} tokens)" if tokenizer is not None
+                else f"no {TOKENIZER_FILE}: token ids only",
+                f"chat template {template.origin}" if template is not None
+                else "no chat template",
+                f"{list(eos)} from {eos_source}" if eos else "none (generation stops only at "
+                "max_tokens, stop_token_ids and max_model_len)")
+    return ModelText(eos, tokenizer, str(directory))

@@ -1,0 +1,47 @@
+"""A GenerateRequest's prompt, whichever of its three forms it came in, as token ids."""
+
+from __future__ import annotations
+
+from warmgate.server.text.errors import PromptError
+from warmgate.server.text.model_text import ModelText
+from warmgate.server.text.tokenizer import TOKENIZER_FILE
+from warmgate.v1 import generate_pb2 as gen_pb
+
+PROMPT_FIELDS = ("prompt_token_ids", "prompt", "messages")
+
+
+def _fields_set(request: gen_pb.GenerateRequest) -> list[str]:
+    present = {"prompt_token_ids": bool(request.prompt_token_ids),
+               "prompt": request.HasField("prompt"), "messages": bool(request.messages)}
+    return [name for name in PROMPT_FIELDS if present[name]]
+
+
+def prompt_token_ids(request: gen_pb.GenerateRequest, text: ModelText) -> tuple[str, list[int]]:
+    """(the field the prompt came in, its token ids); PromptError naming the field."""
+    fields = _fields_set(request)
+    if not fields:
+        raise PromptError("prompt_token_ids", "must hold at least one token id (or send a "
+                                              "text prompt or chat messages instead)")
+    if len(fields) > 1:
+        raise PromptError(tuple(fields), f"set exactly one of {', '.join(PROMPT_FIELDS)}; this "
+                                     f"request sets {' and '.join(fields)}")
+    field = fields[0]
+    if field == "prompt_token_ids":
+        return field, list(request.prompt_token_ids)
+    tokenizer = text.tokenizer
+    if tokenizer is None:
+        where = f"the model directory {text.directory}" if text.directory else \
+            "this model (a preset, no directory)"
+        raise PromptError(field, f"{where} has no {TOKENIZER_FILE}, so it takes "
+                                 "prompt_token_ids only")
+    if field == "prompt":
+        ids = tokenizer.encode_prompt(request.prompt)
+    else:
+        for i, m in enumerate(request.messages):
+            if not m.role:
+                raise PromptError(f"messages[{i}].role", "must not be empty")
+        ids = tokenizer.encode_chat([{"role": m.role, "content": m.content}
+                                     for m in request.messages])
+    if not ids:
+        raise PromptError(field, "encodes to no tokens; at least one is needed")
+    return field, ids
