@@ -61,7 +61,7 @@ def test_model_config_from_hf_reads_llama_keys(tmp_path: Path) -> None:
     mc = model_config_from_hf(tmp_path, max_model_len=64)
     base = source.config.model
     for f in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-              "head_dim", "intermediate_size", "rope_theta", "rms_norm_eps"):
+              "head_dim", "intermediate_size", "rope", "rms_norm_eps"):
         assert getattr(mc, f) == getattr(base, f), f
     assert mc.max_model_len == 64 and mc.weights_path == str(tmp_path)
 

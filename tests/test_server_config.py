@@ -81,7 +81,8 @@ def test_cuda_without_cuda_names_the_device_flag(capsys: pytest.CaptureFixture[s
 def test_model_may_be_a_local_hf_directory(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "config.json").write_text(
-        '{"vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 1,'
+        '{"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 32,'
+        ' "num_hidden_layers": 1,'
         ' "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 128}')
     c = cfg(["--model", str(tmp_path)])
     assert c.runner.model.weights_path == str(tmp_path) and c.runner.model.hidden_size == 32

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmgate.server.presets import MODEL_PRESETS, preset_names
+from warmgate.server.rope_config import RopeConfig
 
 
 class ConfigError(ValueError):
@@ -33,6 +34,10 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# The decoder variants runner.model implements (hf_config maps HF class names onto them).
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "tiny"
@@ -43,7 +48,13 @@ class ModelConfig:
     num_kv_heads: int = 2
     head_dim: int = 16
     intermediate_size: int = 128
-    rope_theta: float = 10000.0
+    # Which decoder variant (ARCHITECTURES): llama and mistral share one layer; qwen2 adds
+    # q/k/v projection biases; qwen3 adds a per-head RMSNorm on q and k before rotary.
+    architecture: str = "llama"
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    # Attention over the last `sliding_window` tokens only; None means full attention. Only
+    # a window that never bites (>= max_model_len) is supported.
+    sliding_window: int | None = None
     rms_norm_eps: float = 1e-6
     max_model_len: int = 512
     tie_word_embeddings: bool = False
@@ -61,8 +72,23 @@ class ModelConfig:
                  f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
                  f"({self.num_kv_heads}) for grouped-query attention")
         _require(self.head_dim % 2 == 0, "model.head_dim", "must be even for rotary embeddings")
-        _require(self.rope_theta > 0, "model.rope_theta", "must be > 0")
+        _require(self.architecture in ARCHITECTURES, "model.architecture",
+                 f"{self.architecture!r} is not one of {', '.join(ARCHITECTURES)}")
+        _require(self.sliding_window is None or self.sliding_window >= self.max_model_len,
+                 "model.sliding_window",
+                 f"sliding-window attention is not implemented: the window "
+                 f"({self.sliding_window}) must be >= max_model_len ({self.max_model_len})")
         _require(self.rms_norm_eps > 0, "model.rms_norm_eps", "must be > 0")
+
+    @property
+    def qkv_bias(self) -> bool:
+        """The q/k/v projections carry biases (Qwen2)."""
+        return self.architecture == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        """q and k are RMS-normalised per head before rotary (Qwen3)."""
+        return self.architecture == "qwen3"
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:

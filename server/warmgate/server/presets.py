@@ -8,6 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from warmgate.server.rope_config import RopeConfig
+
+# Llama 3.1/3.2's rope_scaling ({"rope_type": "llama3", ...} in their config.json).
+_LLAMA3_ROPE = dict(rope_type="llama3", theta=500000.0, low_freq_factor=1.0,
+                    high_freq_factor=4.0, original_max_position_embeddings=8192)
+
 # Fields are ModelConfig's; anything left out takes ModelConfig's default.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     # Small enough that a full warmup on a 2-core CPU takes seconds.
@@ -21,7 +27,7 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         intermediate_size=128,
         max_model_len=512,
     ),
-    # Llama-3.2-1B's shapes (config.json of meta-llama/Llama-3.2-1B).
+    # Llama-3.2-1B's shapes and rope (config.json of meta-llama/Llama-3.2-1B).
     "llama-3.2-1b": dict(
         vocab_size=128256,
         hidden_size=2048,
@@ -30,12 +36,12 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         num_kv_heads=8,
         head_dim=64,
         intermediate_size=8192,
-        rope_theta=500000.0,
+        rope=RopeConfig(factor=32.0, **_LLAMA3_ROPE),
         rms_norm_eps=1e-5,
         max_model_len=8192,
         tie_word_embeddings=True,
     ),
-    # Llama-3.1-8B's shapes.
+    # Llama-3.1-8B's shapes and rope (config.json of meta-llama/Llama-3.1-8B).
     "llama-3.1-8b": dict(
         vocab_size=128256,
         hidden_size=4096,
@@ -44,7 +50,53 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         num_kv_heads=8,
         head_dim=128,
         intermediate_size=14336,
-        rope_theta=500000.0,
+        rope=RopeConfig(factor=8.0, **_LLAMA3_ROPE),
+        rms_norm_eps=1e-5,
+        max_model_len=8192,
+        tie_word_embeddings=False,
+    ),
+    # Qwen3-0.6B (config.json of Qwen/Qwen3-0.6B): head_dim 128 is not hidden / heads.
+    "qwen3-0.6b": dict(
+        architecture="qwen3",
+        vocab_size=151936,
+        hidden_size=1024,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        rope=RopeConfig(theta=1000000.0),
+        rms_norm_eps=1e-6,
+        max_model_len=8192,
+        tie_word_embeddings=True,
+    ),
+    # Qwen2.5-1.5B (config.json of Qwen/Qwen2.5-1.5B-Instruct; use_sliding_window false).
+    "qwen2.5-1.5b": dict(
+        architecture="qwen2",
+        vocab_size=151936,
+        hidden_size=1536,
+        num_layers=28,
+        num_heads=12,
+        num_kv_heads=2,
+        head_dim=128,
+        intermediate_size=8960,
+        rope=RopeConfig(theta=1000000.0),
+        rms_norm_eps=1e-6,
+        max_model_len=8192,
+        tie_word_embeddings=True,
+    ),
+    # Mistral-7B v0.3 (config.json of mistralai/Mistral-7B-Instruct-v0.3: sliding_window null,
+    # rope_theta 1e6; v0.1's 4096-token window is not supported).
+    "mistral-7b": dict(
+        architecture="mistral",
+        vocab_size=32768,
+        hidden_size=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        rope=RopeConfig(theta=1000000.0),
         rms_norm_eps=1e-5,
         max_model_len=8192,
         tie_word_embeddings=False,

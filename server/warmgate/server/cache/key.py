@@ -8,6 +8,7 @@ are. The inputs are stored beside the entry as key.json, so a miss can be explai
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -20,10 +21,17 @@ from warmgate.server.config import RunnerConfig
 KEY_SCHEMA = 1
 # Distributions whose versions change compiled code (FlashInfer's wheel is flashinfer-python).
 VERSIONED_DISTS = ("warmgate", "torch", "triton", "flashinfer-python")
-_MODEL_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                 "head_dim", "intermediate_size", "max_model_len", "rope_theta", "rms_norm_eps",
-                 "tie_word_embeddings", "is_pooling_model")
+# architecture adds layers (biases, q/k norms) to the compiled graphs; rope (a dict of its
+# fields) decides the cos/sin values baked into a graph when it is traced with them as constants.
+_MODEL_FIELDS = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads",
+                 "num_kv_heads", "head_dim", "intermediate_size", "max_model_len", "rope",
+                 "rms_norm_eps", "tie_word_embeddings", "is_pooling_model")
 ABSENT = "absent"
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready: nested config dataclasses (ModelConfig.rope) become dicts."""
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
 def dist_versions(names: tuple[str, ...] = VERSIONED_DISTS) -> dict[str, str]:
@@ -65,7 +73,7 @@ def key_inputs(config: RunnerConfig, *, gpu: Mapping[str, str] | None = None,
     }
     return {
         "schema": KEY_SCHEMA,
-        "model": {name: getattr(m, name) for name in _MODEL_FIELDS},
+        "model": {name: _plain(getattr(m, name)) for name in _MODEL_FIELDS},
         "dtype": config.device.dtype,
         "device_type": config.device.device.split(":", 1)[0],
         "attention_backend": config.device.attention_backend,

@@ -1,5 +1,9 @@
 """A compact Llama-style decoder: RMSNorm, RoPE, GQA attention, SwiGLU MLP.
 
+One decoder serves every supported architecture (config.ARCHITECTURES): Llama and Mistral are
+the plain layer, Qwen2 adds biases to the q/k/v projection, Qwen3 RMS-normalises each q and k
+head before rotary. The variants differ only inside `pre_attention`.
+
 Projections are fused the way serving kernels want them (q/k/v in one matmul, gate/up in
 another); `weights.py` splits and fuses to and from Hugging Face tensor names. Attention is
 delegated to the backend, which owns the paged KV cache layout. Parameters are allocated with
@@ -22,6 +26,14 @@ def _param(*shape: int, device: torch.device, dtype: torch.dtype) -> nn.Paramete
     return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
 
 
+def _per_head_rms_norm(ops: TorchOps, x: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> torch.Tensor:
+    """x: [T, heads, D] -> RMSNorm over D of every head, same shape."""
+    num_tokens, heads, head_dim = x.shape
+    normed, _ = ops.rms_norm(x.reshape(num_tokens * heads, head_dim), weight, eps)
+    return normed.view(num_tokens, heads, head_dim)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int, ops: TorchOps,
                  device: torch.device, dtype: torch.dtype) -> None:
@@ -38,6 +50,10 @@ class DecoderLayer(nn.Module):
         kw = dict(device=device, dtype=dtype)
         self.input_layernorm = _param(h, **kw)  # [H]
         self.qkv_proj = _param(self.q_size + 2 * self.kv_size, h, **kw)  # [(Hq + 2Hk) D, H]
+        self.qkv_bias = (_param(self.q_size + 2 * self.kv_size, **kw)  # [(Hq + 2Hk) D]
+                         if config.qkv_bias else None)
+        self.q_norm = _param(self.head_dim, **kw) if config.qk_norm else None  # [D]
+        self.k_norm = _param(self.head_dim, **kw) if config.qk_norm else None  # [D]
         self.o_proj = _param(h, self.q_size, **kw)  # [H, Hq D]
         self.post_attention_layernorm = _param(h, **kw)  # [H]
         self.gate_up_proj = _param(2 * inter, h, **kw)  # [2I, H]: gate rows, then up rows
@@ -57,16 +73,20 @@ class DecoderLayer(nn.Module):
                       positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                       ops: TorchOps | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Norm, fused q/k/v projection, rotary. Returns q [T, Hq, D], k and v [T, Hk, D],
-        and the residual [T, H]. `ops` overrides the layer's ops (the compiled path)."""
+        """Norm, fused q/k/v projection (with bias), per-head q/k norm, rotary. Returns
+        q [T, Hq, D], k and v [T, Hk, D], and the residual [T, H]. `ops` overrides the
+        layer's ops (the compiled path)."""
         ops = self.ops if ops is None else ops
         num_tokens = hidden.shape[0]
         x, residual = ops.rms_norm(hidden, self.input_layernorm, self.eps, residual)
-        qkv = F.linear(x, self.qkv_proj)  # [T, (Hq + 2Hk) D]
+        qkv = F.linear(x, self.qkv_proj, self.qkv_bias)  # [T, (Hq + 2Hk) D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = _per_head_rms_norm(ops, q, self.q_norm, self.eps)
+            k = _per_head_rms_norm(ops, k, self.k_norm, self.eps)
         q, k = ops.rotary(q, k, positions, cos_sin_cache)
         return q, k, v, residual
 
@@ -100,7 +120,7 @@ class LlamaModel(nn.Module):
             self.lm_head = _param(config.vocab_size, config.hidden_size, **kw)  # [V, H]
         self.register_buffer(  # [max_model_len, D] float32
             "cos_sin_cache",
-            build_cos_sin_cache(config.max_model_len, config.head_dim, config.rope_theta, device),
+            build_cos_sin_cache(config.max_model_len, config.head_dim, config.rope, device),
             persistent=False)
 
     @property

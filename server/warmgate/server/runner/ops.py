@@ -11,20 +11,25 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from warmgate.server.rope_config import RopeConfig
+from warmgate.server.runner.rope import rope_frequencies
 
-def build_cos_sin_cache(max_position: int, head_dim: int, rope_theta: float,
+
+def build_cos_sin_cache(max_position: int, head_dim: int, rope: RopeConfig | float,
                         device: torch.device | str = "cpu") -> torch.Tensor:
     """[max_position, head_dim] float32: cos of every (position, frequency) in the first half,
-    sin in the second half (the layout vLLM's rotary kernels read)."""
+    sin in the second half (the layout vLLM's rotary kernels read), both already multiplied by
+    the rope type's attention factor (yarn's). Every backend's rotary reads this cache, so the
+    rope type lives here alone. A float `rope` is plain RoPE with that theta."""
     if head_dim % 2:
         raise ValueError(f"head_dim must be even for rotary embeddings, got {head_dim}")
-    half = head_dim // 2
-    exponents = torch.arange(0, half, dtype=torch.float64, device=device) * 2.0 / head_dim
-    inv_freq = 1.0 / (rope_theta ** exponents)  # [half]
+    if not isinstance(rope, RopeConfig):
+        rope = RopeConfig(theta=float(rope))
+    inv_freq, scale = rope_frequencies(rope, head_dim)  # [half] float32
     pos = torch.arange(max_position, dtype=torch.float64, device=device)
     # float64 for the angles: at position 8k a float32 product loses the low bits of the phase.
-    freqs = torch.outer(pos, inv_freq)  # [max_position, half]
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(torch.float32)
+    freqs = torch.outer(pos, inv_freq.to(device=device, dtype=torch.float64))  # [max_pos, half]
+    return (torch.cat([freqs.cos(), freqs.sin()], dim=-1) * scale).to(torch.float32)
 
 
 class TorchOps:

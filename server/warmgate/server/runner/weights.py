@@ -7,43 +7,30 @@ real ones would; a local HF directory gives real numbers when a test or a benchm
 from __future__ import annotations
 
 import json
-import logging
 import math
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from warmgate.server.config import ModelConfig
+from warmgate.server.hf_config import ModelLoadError, hf_config_dict, model_config_from_hf
 from warmgate.server.runner.model import LlamaModel
 
-logger = logging.getLogger(__name__)
-
-# ModelConfig field -> HF Llama config.json key.
-_HF_KEYS: dict[str, str] = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "num_layers": "num_hidden_layers",
-    "num_heads": "num_attention_heads",
-    "num_kv_heads": "num_key_value_heads",
-    "head_dim": "head_dim",
-    "intermediate_size": "intermediate_size",
-    "rope_theta": "rope_theta",
-    "rms_norm_eps": "rms_norm_eps",
-    "max_model_len": "max_position_embeddings",
-    "tie_word_embeddings": "tie_word_embeddings",
-}
 # Fields that decide tensor shapes or the numbers computed from them; a config that disagrees
 # on one would load garbage or fail half-way, so loading refuses up front.
-MATCH_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                "head_dim", "intermediate_size", "tie_word_embeddings", "rope_theta",
-                "rms_norm_eps")
+MATCH_FIELDS = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads",
+                "num_kv_heads", "head_dim", "intermediate_size", "tie_word_embeddings", "rope",
+                "rms_norm_eps", "sliding_window")
+# Tensors some checkpoints carry that are not parameters of the reference model either.
+_NON_PARAMETER_SUFFIXES = (".rotary_emb.inv_freq",)
 
-
-class WeightsError(ValueError):
-    """A weights directory is missing a tensor or holds one of the wrong shape."""
+# One exception type for every model-load failure (config.json or tensors); the old name stays.
+WeightsError = ModelLoadError
+__all__ = ["MATCH_FIELDS", "ModelLoadError", "WeightsError", "check_config_matches",
+           "hf_config_dict", "init_random_weights", "load_weights", "model_config_from_hf",
+           "save_weights"]
 
 
 @torch.no_grad()
@@ -66,6 +53,11 @@ def init_random_weights(model: LlamaModel, seed: int) -> None:
         layer.input_layernorm.fill_(1.0)
         layer.post_attention_layernorm.fill_(1.0)
         layer.qkv_proj.normal_(0.0, cfg.hidden_size ** -0.5, generator=gen)
+        if layer.qkv_bias is not None:
+            layer.qkv_bias.normal_(0.0, 0.1, generator=gen)
+        for norm in (layer.q_norm, layer.k_norm):
+            if norm is not None:
+                norm.fill_(1.0)
         layer.o_proj.normal_(0.0, layer.q_size ** -0.5 * residual_scale, generator=gen)
         layer.gate_up_proj.normal_(0.0, cfg.hidden_size ** -0.5, generator=gen)
         layer.down_proj.normal_(0.0, cfg.intermediate_size ** -0.5 * residual_scale,
@@ -95,16 +87,16 @@ def _hf_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
             p + "mlp.up_proj.weight": up,
             p + "mlp.down_proj.weight": layer.down_proj,
         })
+        if layer.qkv_bias is not None:
+            qb, kb, vb = layer.qkv_bias.split([layer.q_size, layer.kv_size, layer.kv_size])
+            out.update({p + "self_attn.q_proj.bias": qb, p + "self_attn.k_proj.bias": kb,
+                        p + "self_attn.v_proj.bias": vb})
+        if layer.q_norm is not None and layer.k_norm is not None:
+            out.update({p + "self_attn.q_norm.weight": layer.q_norm,
+                        p + "self_attn.k_norm.weight": layer.k_norm})
     if model.lm_head is not None:
         out["lm_head.weight"] = model.lm_head
     return out
-
-
-def hf_config_dict(config: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
-    d: dict[str, Any] = {hf: getattr(config, f) for f, hf in _HF_KEYS.items()}
-    d.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
-             torch_dtype=str(dtype).removeprefix("torch."))
-    return d
 
 
 @torch.no_grad()
@@ -114,8 +106,8 @@ def save_weights(model: LlamaModel, config: ModelConfig, directory: str | Path,
     plus an index when max_shard_bytes is set). Returns the safetensors files written."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(hf_config_dict(config, model.dtype),
-                                                      indent=2) + "\n")
+    hf = hf_config_dict(config, str(model.dtype).removeprefix("torch."))
+    (directory / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, t in _hf_tensors(model).items():
@@ -140,40 +132,30 @@ def save_weights(model: LlamaModel, config: ModelConfig, directory: str | Path,
     return paths
 
 
-def model_config_from_hf(directory: str | Path, **overrides: Any) -> ModelConfig:
-    """A ModelConfig from an HF Llama config.json; overrides win (e.g. a lower max_model_len)."""
-    directory = Path(directory)
-    path = directory / "config.json"
-    if not path.is_file():
-        raise WeightsError(f"{path}: not found; a weights directory needs config.json")
-    hf = json.loads(path.read_text())
-    missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers",
-                           "num_attention_heads", "intermediate_size") if k not in hf]
-    if missing:
-        raise WeightsError(f"{path}: missing key(s) {missing}")
-    if hf.get("rope_scaling"):
-        logger.warning("%s: rope_scaling %s is ignored; positions are rotated with plain RoPE",
-                       path, hf["rope_scaling"])
-    fields: dict[str, Any] = {f: hf[k] for f, k in _HF_KEYS.items() if hf.get(k) is not None}
-    fields.setdefault("num_kv_heads", hf["num_attention_heads"])
-    fields.setdefault("head_dim", hf["hidden_size"] // hf["num_attention_heads"])
-    fields.update(name=directory.name, weights_path=str(directory))
-    fields.update(overrides)
-    return ModelConfig(**fields)
-
-
 def check_config_matches(config: ModelConfig, directory: str | Path) -> None:
     """Raise naming every field where config disagrees with the directory's config.json."""
-    on_disk = model_config_from_hf(directory)
-    diffs = [f"{f}: config has {getattr(config, f)}, {directory}/config.json has "
-             f"{getattr(on_disk, f)}" for f in MATCH_FIELDS
-             if getattr(config, f) != getattr(on_disk, f)]
-    if config.max_model_len > on_disk.max_model_len:
-        diffs.append(f"max_model_len: {config.max_model_len} exceeds the directory's "
-                     f"max_position_embeddings {on_disk.max_model_len}")
+    # The directory's own window check is against its max_position_embeddings; the served
+    # length is checked by ModelConfig itself.
+    on_disk = model_config_from_hf(directory, max_model_len=1)
+    path = Path(directory) / "config.json"
+    diffs = [f"{f}: config has {getattr(config, f)}, the file has {getattr(on_disk, f)}"
+             for f in MATCH_FIELDS if getattr(config, f) != getattr(on_disk, f)]
+    max_positions = json.loads(path.read_text())["max_position_embeddings"]
+    if config.max_model_len > max_positions:
+        diffs.append(f"max_model_len: {config.max_model_len} exceeds the file's "
+                     f"max_position_embeddings {max_positions}")
     if diffs:
-        raise WeightsError("model config does not match the weights directory (build it with "
-                           "model_config_from_hf): " + "; ".join(diffs))
+        raise ModelLoadError(path, diffs[0].split(":", 1)[0], "the model config does not match "
+                             "the weights directory (build it with model_config_from_hf): "
+                             + "; ".join(diffs))
+
+
+def _ignorable(name: str, config: ModelConfig) -> bool:
+    """Tensors the reference model never reads either: rotary buffers, and a head that tied
+    embeddings replace with embed_tokens."""
+    if name.endswith(_NON_PARAMETER_SUFFIXES):
+        return True
+    return name == "lm_head.weight" and config.tie_word_embeddings
 
 
 @torch.no_grad()
@@ -186,20 +168,24 @@ def load_weights(directory: str | Path, model: LlamaModel) -> int:
     check_config_matches(model.config, directory)
     files = sorted(directory.glob("*.safetensors"))
     if not files:
-        raise WeightsError(f"{directory}: no *.safetensors files")
+        raise ModelLoadError(directory, "*.safetensors", "no weight files in the directory")
     where: dict[str, Path] = {}
     for f in files:
         with safe_open(str(f), framework="pt") as handle:
             for key in handle.keys():  # noqa: SIM118 - safe_open is not a dict
                 if key in where:
-                    raise WeightsError(f"tensor {key!r} appears in both {where[key].name} "
-                                       f"and {f.name}")
+                    raise ModelLoadError(f, key, f"also in {where[key].name}")
                 where[key] = f
     targets = _hf_tensors(model)
     missing = [name for name in targets if name not in where]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise WeightsError(f"{directory}: missing tensor {missing[0]!r}{more}")
+        raise ModelLoadError(directory, missing[0], f"missing tensor{more}")
+    for name, f in where.items():
+        if name not in targets and not _ignorable(name, model.config):
+            raise ModelLoadError(f, name, "the file holds a tensor the config says does not "
+                                 f"exist for {model.config.architecture} (e.g. a bias "
+                                 "or norm it does not have)")
     copied = 0
     for f in files:
         with safe_open(str(f), framework="pt") as handle:
@@ -208,9 +194,8 @@ def load_weights(directory: str | Path, model: LlamaModel) -> int:
                     continue
                 src = handle.get_tensor(name)
                 if tuple(src.shape) != tuple(target.shape):
-                    raise WeightsError(f"{f.name}: tensor {name!r} has shape "
-                                       f"{tuple(src.shape)}, the model expects "
-                                       f"{tuple(target.shape)}")
+                    raise ModelLoadError(f, name, f"shape {tuple(src.shape)}, the model "
+                                         f"expects {tuple(target.shape)}")
                 # target is a view into the fused parameter, so this copy is the fusion.
                 target.copy_(src)
                 copied += target.numel() * target.element_size()
