@@ -1,0 +1,56 @@
+"""Shared by the reference tests: a CPU float32 torch-backend runner over an HF directory,
+and a greedy run of transformers to compare it with."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from warmgate.server.config import (
+    CacheConfig,
+    DeviceConfig,
+    RunnerConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    resolve_runner_config,
+)
+from warmgate.server.runner.model_runner import ModelRunner
+from warmgate.server.runner.weights import model_config_from_hf
+
+
+def runner_for(directory: str | Path, *, max_model_len: int, num_spec: int = 0,
+               max_num_seqs: int = 4, block_size: int = 16) -> ModelRunner:
+    """A CPU float32 torch-backend runner serving the HF directory."""
+    model = model_config_from_hf(directory, max_model_len=max_model_len)
+    blocks_per_seq = -(-max_model_len // block_size)
+    config = RunnerConfig(
+        model=model,
+        cache=CacheConfig(block_size=block_size, num_blocks=max_num_seqs * blocks_per_seq + 1),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
+                                  max_num_batched_tokens=max_model_len),
+        speculative=SpeculativeConfig(num_speculative_steps=num_spec),
+        device=DeviceConfig(device="cpu", dtype="float32", attention_backend="torch"))
+    return ModelRunner(resolve_runner_config(config, cuda_available=False))
+
+
+@torch.no_grad()
+def hf_greedy(model: Any, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy generate: exactly max_new_tokens, never stopping at EOS."""
+    from transformers import GenerationConfig
+
+    ids = torch.tensor([list(prompt)])
+    # No EOS: warmgate's runner does not stop either, and min_new_tokens would instead
+    # suppress the EOS logit, changing the greedy choice.
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
+                              eos_token_id=None, pad_token_id=0)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    return out[0, len(prompt):].tolist()
+
+
+@torch.no_grad()
+def hf_last_logits(model: Any, prompt: Sequence[int]) -> torch.Tensor:
+    """[V] float32 logits of transformers' forward at the prompt's last position."""
+    return model(torch.tensor([list(prompt)])).logits[0, -1].float()
