@@ -3,6 +3,7 @@ and a greedy run of transformers to compare it with."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,14 +40,19 @@ def runner_for(directory: str | Path, *, max_model_len: int, num_spec: int = 0,
 @torch.no_grad()
 def hf_greedy(model: Any, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
     """transformers' own greedy generate: exactly max_new_tokens, never stopping at EOS."""
-    from transformers import GenerationConfig
-
     ids = torch.tensor([list(prompt)])
-    # No EOS: warmgate's runner does not stop either, and min_new_tokens would instead
-    # suppress the EOS logit, changing the greedy choice.
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
-                              eos_token_id=None, pad_token_id=0)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    # No EOS: the requests compared never stop early either, and min_new_tokens would
+    # instead suppress the EOS logit, changing the greedy choice. generate() fills every
+    # unset field (None) from the model's own generation config, so EOS is cleared there.
+    saved = copy.deepcopy(model.generation_config)
+    model.generation_config.eos_token_id = None
+    try:
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=max_new_tokens, pad_token_id=0)
+    finally:
+        model.generation_config = saved
+    if out.shape[1] - len(prompt) != max_new_tokens:
+        raise AssertionError(f"transformers stopped after {out.shape[1] - len(prompt)} tokens")
     return out[0, len(prompt):].tolist()
 
 
