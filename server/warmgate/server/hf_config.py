@@ -30,6 +30,10 @@ _HF_KEYS: dict[str, str] = {
     "rms_norm_eps": "rms_norm_eps",
     "max_model_len": "max_position_embeddings",
 }
+# Every ModelConfig field read from config.json -> its key, to name it in errors.
+_FIELD_KEYS = {**_HF_KEYS, "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+               "architecture": "architectures", "sliding_window": "sliding_window",
+               "tie_word_embeddings": "tie_word_embeddings"}
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
              "intermediate_size")
 # What transformers assumes when config.json leaves a key out (each configuration_*.py).
@@ -182,8 +186,9 @@ def model_config_from_hf(directory: str | Path, **overrides: Any) -> ModelConfig
     try:
         return ModelConfig(**fields)
     except ConfigError as exc:
-        key = {v: k for k, v in _HF_KEYS.items()}.get(exc.field_name.removeprefix("model."))
-        raise ModelLoadError(path, key or exc.field_name, exc.message) from None
+        field_name = exc.field_name.removeprefix("model.")
+        raise ModelLoadError(path, _FIELD_KEYS.get(field_name, field_name),
+                             exc.message) from None
 
 
 def hf_config_dict(config: ModelConfig, dtype_name: str) -> dict[str, Any]:

@@ -1,0 +1,146 @@
+"""A model directory warmgate cannot serve as its reference would fails the load with one
+ModelLoadError line naming the file and the key, and `warmgate-server` exits 2 on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.runner_helpers import make_runner, tiny_config, with_model
+from warmgate.server.hf_config import ModelLoadError, model_config_from_hf
+from warmgate.server.runner.model_runner import ModelRunner
+from warmgate.server.runner.weights import save_weights
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("tiny")
+    runner = make_runner()
+    save_weights(runner.model, runner.config.model, directory)
+    return directory
+
+
+def _copy(saved: Path, target: Path, edit: Callable[[dict[str, Any]], None] | None = None,
+          ) -> Path:
+    target.mkdir(exist_ok=True)
+    config = json.loads((saved / "config.json").read_text())
+    if edit is not None:
+        edit(config)
+    (target / "config.json").write_text(json.dumps(config))
+    (target / "model.safetensors").write_bytes((saved / "model.safetensors").read_bytes())
+    return target
+
+
+CONFIG_EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "architecture": (lambda c: c.update(architectures=["GemmaForCausalLM"]), "architectures"),
+    "rope type": (lambda c: c["rope_parameters"].update(rope_type="dynamic", factor=2.0),
+                  "rope_parameters.rope_type"),
+    "4.x rope type": (lambda c: c.update(rope_theta=c.pop("rope_parameters")["rope_theta"],
+                                         rope_scaling={"type": "longrope", "factor": 2.0}),
+                      "rope_scaling.rope_type"),
+    "llama3 without its band": (
+        lambda c: c["rope_parameters"].update(rope_type="llama3", factor=8.0),
+        "rope_parameters.low_freq_factor"),
+    "per-layer rope": (lambda c: c.update(rope_parameters={"full_attention": {}}),
+                       "rope_parameters"),
+    "partial rotary": (lambda c: c["rope_parameters"].update(partial_rotary_factor=0.5),
+                       "rope_parameters.partial_rotary_factor"),
+    "quantized": (lambda c: c.update(quantization_config={"quant_method": "awq"}),
+                  "quantization_config"),
+    "activation": (lambda c: c.update(hidden_act="gelu"), "hidden_act"),
+    "llama attention bias": (lambda c: c.update(attention_bias=True), "attention_bias"),
+    "llama mlp bias": (lambda c: c.update(mlp_bias=True), "mlp_bias"),
+    # MistralConfig's default window (4096) applies when config.json has no sliding_window.
+    "mistral window": (lambda c: (c.update(architectures=["MistralForCausalLM"],
+                                           model_type="mistral", max_position_embeddings=8192),
+                                  c.pop("sliding_window")), "sliding_window"),
+    "qwen window": (lambda c: c.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+                                       use_sliding_window=True, sliding_window=100,
+                                       max_window_layers=1), "sliding_window"),
+    "missing size": (lambda c: c.pop("hidden_size"), "hidden_size"),
+    "bad value": (lambda c: c.update(num_key_value_heads=3), "num_key_value_heads"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_EDITS))
+def test_config_json_key_is_named(case: str, saved: Path, tmp_path: Path) -> None:
+    edit, key = CONFIG_EDITS[case]
+    directory = _copy(saved, tmp_path / "m", edit)
+    with pytest.raises(ModelLoadError) as info:
+        model_config_from_hf(directory)
+    message = str(info.value)
+    assert message.startswith(f"{directory / 'config.json'}: {key}: "), message
+    assert "\n" not in message
+
+
+def test_mistral_window_fits_a_shorter_max_model_len(saved: Path, tmp_path: Path) -> None:
+    edit, _ = CONFIG_EDITS["mistral window"]
+    config = model_config_from_hf(_copy(saved, tmp_path / "m", edit), max_model_len=4096)
+    assert config.architecture == "mistral" and config.sliding_window == 4096
+
+
+def _load(directory: Path) -> None:
+    ModelRunner(with_model(tiny_config(), weights_path=str(directory)))
+
+
+def test_a_tensor_the_architecture_lacks_is_refused(saved: Path, tmp_path: Path) -> None:
+    directory = _copy(saved, tmp_path / "m")
+    tensors = load_file(str(directory / "model.safetensors"))
+    tensors["model.layers.0.self_attn.o_proj.bias"] = tensors["model.norm.weight"].clone()
+    # A rotary buffer some checkpoints carry is not a parameter: ignored, never refused.
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(tensors, str(directory / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match=r"model\.safetensors: model\.layers\.0\.self_attn"
+                                             r"\.o_proj\.bias: "):
+        _load(directory)
+
+
+def test_a_missing_qwen2_bias_is_named(saved: Path, tmp_path: Path) -> None:
+    directory = _copy(saved, tmp_path / "m", lambda c: c.update(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2"))
+    with pytest.raises(ModelLoadError, match=r"self_attn\.[qkv]_proj\.bias: missing tensor"):
+        ModelRunner(with_model(tiny_config(), weights_path=str(directory),
+                               architecture="qwen2"))
+
+
+def _server_exit(directory: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'client'}{os.pathsep}{ROOT / 'server'}",
+           "WARMGATE_METRICS_PORT": "-1"}
+    return subprocess.run(
+        [sys.executable, "-m", "warmgate.server.main", "--host", "127.0.0.1", "--port", "0",
+         "--device", "cpu", "--model", str(directory)],
+        env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_server_exits_2_with_one_line_on_a_bad_config(saved: Path, tmp_path: Path) -> None:
+    edit, key = CONFIG_EDITS["rope type"]
+    proc = _server_exit(_copy(saved, tmp_path / "m", edit))
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "config.json" in lines[0] and key in lines[0], proc.stderr
+
+
+@pytest.mark.slow
+def test_server_exits_2_with_one_line_on_a_bad_tensor(saved: Path, tmp_path: Path) -> None:
+    directory = _copy(saved, tmp_path / "m")
+    tensors = load_file(str(directory / "model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(directory / "model.safetensors"))
+    proc = _server_exit(directory)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "up_proj" in line]
+    assert len(errors) == 1 and "model.layers.1.mlp.up_proj.weight" in errors[0], proc.stderr
