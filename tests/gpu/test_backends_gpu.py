@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.runner_helpers import MiniScheduler, prompt, tiny_config
+from warmgate.server.rope_config import RopeConfig
 from warmgate.server.runner.attention import backend_available
 from warmgate.server.runner.model_runner import ModelRunner
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 # Llama-3.2-1B's attention and MLP shapes, 2 layers: real kernel shapes, short to run.
 SHAPES = dict(vocab_size=32000, hidden_size=2048, num_layers=2, num_heads=32, num_kv_heads=8,
-              head_dim=64, intermediate_size=8192, rope_theta=500000.0)
+              head_dim=64, intermediate_size=8192, rope=RopeConfig(theta=500000.0))
 PROMPTS = {"a": 5, "b": 17, "c": 33, "d": 100}
 REL_TOL = 2e-2  # bf16 end to end through two layers and the LM head
 
