@@ -98,12 +98,19 @@ def test_a_tensor_the_architecture_lacks_is_refused(saved: Path, tmp_path: Path)
     directory = _copy(saved, tmp_path / "m")
     tensors = load_file(str(directory / "model.safetensors"))
     tensors["model.layers.0.self_attn.o_proj.bias"] = tensors["model.norm.weight"].clone()
-    # A rotary buffer some checkpoints carry is not a parameter: ignored, never refused.
-    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
     save_file(tensors, str(directory / "model.safetensors"))
     with pytest.raises(ModelLoadError, match=r"model\.safetensors: model\.layers\.0\.self_attn"
                                              r"\.o_proj\.bias: "):
         _load(directory)
+
+
+def test_rotary_buffers_are_not_parameters(saved: Path, tmp_path: Path) -> None:
+    """Some checkpoints carry each layer's rotary inv_freq; the reference ignores it too."""
+    directory = _copy(saved, tmp_path / "m")
+    tensors = load_file(str(directory / "model.safetensors"))
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(tensors, str(directory / "model.safetensors"))
+    _load(directory)
 
 
 def test_a_missing_qwen2_bias_is_named(saved: Path, tmp_path: Path) -> None:
