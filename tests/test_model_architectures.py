@@ -1,0 +1,56 @@
+"""The architecture presets build the variant they name, and the compile cache's key tells
+architectures and rope settings apart (they change what is compiled)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from warmgate.server.cache import cache_key, key_inputs
+from warmgate.server.config import ConfigError, ModelConfig, RunnerConfig, resolve_runner_config
+from warmgate.server.rope_config import RopeConfig, RopeError
+
+# (preset, architecture, qkv_bias, qk_norm, tied head)
+PRESETS = [("llama-3.2-1b", "llama", False, False, True),
+           ("llama-3.1-8b", "llama", False, False, False),
+           ("qwen3-0.6b", "qwen3", False, True, True),
+           ("qwen2.5-1.5b", "qwen2", True, False, True),
+           ("mistral-7b", "mistral", False, False, False)]
+
+
+@pytest.mark.parametrize(("preset", "arch", "bias", "qk_norm", "tied"), PRESETS)
+def test_preset_variant(preset: str, arch: str, bias: bool, qk_norm: bool, tied: bool) -> None:
+    config = ModelConfig.from_preset(preset)
+    assert (config.architecture, config.qkv_bias, config.qk_norm,
+            config.tie_word_embeddings) == (arch, bias, qk_norm, tied)
+    if preset.startswith("llama"):
+        assert config.rope.rope_type == "llama3" and config.rope.theta == 500000.0
+
+
+def _key(config: RunnerConfig) -> str:
+    resolved = resolve_runner_config(config, cuda_available=False)
+    return cache_key(key_inputs(resolved, gpu={"name": "cpu", "capability": "cpu"},
+                                versions={"torch": "2.13.0"}))
+
+
+def test_cache_key_tells_architectures_and_ropes_apart() -> None:
+    base = RunnerConfig()
+    keys = {_key(base)}
+    for change in ({"architecture": "qwen3"}, {"architecture": "qwen2"},
+                   {"rope": RopeConfig(theta=20000.0)},
+                   {"rope": RopeConfig(rope_type="linear", factor=2.0)}):
+        keys.add(_key(dataclasses.replace(base, model=dataclasses.replace(base.model,
+                                                                           **change))))
+    assert len(keys) == 5
+
+
+def test_bad_model_settings_name_their_field() -> None:
+    with pytest.raises(ConfigError, match=r"model\.architecture"):
+        ModelConfig(architecture="gemma")
+    with pytest.raises(ConfigError, match=r"model\.sliding_window"):
+        ModelConfig(sliding_window=100, max_model_len=512)
+    with pytest.raises(RopeError, match="rope_type"):
+        RopeConfig(rope_type="dynamic")
+    with pytest.raises(RopeError, match="original_max_position_embeddings"):
+        RopeConfig(rope_type="yarn", factor=4.0)
