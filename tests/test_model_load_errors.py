@@ -90,6 +90,15 @@ def test_mistral_window_fits_a_shorter_max_model_len(saved: Path, tmp_path: Path
     assert config.architecture == "mistral" and config.sliding_window == 4096
 
 
+def test_a_null_mistral_window_is_full_attention(saved: Path, tmp_path: Path) -> None:
+    """Mistral v0.3 writes sliding_window null: no window, unlike an absent key."""
+    directory = _copy(saved, tmp_path / "m", lambda c: c.update(
+        architectures=["MistralForCausalLM"], model_type="mistral",
+        max_position_embeddings=32768, sliding_window=None))
+    config = model_config_from_hf(directory)
+    assert config.sliding_window is None and config.max_model_len == 32768
+
+
 def _load(directory: Path) -> None:
     ModelRunner(with_model(tiny_config(), weights_path=str(directory)))
 

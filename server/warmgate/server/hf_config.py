@@ -60,10 +60,9 @@ class ModelLoadError(ValueError):
 
 def _architecture(hf: dict[str, Any], path: Path) -> str:
     names = hf.get("architectures")
-    if names is None:
-        by_type = {arch: arch for arch in HF_CLASS}  # model_type equals our name for all four
-        if hf.get("model_type") in by_type:
-            return by_type[hf["model_type"]]
+    if names is None:  # transformers then goes by model_type, which equals our name
+        if hf.get("model_type") in HF_CLASS:
+            return str(hf["model_type"])
         raise ModelLoadError(path, "architectures", "missing, and model_type "
                              f"{hf.get('model_type')!r} is not one of {', '.join(HF_CLASS)}")
     if not isinstance(names, list) or len(names) != 1 or names[0] not in HF_ARCHITECTURES:
@@ -100,7 +99,9 @@ def _rope(hf: dict[str, Any], path: Path) -> RopeConfig:
             factor = hf["max_position_embeddings"] / original
         if factor is None:
             raise ModelLoadError(path, f"{key}.factor", f"missing for rope_type {rope_type!r}")
-        fields.update(factor=float(factor), original_max_position_embeddings=original)
+        fields["factor"] = float(factor)
+        if rope_type != "linear":  # linear scaling never reads the trained length
+            fields["original_max_position_embeddings"] = original
     if rope_type == "llama3":
         for name in ("low_freq_factor", "high_freq_factor"):
             if params.get(name) is None:
@@ -151,10 +152,8 @@ def _sliding_window(hf: dict[str, Any], arch: str, path: Path) -> int | None:
     return None
 
 
-def model_config_from_hf(directory: str | Path, **overrides: Any) -> ModelConfig:
-    """A ModelConfig from an HF config.json; overrides win (e.g. a lower max_model_len)."""
-    directory = Path(directory)
-    path = directory / "config.json"
+def _read(path: Path) -> tuple[dict[str, Any], str]:
+    """config.json with the reference's defaults for absent keys, and the architecture."""
     if not path.is_file():
         raise ModelLoadError(path, "config.json", "not found; a model directory needs it")
     try:
@@ -167,10 +166,24 @@ def model_config_from_hf(directory: str | Path, **overrides: Any) -> ModelConfig
     for key in _REQUIRED:
         if hf.get(key) is None:
             raise ModelLoadError(path, key, "missing")
+    # Only these two default on null too; a null sliding_window means "no window".
+    defaults = {"rms_norm_eps": _DEFAULT_RMS_NORM_EPS,
+                "max_position_embeddings": _DEFAULT_MAX_POSITIONS[arch]}
+    return {**hf, **{k: v for k, v in defaults.items() if hf.get(k) is None}}, arch
+
+
+def max_position_embeddings(directory: str | Path) -> int:
+    """The longest sequence the checkpoint declares (transformers' default when absent)."""
+    hf, _ = _read(Path(directory) / "config.json")
+    return int(hf["max_position_embeddings"])
+
+
+def model_config_from_hf(directory: str | Path, **overrides: Any) -> ModelConfig:
+    """A ModelConfig from an HF config.json; overrides win (e.g. a lower max_model_len)."""
+    directory = Path(directory)
+    path = directory / "config.json"
+    hf, arch = _read(path)
     _refuse_unimplemented(hf, arch, path)
-    hf = {"rms_norm_eps": _DEFAULT_RMS_NORM_EPS,
-          "max_position_embeddings": _DEFAULT_MAX_POSITIONS[arch],
-          **{k: v for k, v in hf.items() if v is not None}}
     fields: dict[str, Any] = {f: hf[k] for f, k in _HF_KEYS.items()}
     heads = hf["num_attention_heads"]
     default_head_dim = _DEFAULT_HEAD_DIM_QWEN3 if arch == "qwen3" else hf["hidden_size"] // heads

@@ -15,7 +15,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from warmgate.server.config import ModelConfig
-from warmgate.server.hf_config import ModelLoadError, hf_config_dict, model_config_from_hf
+from warmgate.server.hf_config import (
+    ModelLoadError,
+    hf_config_dict,
+    max_position_embeddings,
+    model_config_from_hf,
+)
 from warmgate.server.runner.model import LlamaModel
 
 # Fields that decide tensor shapes or the numbers computed from them; a config that disagrees
@@ -140,7 +145,7 @@ def check_config_matches(config: ModelConfig, directory: str | Path) -> None:
     path = Path(directory) / "config.json"
     diffs = [f"{f}: config has {getattr(config, f)}, the file has {getattr(on_disk, f)}"
              for f in MATCH_FIELDS if getattr(config, f) != getattr(on_disk, f)]
-    max_positions = json.loads(path.read_text())["max_position_embeddings"]
+    max_positions = max_position_embeddings(directory)
     if config.max_model_len > max_positions:
         diffs.append(f"max_model_len: {config.max_model_len} exceeds the file's "
                      f"max_position_embeddings {max_positions}")
