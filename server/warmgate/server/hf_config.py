@@ -10,14 +10,11 @@ differs from its reference would generate wrong tokens while looking healthy.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
 from warmgate.server.config import ConfigError, ModelConfig
 from warmgate.server.rope_config import RopeConfig, RopeError
-
-logger = logging.getLogger(__name__)
 
 # HF class name -> ModelConfig.architecture, and the model_type transformers writes for it.
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
@@ -205,11 +202,6 @@ def model_config_from_hf(directory: str | Path, **overrides: Any) -> ModelConfig
         field_name = exc.field_name.removeprefix("model.")
         raise ModelLoadError(path, _FIELD_KEYS.get(field_name, field_name),
                              exc.message) from None
-    rope = config.rope
-    logger.info("model %s: architecture %s, %d layers, %d/%d heads of %d, rope %s theta %g "
-                "factor %g, sliding window %s, max_model_len %d", path, arch, config.num_layers,
-                config.num_heads, config.num_kv_heads, config.head_dim, rope.rope_type,
-                rope.theta, rope.factor, window, config.max_model_len)
     return config
 
 

@@ -7,6 +7,7 @@ real ones would; a local HF directory gives real numbers when a test or a benchm
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from warmgate.server.hf_config import (
     model_config_from_hf,
 )
 from warmgate.server.runner.model import LlamaModel
+
+logger = logging.getLogger(__name__)
 
 # Fields that decide tensor shapes or the numbers computed from them; a config that disagrees
 # on one would load garbage or fail half-way, so loading refuses up front.
@@ -171,6 +174,11 @@ def load_weights(directory: str | Path, model: LlamaModel) -> int:
     """
     directory = Path(directory)
     check_config_matches(model.config, directory)
+    cfg, rope = model.config, model.config.rope
+    logger.info("model %s: architecture %s, %d layers, %d/%d heads of %d, rope %s theta %g "
+                "factor %g, sliding window %s, max_model_len %d", directory, cfg.architecture,
+                cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, rope.rope_type,
+                rope.theta, rope.factor, cfg.sliding_window, cfg.max_model_len)
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(directory, "*.safetensors", "no weight files in the directory")
