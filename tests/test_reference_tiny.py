@@ -39,7 +39,8 @@ ROPES: dict[str, dict[str, Any]] = {
 }
 ARCHITECTURES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
-    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    # A window as long as the longest sequence: present, accepted, and never biting.
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": MAX_POSITIONS}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     # Qwen3 with tied embeddings, as Qwen3-0.6B ships.
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"tie_word_embeddings": True}),
