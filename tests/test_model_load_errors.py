@@ -160,3 +160,16 @@ def test_server_exits_2_with_one_line_on_a_bad_tensor(saved: Path, tmp_path: Pat
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "up_proj" in line]
     assert len(errors) == 1 and "model.layers.1.mlp.up_proj.weight" in errors[0], proc.stderr
+
+
+@pytest.mark.parametrize("architecture", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_header_check_expects_what_the_model_holds(architecture: str, tied: bool) -> None:
+    """The start-up check's expected names and shapes are exactly the model's tensors."""
+    from warmgate.server.runner.weight_files import expected_tensor_shapes
+    from warmgate.server.runner.weights import _hf_tensors
+
+    runner = ModelRunner(with_model(tiny_config(), architecture=architecture,
+                                    tie_word_embeddings=tied))
+    held = {name: tuple(t.shape) for name, t in _hf_tensors(runner.model).items()}
+    assert expected_tensor_shapes(runner.config.model) == held

@@ -78,12 +78,28 @@ def test_cuda_without_cuda_names_the_device_flag(capsys: pytest.CaptureFixture[s
     assert "argument --device:" in capsys.readouterr().err
 
 
+def _write_zero_weights(directory: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from warmgate.server.hf_config import model_config_from_hf
+    from warmgate.server.runner.weight_files import expected_tensor_shapes
+
+    shapes = expected_tensor_shapes(model_config_from_hf(directory))
+    save_file({name: torch.zeros(shape) for name, shape in shapes.items()},
+              str(directory / "model.safetensors"))
+
+
 def test_model_may_be_a_local_hf_directory(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "config.json").write_text(
         '{"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 32,'
         ' "num_hidden_layers": 1,'
         ' "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 128}')
+    with pytest.raises(SystemExit):  # start-up reads the weight files' headers too
+        cfg(["--model", str(tmp_path)])
+    assert "*.safetensors: no weight files" in capsys.readouterr().err
+    _write_zero_weights(tmp_path)
     c = cfg(["--model", str(tmp_path)])
     assert c.runner.model.weights_path == str(tmp_path) and c.runner.model.hidden_size == 32
     with pytest.raises(SystemExit):

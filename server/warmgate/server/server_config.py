@@ -333,10 +333,18 @@ def _model_config(model: str, max_model_len: int | None) -> ModelConfig:
     if model in MODEL_PRESETS:
         return ModelConfig.from_preset(model, **overrides)
     if os.path.isdir(model):
-        from warmgate.server.runner.weights import WeightsError, model_config_from_hf  # torch
+        from warmgate.server.runner.weights import (  # torch
+            WeightsError,
+            index_weight_files,
+            model_config_from_hf,
+        )
 
         try:
-            return model_config_from_hf(model, **overrides)
+            config = model_config_from_hf(model, **overrides)
+            # Tensor names and shapes from the file headers: a directory that can never load
+            # is refused at start-up rather than after the server has started.
+            index_weight_files(model, config)
+            return config
         except WeightsError as exc:
             raise ConfigError("model", str(exc)) from None
         except json.JSONDecodeError as exc:

@@ -23,6 +23,7 @@ from warmgate.server.hf_config import (
     model_config_from_hf,
 )
 from warmgate.server.runner.model import LlamaModel
+from warmgate.server.runner.weight_files import index_weight_files
 
 logger = logging.getLogger(__name__)
 
@@ -31,14 +32,12 @@ logger = logging.getLogger(__name__)
 MATCH_FIELDS = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads",
                 "num_kv_heads", "head_dim", "intermediate_size", "tie_word_embeddings", "rope",
                 "rms_norm_eps", "sliding_window")
-# Tensors some checkpoints carry that are not parameters of the reference model either.
-_NON_PARAMETER_SUFFIXES = (".rotary_emb.inv_freq",)
 
 # One exception type for every model-load failure (config.json or tensors); the old name stays.
 WeightsError = ModelLoadError
 __all__ = ["MATCH_FIELDS", "ModelLoadError", "WeightsError", "check_config_matches",
-           "hf_config_dict", "init_random_weights", "load_weights", "model_config_from_hf",
-           "save_weights"]
+           "hf_config_dict", "index_weight_files", "init_random_weights", "load_weights",
+           "model_config_from_hf", "save_weights"]
 
 
 @torch.no_grad()
@@ -158,14 +157,6 @@ def check_config_matches(config: ModelConfig, directory: str | Path) -> None:
                              + "; ".join(diffs))
 
 
-def _ignorable(name: str, config: ModelConfig) -> bool:
-    """Tensors the reference model never reads either: rotary buffers, and a head that tied
-    embeddings replace with embed_tokens."""
-    if name.endswith(_NON_PARAMETER_SUFFIXES):
-        return True
-    return name == "lm_head.weight" and config.tie_word_embeddings
-
-
 @torch.no_grad()
 def load_weights(directory: str | Path, model: LlamaModel) -> int:
     """Copy every tensor of an HF Llama directory into the model (fusing q/k/v and gate/up).
@@ -179,37 +170,14 @@ def load_weights(directory: str | Path, model: LlamaModel) -> int:
                 "factor %g, sliding window %s, max_model_len %d", directory, cfg.architecture,
                 cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, rope.rope_type,
                 rope.theta, rope.factor, cfg.sliding_window, cfg.max_model_len)
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(directory, "*.safetensors", "no weight files in the directory")
-    where: dict[str, Path] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as handle:
-            for key in handle.keys():  # noqa: SIM118 - safe_open is not a dict
-                if key in where:
-                    raise ModelLoadError(f, key, f"also in {where[key].name}")
-                where[key] = f
+    where = index_weight_files(directory, model.config)  # names and shapes checked
     targets = _hf_tensors(model)
-    missing = [name for name in targets if name not in where]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ModelLoadError(directory, missing[0], f"missing tensor{more}")
-    for name, f in where.items():
-        if name not in targets and not _ignorable(name, model.config):
-            raise ModelLoadError(f, name, "the file holds a tensor the config says does not "
-                                 f"exist for {model.config.architecture} (e.g. a bias "
-                                 "or norm it does not have)")
     copied = 0
-    for f in files:
+    for f in sorted(set(where.values())):
         with safe_open(str(f), framework="pt") as handle:
             for name, target in targets.items():
-                if where[name] != f:
-                    continue
-                src = handle.get_tensor(name)
-                if tuple(src.shape) != tuple(target.shape):
-                    raise ModelLoadError(f, name, f"shape {tuple(src.shape)}, the model "
-                                         f"expects {tuple(target.shape)}")
-                # target is a view into the fused parameter, so this copy is the fusion.
-                target.copy_(src)
-                copied += target.numel() * target.element_size()
+                if where[name] == f:
+                    # target is a view into the fused parameter, so this copy is the fusion.
+                    target.copy_(handle.get_tensor(name))
+                    copied += target.numel() * target.element_size()
     return copied

@@ -1,0 +1,87 @@
+"""Check a weights directory against a ModelConfig from the safetensors headers alone.
+
+Names and shapes are read without loading tensor data, so start-up can refuse a directory it
+could never load (missing, misshapen or unexpected tensors) before any memory is allocated;
+`weights.load_weights` runs the same check before it copies.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from safetensors import safe_open
+
+from warmgate.server.config import ModelConfig
+from warmgate.server.hf_config import ModelLoadError
+
+# Tensors some checkpoints carry that are not parameters of the reference model either.
+_NON_PARAMETER_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor an HF checkpoint of this config holds, by name, with its shape."""
+    h, d, inter = config.hidden_size, config.head_dim, config.intermediate_size
+    q, kv = config.num_heads * d, config.num_kv_heads * d
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h),
+                                       "model.norm.weight": (h,)}
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        out.update({
+            p + "input_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        })
+        if config.qkv_bias:
+            out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                        p + "self_attn.v_proj.bias": (kv,)})
+        if config.qk_norm:
+            out.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
+    if not config.is_pooling_model and not config.tie_word_embeddings:
+        out["lm_head.weight"] = (config.vocab_size, h)
+    return out
+
+
+def _ignorable(name: str, config: ModelConfig) -> bool:
+    """Tensors the reference model never reads either: rotary buffers, and a head that tied
+    embeddings replace with embed_tokens (a pooling model has no head at all)."""
+    if name.endswith(_NON_PARAMETER_SUFFIXES):
+        return True
+    return name == "lm_head.weight" and (config.tie_word_embeddings or config.is_pooling_model)
+
+
+def index_weight_files(directory: str | Path, config: ModelConfig) -> dict[str, Path]:
+    """{tensor name: file} for every tensor the config needs; ModelLoadError naming the file
+    and tensor for a duplicate, missing, misshapen or unexpected one."""
+    directory = Path(directory)
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(directory, "*.safetensors", "no weight files in the directory")
+    expected = expected_tensor_shapes(config)
+    where: dict[str, Path] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
+                if name in where:
+                    raise ModelLoadError(f, name, f"also in {where[name].name}")
+                where[name] = f
+                if name not in expected:
+                    if _ignorable(name, config):
+                        continue
+                    raise ModelLoadError(f, name, "the file holds a tensor the config says "
+                                         f"does not exist for {config.architecture} (e.g. a "
+                                         "bias or norm it does not have)")
+                shape = tuple(handle.get_slice(name).get_shape())
+                if shape != expected[name]:
+                    raise ModelLoadError(f, name, f"shape {shape}, the model expects "
+                                         f"{expected[name]}")
+    missing = [name for name in expected if name not in where]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelLoadError(directory, missing[0], f"missing tensor{more}")
+    return {name: where[name] for name in expected}
