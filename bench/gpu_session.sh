@@ -51,14 +51,16 @@ cache)
   entry=$(ls -d /tmp/warmgate-cache.*/*/flashinfer 2>/dev/null | head -1)
   [ -n "$entry" ] && export FLASHINFER_WORKSPACE_BASE=$entry ;;
 coverage)
-  # compiles_after_ready must be 0 for each backend, plain and speculative (issue 5).
-  for bk in ${COVERAGE:-flashinfer:0 triton:3 flashinfer:3 triton:0}; do
-    b=${bk%:*} k=${bk#*:}
-    stage "coverage llama-3.2-1b $b k=$k"
-    timeout 150 python3 bench/coverage.py --device cuda --model llama-3.2-1b --attention-backend $b \
-      --num-speculative-steps $k --max-num-seqs 16 --max-num-batched-tokens 1024 \
-      --max-model-len 1024 --batches 2000 2>"$OUT/coverage_${b}_k$k.err" \
-      | tee "$OUT/coverage_${b}_k$k.txt" | tail -6
+  # compiles_after_ready and cuda_graph_misses_after_ready must be 0 for each backend, plain
+  # and speculative. Entries are backend:k, or model:backend:k for another preset.
+  for entry in ${COVERAGE:-flashinfer:0 triton:3 flashinfer:3 triton:0}; do
+    IFS=: read -r -a f <<<"$entry"
+    if [ ${#f[@]} -eq 3 ]; then m=${f[0]} b=${f[1]} k=${f[2]}; else m=llama-3.2-1b b=${f[0]} k=${f[1]}; fi
+    stage "coverage $m $b k=$k"
+    timeout 150 python3 bench/coverage.py --device cuda --model "$m" --attention-backend "$b" \
+      --num-speculative-steps "$k" --max-num-seqs 16 --max-num-batched-tokens 1024 \
+      --max-model-len 1024 --batches 2000 2>"$OUT/coverage_${m}_${b}_k$k.err" \
+      | tee "$OUT/coverage_${m}_${b}_k$k.txt" | tail -6
   done ;;
 first)
   # First batch after ready over the steady median, per batch class, warmup on vs off.
