@@ -38,7 +38,9 @@ def test_full_cache_disk_mid_warmup_degrades_and_warmup_succeeds(small_fs: Path)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("WARMGATE_") and k not in CACHE_ENV_VARS
            and k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "client"), str(ROOT / "server")])
+    # Keep what the caller's path holds too (wheels installed with --target on the GPU host).
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "client"), str(ROOT / "server"),
+                                         *filter(None, [os.environ.get("PYTHONPATH")])])
     done = subprocess.run(
         [sys.executable, "-m", "warmgate.server.main", "--warmup-only", "--json", "--device",
          "cuda", "--attention-backend", "triton", "--cache-dir", str(small_fs / "cache")],

@@ -20,9 +20,11 @@ pytestmark = pytest.mark.gpu
 
 
 def _warm_runner(backend: str, num_spec: int, sizes: tuple[int, ...] | None) -> ModelRunner:
+    # head_dim 64: FlashInfer's SM90 prefill has no kernel for the tiny preset's 16.
     cfg = tiny_config(device="cuda", dtype="bfloat16", attention_backend=backend,
                       num_spec=num_spec, block_size=16, num_blocks=256, max_model_len=256,
-                      max_num_seqs=8, max_num_batched_tokens=256)
+                      max_num_seqs=8, max_num_batched_tokens=256, hidden_size=256,
+                      head_dim=64)
     if sizes is not None:
         cfg = dataclasses.replace(cfg, compilation=dataclasses.replace(
             cfg.compilation, cuda_graph_sizes=sizes))
