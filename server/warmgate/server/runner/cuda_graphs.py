@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -58,13 +59,25 @@ def _free_bytes(device: torch.device) -> int:
 def capturing(graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream
               ) -> Iterator[None]:
     """Record the work issued inside into `graph` (memory from `pool`), on a side stream as
-    capture requires; what torch.cuda.graph does, minus emptying the allocator caches."""
-    with torch.cuda.stream(stream):
-        graph.capture_begin(pool=pool)
-        try:
-            yield
-        finally:
-            graph.capture_end()
+    capture requires; what torch.cuda.graph does, minus emptying the allocator caches.
+
+    The garbage collector stays off while recording: a collection that frees an unreachable
+    CUDA graph or stream (an earlier runner's, a replaced capture's) calls an API a capture
+    forbids, and the capture in progress is invalidated. CudaGraphRunner.capture collects
+    once before its first graph, as torch.cuda.graph does before each.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=pool)
+            try:
+                yield
+            finally:
+                graph.capture_end()
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class CudaGraphRunner:
@@ -178,6 +191,7 @@ class CudaGraphRunner:
         self.outputs.clear()
         self.ragged_graphs.clear()
         self.ragged_outputs.clear()
+        gc.collect()  # destroy unreachable graphs and streams now, not inside a capture
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
         self.buffers.query_start_loc.gpu[:1].zero_()
