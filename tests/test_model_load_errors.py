@@ -70,6 +70,19 @@ CONFIG_EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
                                        max_window_layers=1), "sliding_window"),
     "missing size": (lambda c: c.pop("hidden_size"), "hidden_size"),
     "bad value": (lambda c: c.update(num_key_value_heads=3), "num_key_value_heads"),
+    # Wrong JSON types: one line naming the key, not a TypeError traceback (or "no" read as
+    # true).
+    "size as a string": (lambda c: c.update(vocab_size="512"), "vocab_size"),
+    "layers as a float": (lambda c: c.update(num_hidden_layers=2.0), "num_hidden_layers"),
+    "positions as a string": (lambda c: c.update(max_position_embeddings="x"),
+                              "max_position_embeddings"),
+    "head_dim as a bool": (lambda c: c.update(head_dim=True), "head_dim"),
+    "eps as a string": (lambda c: c.update(rms_norm_eps="1e-5"), "rms_norm_eps"),
+    "tie as a string": (lambda c: c.update(tie_word_embeddings="no"), "tie_word_embeddings"),
+    "window as a string": (lambda c: c.update(sliding_window="big"), "sliding_window"),
+    "rope as a list": (lambda c: c.update(rope_parameters=[1, 2]), "rope_parameters"),
+    "4.x rope as a string": (lambda c: c.update(rope_parameters=None, rope_scaling="linear"),
+                             "rope_scaling"),
 }
 
 

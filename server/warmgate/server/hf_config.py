@@ -42,6 +42,17 @@ _DEFAULT_HEAD_DIM_QWEN3 = 128
 _DEFAULT_ROPE_THETA = 10000.0
 _DEFAULT_RMS_NORM_EPS = 1e-6
 _DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768, "qwen3": 32768}
+_INT = ("an integer", (int,))
+# config.json keys read here -> the JSON type they must have when present and not null.
+_TYPED_KEYS: tuple[tuple[str, str, tuple[type, ...]], ...] = (
+    *((key, *_INT) for key in (*_REQUIRED, "max_position_embeddings", "num_key_value_heads",
+                               "head_dim", "sliding_window", "max_window_layers")),
+    ("rms_norm_eps", "a number", (int, float)),
+    ("tie_word_embeddings", "true or false", (bool,)),
+    ("use_sliding_window", "true or false", (bool,)),
+    ("rope_parameters", "an object", (dict,)),
+    ("rope_scaling", "an object", (dict,)),
+)
 
 
 class ModelLoadError(ValueError):
@@ -166,7 +177,20 @@ def _read(path: Path) -> tuple[dict[str, Any], str]:
     # Only these two default on null too; a null sliding_window means "no window".
     defaults = {"rms_norm_eps": _DEFAULT_RMS_NORM_EPS,
                 "max_position_embeddings": _DEFAULT_MAX_POSITIONS[arch]}
-    return {**hf, **{k: v for k, v in defaults.items() if hf.get(k) is None}}, arch
+    hf = {**hf, **{k: v for k, v in defaults.items() if hf.get(k) is None}}
+    _check_types(hf, path)
+    return hf, arch
+
+
+def _check_types(hf: dict[str, Any], path: Path) -> None:
+    """A value of the wrong JSON type is refused by name: read as is, "512" or 2.0 fails
+    later with a TypeError, and the string "no" would read as a true tie_word_embeddings."""
+    for key, kind, types in _TYPED_KEYS:
+        value = hf.get(key)
+        # bool is an int in Python; true as a size is a broken file, not 1.
+        if value is not None and (isinstance(value, bool) != (types == (bool,))
+                                  or not isinstance(value, types)):
+            raise ModelLoadError(path, key, f"{value!r} is not {kind}")
 
 
 def max_position_embeddings(directory: str | Path) -> int:
