@@ -9,9 +9,6 @@ Token ids only; the text side is tested elsewhere.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -19,11 +16,11 @@ import torch
 
 from tests.reference_helpers import hf_greedy, runner_for
 from tests.serving_helpers import Served, greedy
+from tests.text_helpers import smollm2_dir
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-ROOT = Path(__file__).resolve().parents[1]
 NEW_TOKENS = 24
 MAX_MODEL_LEN = 512
 LONG_TEXT = (
@@ -48,18 +45,9 @@ CONVERSATIONS: list[list[dict[str, str]]] = [
 ]
 
 
-def _fetch_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fetch_smollm2",
-                                                  ROOT / "tools" / "fetch_smollm2.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def reference() -> dict[str, Any]:
-    directory = _fetch_tool().fetch()
+    directory = smollm2_dir()
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     prompts = [list(tokenizer.apply_chat_template(c, add_generation_prompt=True,
                                                   tokenize=True, return_dict=False))
