@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.tmpfs_helpers import mounted_tmpfs
 from warmgate.client import cache_fs
 from warmgate.server.cache import CACHE_ENV_VARS, CompileCache
 from warmgate.server.cache.degrade import PROBE_BYTES
@@ -43,16 +44,8 @@ ARTEFACT_BYTES = 2 * TMPFS_BYTES
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs",
-                           str(mount)], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "tmpfs", TMPFS_BYTES) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def fill_up(directory: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.tmpfs_helpers import mounted_tmpfs
 from warmgate.server.cache import CACHE_ENV_VARS
 
 pytestmark = pytest.mark.gpu
@@ -21,16 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(mount)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "tmpfs", 128 * 1024) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_full_cache_disk_mid_warmup_degrades_and_warmup_succeeds(small_fs: Path) -> None:
