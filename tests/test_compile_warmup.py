@@ -35,10 +35,45 @@ pytestmark = pytest.mark.slow
 BUCKETS = (1, 2, 4, 8, 16)
 
 
-def compiled_config(compile: bool = True) -> RunnerConfig:
-    return RunnerConfig(model=ModelConfig.from_preset("tiny", max_model_len=128),
+def compiled_config(compile: bool = True, **model: Any) -> RunnerConfig:
+    """The tiny preset (with `model` overrides) under torch.compile, buckets up to 16."""
+    return RunnerConfig(model=ModelConfig.from_preset("tiny", max_model_len=128, **model),
                         scheduler=SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=16),
                         compilation=CompilationConfig(compile=compile))
+
+
+def run_random_batches(runner: ModelRunner, monitor: JitMonitor, steps: int) -> set[int]:
+    """Drive `steps` random batches (seeded) through `runner`; the token counts seen."""
+    cfg = runner.config
+    sched = CoverageScheduler(runner)
+    drawer = BatchDrawer(sched, Limits(cfg.scheduler.max_num_seqs,
+                                       cfg.scheduler.max_num_batched_tokens,
+                                       cfg.model.max_model_len, 0, cfg.model.vocab_size),
+                         random.Random(1))
+    sizes = set()
+    for _ in range(steps):
+        sched.step(drawer.next_plan()[1])
+        sizes.add(monitor.current_batch.num_tokens)
+    return sizes
+
+
+def assert_compiled_matches_eager(compiled: ModelRunner, eager: ModelRunner) -> None:
+    """A 13-token prefill (bucket 16) beside a 3-token one, then decodes: the same logits
+    and tokens; both requests are dropped at the end."""
+    scheds = [MiniScheduler(compiled), MiniScheduler(eager)]
+    for s in scheds:
+        s.add("a", prompt(13))
+        s.add("b", prompt(3, 5))
+    for _ in range(3):
+        for s in scheds:
+            s.step()
+        torch.testing.assert_close(compiled.last_logits, eager.last_logits,
+                                   rtol=1e-4, atol=1e-4)
+    assert scheds[0].tokens("a") == scheds[1].tokens("a")
+    for s in scheds:
+        s.finish("a")
+        s.finish("b")
+        s.runner.execute_model(s.schedule(num_tokens={}))
 
 
 @pytest.fixture
@@ -64,16 +99,7 @@ def test_the_compile_phase_compiles_every_bucket_and_nothing_compiles_later(
     # Two compiled functions (the halves around attention) per bucket, shared by the layers.
     assert phase.compiles[DYNAMO] == 2 * len(BUCKETS)
     assert all(p.compiles == {} for p in report.phases if p.name != "compile")
-    cfg = runner.config
-    sched = CoverageScheduler(runner)
-    drawer = BatchDrawer(sched, Limits(cfg.scheduler.max_num_seqs,
-                                       cfg.scheduler.max_num_batched_tokens,
-                                       cfg.model.max_model_len, 0, cfg.model.vocab_size),
-                         random.Random(1))
-    sizes = set()
-    for _ in range(150):
-        sched.step(drawer.next_plan()[1])
-        sizes.add(monitor.current_batch.num_tokens)
+    sizes = run_random_batches(runner, monitor, 150)
     assert len(sizes) >= 10  # the random batches really cover the token range
     assert monitor.snapshot().total_after_ready == 0
 
@@ -81,16 +107,7 @@ def test_the_compile_phase_compiles_every_bucket_and_nothing_compiles_later(
 def test_compiled_logits_match_the_eager_runner() -> None:
     compiled = ModelRunner(resolve_runner_config(compiled_config()))
     eager = ModelRunner(resolve_runner_config(compiled_config(compile=False)))
-    scheds = [MiniScheduler(compiled), MiniScheduler(eager)]
-    for s in scheds:  # a 13-token prefill (bucket 16) beside a 3-token one, then decodes
-        s.add("a", prompt(13))
-        s.add("b", prompt(3, 5))
-    for _ in range(3):
-        for s in scheds:
-            s.step()
-        torch.testing.assert_close(compiled.last_logits, eager.last_logits,
-                                   rtol=1e-4, atol=1e-4)
-    assert scheds[0].tokens("a") == scheds[1].tokens("a")
+    assert_compiled_matches_eager(compiled, eager)
 
 
 def test_a_bucket_the_warmup_missed_is_counted_after_ready_with_its_batch(
