@@ -29,3 +29,23 @@ def test_no_existing_flag_is_described_as_future(path: Path) -> None:
             named = set(re.findall(r"--[a-z][a-z0-9-]+", paragraph)) & flags
             assert not named, f"{path.name}: {sorted(named)} exist but read as future: " \
                               f"{paragraph.strip()[:200]}"
+
+
+def _metrics_table() -> str:
+    text = (ROOT / "deploy" / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    return "\n".join(line for line in section.splitlines() if line.startswith("|"))
+
+
+def test_the_metrics_table_lists_every_metric_and_skip_reason() -> None:
+    from warmgate.server.metrics import SKIP_REASONS, Metrics
+
+    table = _metrics_table()
+    names = {metric.name for metric in Metrics().registry.collect()}
+    # Counters are collected under their name without _total.
+    listed = set(re.findall(r"`(warmgate_[a-z_]+?)(?:_total)?`", table))
+    assert names - listed == set(), f"registered but not in deploy/README.md: {names - listed}"
+    assert listed - names == set(), f"in deploy/README.md but not registered: {listed - names}"
+    skip_row = next(line for line in table.splitlines() if "warmgate_phase_skipped_total" in line)
+    missing = [r for r in SKIP_REASONS if not re.search(rf"\b{r}\b", skip_row)]
+    assert not missing, f"skip reasons missing from the metrics table: {missing}"
