@@ -83,6 +83,13 @@ CONFIG_EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "rope as a list": (lambda c: c.update(rope_parameters=[1, 2]), "rope_parameters"),
     "4.x rope as a string": (lambda c: c.update(rope_parameters=None, rope_scaling="linear"),
                              "rope_scaling"),
+    "rope theta as a string": (lambda c: c["rope_parameters"].update(rope_theta="abc"),
+                               "rope_parameters.rope_theta"),
+    "4.x rope theta as a string": (lambda c: c.update(rope_theta="1e4",
+                                                      rope_parameters=None), "rope_theta"),
+    "rope factor as a string": (lambda c: c["rope_parameters"].update(rope_type="linear",
+                                                                      factor="2"),
+                                "rope_parameters.factor"),
 }
 
 

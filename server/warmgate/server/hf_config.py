@@ -43,11 +43,17 @@ _DEFAULT_ROPE_THETA = 10000.0
 _DEFAULT_RMS_NORM_EPS = 1e-6
 _DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768, "qwen3": 32768}
 _INT = ("an integer", (int,))
+# Rope parameters that are numbers when present (a string would be read by float() or fail).
+_ROPE_NUMBERS = ("rope_theta", "factor", "original_max_position_embeddings", "low_freq_factor",
+                 "high_freq_factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
+                 "mscale_all_dim", "partial_rotary_factor")
 # config.json keys read here -> the JSON type they must have when present and not null.
 _TYPED_KEYS: tuple[tuple[str, str, tuple[type, ...]], ...] = (
     *((key, *_INT) for key in (*_REQUIRED, "max_position_embeddings", "num_key_value_heads",
                                "head_dim", "sliding_window", "max_window_layers")),
-    ("rms_norm_eps", "a number", (int, float)),
+    *((key, "a number", (int, float)) for key in ("rms_norm_eps", "rope_theta",
+                                                  "partial_rotary_factor",
+                                                  "original_max_position_embeddings")),
     ("tie_word_embeddings", "true or false", (bool,)),
     ("use_sliding_window", "true or false", (bool,)),
     ("rope_parameters", "an object", (dict,)),
@@ -87,6 +93,10 @@ def _rope(hf: dict[str, Any], path: Path) -> RopeConfig:
         key, params = "rope_scaling", dict(hf.get("rope_scaling") or {})
     if any(isinstance(v, dict) for v in params.values()):
         raise ModelLoadError(path, key, "per-layer-type rope parameters are not supported")
+    for name in _ROPE_NUMBERS:
+        value = params.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ModelLoadError(path, f"{key}.{name}", f"{value!r} is not a number")
     rope_type = params.get("rope_type", params.get("type", "default"))
     # transformers' default_theta for all four architectures when the file names none.
     theta = params.get("rope_theta", hf.get("rope_theta"))
