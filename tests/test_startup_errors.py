@@ -3,6 +3,7 @@ naming the flag (and, for a busy port, the address), never a traceback, before a
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -147,6 +148,19 @@ def test_model_config_json_that_is_not_json_exits_2(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"vocab_size": 512,')
     assert_one_line_exit_2(run_server("--model", str(tmp_path)), "argument --model:",
                            "config.json")
+
+
+def test_max_model_len_past_the_models_positions_exits_2(tmp_path: Path) -> None:
+    """The load refuses a --max-model-len beyond the checkpoint's max_position_embeddings, so
+    start-up must too: it was a server that stayed NOT_SERVING (warmup-only: exit 1)."""
+    write_tiny_model(tmp_path)
+    limit = json.loads((tmp_path / "config.json").read_text())["max_position_embeddings"]
+    assert_one_line_exit_2(run_server("--model", str(tmp_path), "--max-model-len",
+                                      str(limit + 1)),
+                           "argument --max-model-len:", "max_position_embeddings")
+    assert_one_line_exit_2(run_server("--model", str(tmp_path), "--max-model-len",
+                                      str(limit + 1), "--warmup-only"),
+                           "argument --max-model-len:")
 
 
 # A port taken between main's check and gRPC's bind: the same one line (gRPC's C core may

@@ -341,12 +341,15 @@ def _model_config(model: str, max_model_len: int | None) -> ModelConfig:
 
         try:
             config = model_config_from_hf(model, **overrides)
+            _check_positions(model, config.max_model_len)
             # Tensor names and shapes from the file headers: a directory that can never load
             # is refused at start-up rather than after the server has started.
             index_weight_files(model, config)
             return config
         except WeightsError as exc:
             raise ConfigError("model", str(exc)) from None
+        except ConfigError:  # already names its flag
+            raise
         except json.JSONDecodeError as exc:
             raise ConfigError("model", f"{os.path.join(model, 'config.json')} is not valid "
                                        f"JSON: {exc}") from None
@@ -355,6 +358,17 @@ def _model_config(model: str, max_model_len: int | None) -> ModelConfig:
                                        f"{type(exc).__name__}: {exc}") from None
     raise ConfigError("model", f"{model!r} is neither a preset ({', '.join(preset_names())}) "
                                "nor a local directory")
+
+
+def _check_positions(model: str, max_model_len: int) -> None:
+    """load_weights refuses a context past the checkpoint's positions: refuse it now."""
+    from warmgate.server.hf_config import max_position_embeddings
+
+    limit = max_position_embeddings(model)
+    if max_model_len > limit:
+        raise ConfigError("model.max_model_len", f"{max_model_len} exceeds "
+                          f"max_position_embeddings {limit} of "
+                          f"{os.path.join(model, 'config.json')}")
 
 
 def runner_config_from_args(args: argparse.Namespace) -> RunnerConfig:
