@@ -79,6 +79,9 @@ def test_global_options_work_after_the_command() -> None:
     ["generate", "--prompt-ids", ""],
     ["--server-pid", "abc", "status"],
     ["--rpc-timeout", "0", "status"],
+    ["wait", "--timeout", "nan"],                  # was an instant "timeout", exit 2
+    ["wait", "--timeout", "-5"],
+    ["watch", "--connect-timeout", "nan"],
 ])
 def test_a_bad_command_line_exits_64_not_2(argv: list[str]) -> None:
     code, out, err = cli(*argv)

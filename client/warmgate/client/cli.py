@@ -21,6 +21,7 @@ from warmgate.client.cli_options import (
     Parser,
     add_global_options,
     environment,
+    positive_seconds,
 )
 from warmgate.client.errors import WarmgateRpcError
 from warmgate.client.exit_codes import (
@@ -71,13 +72,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     watch = commands.add_parser("watch", help="follow warmup progress until it settles")
     watch.add_argument("--follow", action="store_true",
                        help="keep watching after READY/FAILED (until interrupted)")
-    watch.add_argument("--connect-timeout", type=float, default=WATCH_CONNECT_TIMEOUT_S,
+    watch.add_argument("--connect-timeout", type=positive_seconds, default=WATCH_CONNECT_TIMEOUT_S,
                        metavar="S", help="wait up to S seconds for the server to start "
                        f"listening (default {WATCH_CONNECT_TIMEOUT_S:.0f}; exit 2)")
 
     wait = commands.add_parser("wait", help="block until the server is ready (health SERVING)")
-    wait.add_argument("--timeout", dest="wait_timeout", type=float, required=True, metavar="S",
-                      help="give up after S seconds (exit 2)")
+    wait.add_argument("--timeout", dest="wait_timeout", type=positive_seconds, required=True,
+                      metavar="S", help="give up after S seconds (exit 2)")
     wait.add_argument("--service", default="", help="health service name (default: server)")
     add_report_command(commands)
     add_cache_command(commands, environ)

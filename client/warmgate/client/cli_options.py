@@ -62,7 +62,8 @@ def _pid(text: str) -> int:
     return int(text)
 
 
-def _seconds(text: str) -> float:
+def positive_seconds(text: str) -> float:
+    """An argparse type: seconds > 0 (NaN and negative values are usage errors)."""
     try:
         value = float(text)
     except ValueError:
@@ -83,7 +84,7 @@ def add_global_options(parser: argparse.ArgumentParser, environ: Mapping[str, st
                         help=f"host:port of the server (default {DEFAULT_TARGET})")
     parser.add_argument("--json", action="store_true", default=default(False),
                         help="print JSON (one object per line)")
-    parser.add_argument("--rpc-timeout", type=_seconds, default=default(None), metavar="S",
+    parser.add_argument("--rpc-timeout", type=positive_seconds, default=default(None), metavar="S",
                         help=f"deadline of each RPC in seconds (default {WARMUP_TIMEOUT_S:.0f} "
                              f"for warmup and mixed, {STATUS_TIMEOUT_S:.0f} for status, none "
                              "for watch and generate)")
