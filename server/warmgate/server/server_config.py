@@ -335,19 +335,22 @@ def _model_config(model: str, max_model_len: int | None) -> ModelConfig:
     if os.path.isdir(model):
         from warmgate.server.runner.weights import (  # torch
             WeightsError,
+            check_config_matches,
             index_weight_files,
             model_config_from_hf,
         )
 
         try:
             config = model_config_from_hf(model, **overrides)
-            _check_positions(model, config.max_model_len)
-            # Tensor names and shapes from the file headers: a directory that can never load
+            # The load's own checks, now: the context against the checkpoint's positions, and
+            # tensor names and shapes from the file headers. A directory that can never load
             # is refused at start-up rather than after the server has started.
+            check_config_matches(config, model)
             index_weight_files(model, config)
             return config
         except WeightsError as exc:
-            raise ConfigError("model", str(exc)) from None
+            field = "model.max_model_len" if exc.key == "max_model_len" else "model"
+            raise ConfigError(field, str(exc)) from None
         except ConfigError:  # already names its flag
             raise
         except json.JSONDecodeError as exc:
@@ -358,17 +361,6 @@ def _model_config(model: str, max_model_len: int | None) -> ModelConfig:
                                        f"{type(exc).__name__}: {exc}") from None
     raise ConfigError("model", f"{model!r} is neither a preset ({', '.join(preset_names())}) "
                                "nor a local directory")
-
-
-def _check_positions(model: str, max_model_len: int) -> None:
-    """load_weights refuses a context past the checkpoint's positions: refuse it now."""
-    from warmgate.server.hf_config import max_position_embeddings
-
-    limit = max_position_embeddings(model)
-    if max_model_len > limit:
-        raise ConfigError("model.max_model_len", f"{max_model_len} exceeds "
-                          f"max_position_embeddings {limit} of "
-                          f"{os.path.join(model, 'config.json')}")
 
 
 def runner_config_from_args(args: argparse.Namespace) -> RunnerConfig:

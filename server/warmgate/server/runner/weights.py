@@ -145,12 +145,12 @@ def check_config_matches(config: ModelConfig, directory: str | Path) -> None:
     # length is checked by ModelConfig itself.
     on_disk = model_config_from_hf(directory, max_model_len=1)
     path = Path(directory) / "config.json"
-    diffs = [f"{f}: config has {getattr(config, f)}, the file has {getattr(on_disk, f)}"
-             for f in MATCH_FIELDS if getattr(config, f) != getattr(on_disk, f)]
     max_positions = max_position_embeddings(directory)
     if config.max_model_len > max_positions:
-        diffs.append(f"max_model_len: {config.max_model_len} exceeds the file's "
-                     f"max_position_embeddings {max_positions}")
+        raise ModelLoadError(path, "max_model_len", f"{config.max_model_len} exceeds the "
+                             f"file's max_position_embeddings {max_positions}")
+    diffs = [f"{f}: config has {getattr(config, f)}, the file has {getattr(on_disk, f)}"
+             for f in MATCH_FIELDS if getattr(config, f) != getattr(on_disk, f)]
     if diffs:
         raise ModelLoadError(path, diffs[0].split(":", 1)[0], "the model config does not match "
                              "the weights directory (build it with model_config_from_hf): "
