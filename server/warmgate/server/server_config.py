@@ -8,7 +8,6 @@ in argv and environ, so tests never touch the real environment.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -353,9 +352,6 @@ def _model_config(model: str, max_model_len: int | None) -> ModelConfig:
             raise ConfigError(field, str(exc)) from None
         except ConfigError:  # already names its flag
             raise
-        except json.JSONDecodeError as exc:
-            raise ConfigError("model", f"{os.path.join(model, 'config.json')} is not valid "
-                                       f"JSON: {exc}") from None
         except (ValueError, OSError) as exc:  # any other unreadable model: one line, not a trace
             raise ConfigError("model", f"cannot read the model in {model}: "
                                        f"{type(exc).__name__}: {exc}") from None
