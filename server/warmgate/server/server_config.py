@@ -37,7 +37,7 @@ from warmgate.server.security import (
     load_server_security,
 )
 from warmgate.server.serving.config import ServingConfig
-from warmgate.server.startup_checks import check_can_serve
+from warmgate.server.startup_checks import check_attention_backend
 
 ENV_PREFIX = "WARMGATE_"
 # Waiting on another process filling the cache entry, plus a cold warmup of its own when the
@@ -412,7 +412,7 @@ def load_server_config(argv: Sequence[str] | None = None,
                      f"--max-num-batched-tokens ({runner.scheduler.max_num_batched_tokens})")
     if resolve:
         try:
-            check_can_serve(runner, environ)
+            check_attention_backend(runner, environ)
             _check_warmup_capacity(runner, args.mixed_num_tokens)
         except ConfigError as exc:
             report_config_error(parser, exc)

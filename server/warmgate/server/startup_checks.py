@@ -32,9 +32,3 @@ def check_attention_backend(runner: RunnerConfig, environ: Mapping[str, str]) ->
     if not backend_available(backend):
         raise ConfigError("device.attention_backend",
                           f"{backend} was asked for but its Python package is not installed")
-
-
-def check_can_serve(runner: RunnerConfig, environ: Mapping[str, str]) -> None:
-    """The device checks, on a resolved RunnerConfig. Whether the warmup plan fits the KV
-    cache, the token budget and the context is warmup.shapes.check_config_capacity's."""
-    check_attention_backend(runner, environ)
