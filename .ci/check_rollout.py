@@ -14,7 +14,7 @@ import contextlib
 import io
 from typing import Any
 
-from warmgate.server.server_config import ENV_PREFIX, load_server_config
+from warmgate.server.config.server_config import ENV_PREFIX, load_server_config
 
 GPU = "nvidia.com/gpu"
 GPU_PRODUCT = "nvidia.com/gpu.product"

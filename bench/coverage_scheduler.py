@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from warmgate.server.config import cdiv
+from warmgate.server.config.runner_config import cdiv
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.scheduler_output import (
     CachedRequestData,

@@ -7,7 +7,7 @@ from statistics import median
 
 import torch
 
-from warmgate.server.config import cdiv
+from warmgate.server.config.runner_config import cdiv
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.scheduler_output import (
     GREEDY,

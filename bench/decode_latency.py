@@ -16,7 +16,7 @@ import sys
 import torch
 
 from bench.decode_driver import DecodeDriver
-from warmgate.server.config import (
+from warmgate.server.config.runner_config import (
     CacheConfig,
     CompilationConfig,
     DeviceConfig,

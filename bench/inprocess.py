@@ -8,11 +8,11 @@ import logging
 import sys
 from typing import Any
 
-from warmgate.server.config import RunnerConfig
+from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.config.server_config import RUNNER_FLAGS, add_options, runner_config_from_args
+from warmgate.server.core.results import PhaseResult, WarmupReport
 from warmgate.server.jit import JitMonitor
-from warmgate.server.server_config import RUNNER_FLAGS, add_options, runner_config_from_args
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
-from warmgate.server.warmup.results import PhaseResult, WarmupReport
 
 
 def add_runner_args(p: argparse.ArgumentParser) -> None:

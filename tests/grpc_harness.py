@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from warmgate.server.app import RunningServer, create_server
-from warmgate.server.engine import PLAN_PHASES, PlanEngine, WarmupEngine
-from warmgate.server.server_config import ServerConfig, load_server_config
-from warmgate.server.warmup.progress import ProgressCallback, ProgressEvent
-from warmgate.server.warmup.results import (
+from warmgate.server.config.server_config import ServerConfig, load_server_config
+from warmgate.server.control.engine import PLAN_PHASES, PlanEngine, WarmupEngine
+from warmgate.server.core.progress import ProgressCallback, ProgressEvent
+from warmgate.server.core.results import (
     PhaseResult,
     PhaseStatus,
     SkipReason,

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from warmgate.server.config import (
+from warmgate.server.config.runner_config import (
     CacheConfig,
     DeviceConfig,
     RunnerConfig,

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from bench.coverage_scheduler import CoverageScheduler, Request, Work
-from warmgate.server.config import (
+from warmgate.server.config.runner_config import (
     CacheConfig,
     DeviceConfig,
     ModelConfig,

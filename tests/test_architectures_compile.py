@@ -11,9 +11,9 @@ from tests.test_compile_warmup import (
     compiled_config,
     run_random_batches,
 )
-from warmgate.server.config import resolve_runner_config
+from warmgate.server.config.rope_config import RopeConfig
+from warmgate.server.config.runner_config import resolve_runner_config
 from warmgate.server.jit import JitMonitor
-from warmgate.server.rope_config import RopeConfig
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.warmup import load_runner, run_warmup_plan
 

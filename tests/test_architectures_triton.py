@@ -16,7 +16,7 @@ if not torch.cuda.is_available():  # before the kernels are defined, as in test_
 
 from tests.runner_helpers import full_prefill_logits, prompt, tiny_config
 from tests.serving_helpers import Served, greedy
-from warmgate.server.rope_config import RopeConfig
+from warmgate.server.config.rope_config import RopeConfig
 from warmgate.server.runner.model_runner import ModelRunner
 
 pytest.importorskip("triton")

@@ -15,7 +15,7 @@ import pytest
 from warmgate.client import cache_fs, cli
 from warmgate.client.exit_codes import EXIT_LOCAL
 from warmgate.server.cache import CACHE_ENV_VARS, CompileCache, cache_key, key_inputs
-from warmgate.server.config import RunnerConfig, resolve_runner_config
+from warmgate.server.config.runner_config import RunnerConfig, resolve_runner_config
 from warmgate.server.runner.attention.concurrency import run_concurrently
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,9 +215,9 @@ def test_run_concurrently_overlaps_and_times_each() -> None:
 
 
 def test_metrics_count_the_entry_once_and_config_reads_the_flags() -> None:
-    from warmgate.server.metrics import Metrics
-    from warmgate.server.server_config import load_server_config
-    from warmgate.server.warmup.results import WarmupOutcome, WarmupReport
+    from warmgate.server.config.server_config import load_server_config
+    from warmgate.server.core.results import WarmupOutcome, WarmupReport
+    from warmgate.server.telemetry.metrics import Metrics
 
     metrics = Metrics()
     for _ in range(2):  # a forced re-warmup repeats the entry; it was opened once

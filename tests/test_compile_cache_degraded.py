@@ -20,20 +20,20 @@ import pytest
 
 from tests.tmpfs_helpers import mounted_tmpfs
 from warmgate.client import cache_fs
+from warmgate.server.api.convert import compile_cache_to_proto
 from warmgate.server.cache import CACHE_ENV_VARS, CompileCache
 from warmgate.server.cache.degrade import PROBE_BYTES
 from warmgate.server.cache.session import run_plan_with_cache
 from warmgate.server.cache.trash import bound_trash
-from warmgate.server.config import RunnerConfig
-from warmgate.server.convert import compile_cache_to_proto
-from warmgate.server.metrics import Metrics
-from warmgate.server.warmup.failures import describe_failure
-from warmgate.server.warmup.results import (
+from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.core.failures import describe_failure
+from warmgate.server.core.results import (
     PhaseResult,
     PhaseStatus,
     WarmupOutcome,
     WarmupReport,
 )
+from warmgate.server.telemetry.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 INPUTS = {"schema": 1, "model": {"hidden_size": 64}, "versions": {"torch": "2.13"}}

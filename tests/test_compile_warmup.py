@@ -18,7 +18,7 @@ import torch
 from bench.coverage_scheduler import CoverageScheduler, Request, Work
 from bench.random_batches import BatchDrawer, Limits
 from tests.runner_helpers import MiniScheduler, prompt
-from warmgate.server.config import (
+from warmgate.server.config.runner_config import (
     CompilationConfig,
     ModelConfig,
     RunnerConfig,

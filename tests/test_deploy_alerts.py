@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from prometheus_client import generate_latest
 
-from warmgate.server.metrics import Metrics
+from warmgate.server.telemetry.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 RULE = yaml.safe_load((ROOT / "deploy" / "base" / "prometheusrule.yaml").read_text())

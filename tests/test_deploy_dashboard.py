@@ -2,8 +2,8 @@
 
 Every PromQL expression in deploy/grafana/warmgate-dashboard.json (panel targets and template
 variable queries) is reduced to the metric names and label names it uses; each name must be
-one that warmgate.server.metrics registers (with the suffixes Prometheus' text format gives
-each type), and each label must be one that metric has or one Prometheus attaches to a
+one that warmgate.server.telemetry.metrics registers (with the suffixes Prometheus' text
+format gives each type), and each label must be one that metric has or one Prometheus attaches to a
 scraped target. When promtool is installed the expressions must also parse.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
-from warmgate.server.metrics import Metrics
+from warmgate.server.telemetry.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "warmgate-dashboard.json"
@@ -126,7 +126,7 @@ def test_every_expression_uses_only_exported_metrics_and_labels(
         if not metrics:
             problems.append(f"{where}: no metric in {expr!r}")
         for name in sorted(metrics - series.keys()):
-            problems.append(f"{where}: {name} is not exported by warmgate.server.metrics")
+            problems.append(f"{where}: {name} is not exported by warmgate.server.telemetry.metrics")
         for name, labels in selector_labels.items():
             for label in sorted(labels - series.get(name, set()) - TARGET_LABELS):
                 problems.append(f"{where}: {name} has no label {label!r}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from warmgate.server.server_config import build_parser
+from warmgate.server.config.server_config import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "deploy" / "README.md", *sorted((ROOT / "deploy").rglob("*.yaml"))]
@@ -38,7 +38,7 @@ def _metrics_table() -> str:
 
 
 def test_the_metrics_table_lists_every_metric_and_skip_reason() -> None:
-    from warmgate.server.metrics import SKIP_REASONS, Metrics
+    from warmgate.server.telemetry.metrics import SKIP_REASONS, Metrics
 
     table = _metrics_table()
     names = {metric.name for metric in Metrics().registry.collect()}

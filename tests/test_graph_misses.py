@@ -15,8 +15,8 @@ from tests.grpc_harness import eventually, run, server_config, serving
 from tests.runner_helpers import MiniScheduler, make_runner, prompt
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.server.jit import JitMonitor, StrictJitPolicy
-from warmgate.server.metrics import Metrics
 from warmgate.server.runner.attention.base import AttentionMetadata
+from warmgate.server.telemetry.metrics import Metrics
 
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 

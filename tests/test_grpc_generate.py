@@ -227,7 +227,7 @@ def test_cli_generate_prints_ids_and_json() -> None:
 
 def test_finish_reasons_map_to_the_proto_enum() -> None:
     # The server's finish reasons and the proto's enum must not drift apart.
-    from warmgate.server.generation import _FINISH
+    from warmgate.server.api.generation import _FINISH
     from warmgate.server.serving.request import FinishReason
 
     assert set(_FINISH) == {r.value for r in FinishReason}

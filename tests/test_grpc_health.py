@@ -14,7 +14,7 @@ from tests.grpc_harness import FakeEngine, eventually, run, server_config, servi
 from tests.runner_helpers import prompt
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.server.app import create_server
-from warmgate.server.metrics import OTHER
+from warmgate.server.telemetry.metrics import OTHER
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

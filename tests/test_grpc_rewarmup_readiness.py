@@ -18,8 +18,8 @@ from tests.runner_helpers import prompt
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.api import WaitResult
 from warmgate.client.errors import WarmgateRpcError
-from warmgate.server.warmup.progress import ProgressCallback
-from warmgate.server.warmup.results import WarmupReport
+from warmgate.server.core.progress import ProgressCallback
+from warmgate.server.core.results import WarmupReport
 from warmgate.v1 import warmup_pb2 as pb
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -10,13 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.grpc_harness import run
-from warmgate.server.convert import skip_reason_to_proto, status_to_proto
-from warmgate.server.errors import FieldViolation, InvalidArgument, to_grpc_status
-from warmgate.server.eta import estimate_remaining
-from warmgate.server.singleflight import SingleFlight
-from warmgate.server.status import Identity, StatusTracker, WarmupState
-from warmgate.server.warmup.progress import ProgressEvent
-from warmgate.server.warmup.results import (
+from warmgate.server.api.convert import skip_reason_to_proto, status_to_proto
+from warmgate.server.api.errors import FieldViolation, InvalidArgument, to_grpc_status
+from warmgate.server.control.eta import estimate_remaining
+from warmgate.server.control.singleflight import SingleFlight
+from warmgate.server.control.status import Identity, StatusTracker, WarmupState
+from warmgate.server.core.progress import ProgressEvent
+from warmgate.server.core.results import (
     PhaseResult,
     PhaseStatus,
     SkipReason,

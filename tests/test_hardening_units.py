@@ -8,17 +8,17 @@ import pytest
 import torch
 
 from tests.certs import make_pki
-from warmgate.server.auth import is_open, presented_token, token_matches
-from warmgate.server.faults import Fault, FaultInjector, parse_faults
-from warmgate.server.server_config import load_server_config
-from warmgate.server.warmup.failures import (
+from warmgate.server.api.auth import is_open, presented_token, token_matches
+from warmgate.server.config.server_config import load_server_config
+from warmgate.server.control.faults import Fault, FaultInjector, parse_faults
+from warmgate.server.core.failures import (
     FatalDeviceError,
     describe_failure,
     is_compile_error,
     is_fatal_device_error,
     is_out_of_memory,
 )
-from warmgate.server.warmup.progress import ProgressEvent
+from warmgate.server.core.progress import ProgressEvent
 
 ILLEGAL = "CUDA error: an illegal memory access was encountered"
 

@@ -6,12 +6,12 @@ import logging
 
 import pytest
 
+from warmgate.server.core.results import PhaseResult, PhaseStatus
 from warmgate.server.jit import BatchShape, JitEvent, JitMonitor, StrictJitPolicy
 from warmgate.server.jit.events import CUDA_GRAPH_MISS, DYNAMO, INDUCTOR, TRITON
 from warmgate.server.runner.compile_buckets import bucket_for, compile_buckets
 from warmgate.server.warmup.compile_ledger import PhaseLedger
 from warmgate.server.warmup.compile_phase import plan_batches, prompt_layout
-from warmgate.server.warmup.results import PhaseResult, PhaseStatus
 
 SHAPE = BatchShape("mixed", 2, 9, 8)
 
@@ -118,7 +118,7 @@ def test_compile_phase_layouts_respect_every_limit() -> None:
 
 
 def test_compile_and_strict_jit_flags() -> None:
-    from warmgate.server.server_config import load_server_config
+    from warmgate.server.config.server_config import load_server_config
 
     config = load_server_config(["--device", "cpu"], environ={})
     assert config.strict_jit == "warn" and not config.runner.compilation.compile

@@ -9,8 +9,8 @@ import pytest
 
 from tests.grpc_harness import ServerThread, server_config
 from warmgate.client.api import WarmgateClient
-from warmgate.server.listen_address import grpc_address
-from warmgate.server.metrics import Metrics, MetricsEndpoint
+from warmgate.server.api.listen_address import grpc_address
+from warmgate.server.telemetry.metrics import Metrics, MetricsEndpoint
 
 
 def scrape(url: str) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from warmgate.server.metrics import CACHES, COMPILE_KINDS, Metrics
-from warmgate.server.serving_metrics import FINISH_REASONS
+from warmgate.server.telemetry.metrics import CACHES, COMPILE_KINDS, Metrics
+from warmgate.server.telemetry.serving_metrics import FINISH_REASONS
 
 
 def test_known_label_sets_are_exported_at_zero_before_any_event() -> None:

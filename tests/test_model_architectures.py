@@ -8,8 +8,13 @@ import dataclasses
 import pytest
 
 from warmgate.server.cache import cache_key, key_inputs
-from warmgate.server.config import ConfigError, ModelConfig, RunnerConfig, resolve_runner_config
-from warmgate.server.rope_config import RopeConfig, RopeError
+from warmgate.server.config.rope_config import RopeConfig, RopeError
+from warmgate.server.config.runner_config import (
+    ConfigError,
+    ModelConfig,
+    RunnerConfig,
+    resolve_runner_config,
+)
 
 # (preset, architecture, qkv_bias, qk_norm, tied head)
 PRESETS = [("llama-3.2-1b", "llama", False, False, True),

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.runner_helpers import make_runner, tiny_config, with_model
-from warmgate.server.hf_config import ModelLoadError, model_config_from_hf
+from warmgate.server.config.hf_config import ModelLoadError, model_config_from_hf
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.weights import save_weights
 

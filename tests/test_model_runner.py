@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.runner_helpers import MiniScheduler, make_runner, prompt, tiny_config
-from warmgate.server.config import RunnerConfig
+from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.runner import ModelRunner, build_runner
 from warmgate.server.runner.kv_cache import FullAttentionSpec, KVCacheAllocationError
 from warmgate.server.runner.scheduler_output import SchedulerOutput

@@ -128,7 +128,7 @@ def test_plot_writes_a_png_of_the_documented_size(plot_report: PlotFn, tmp_path:
 
 
 def test_plot_of_a_real_tiny_warmup(plot_report: PlotFn, tmp_path: Path) -> None:
-    from warmgate.server.config import ModelConfig, RunnerConfig
+    from warmgate.server.config.runner_config import ModelConfig, RunnerConfig
     from warmgate.server.warmup.plan import load_runner, run_warmup_plan
 
     runner, load_phase = load_runner(RunnerConfig(model=ModelConfig.from_preset("tiny")))
@@ -208,7 +208,7 @@ def test_cli_report_against_a_real_server(plot_report: PlotFn, tmp_path: Path) -
     from tests.grpc_harness import ServerThread, server_config
     from warmgate.client import cli
     from warmgate.client.api import WaitResult, WarmgateClient
-    from warmgate.server.engine import PLAN_PHASES
+    from warmgate.server.control.engine import PLAN_PHASES
 
     out = tmp_path / "live.png"
     with ServerThread(server_config("--warmup-on-start")) as server:

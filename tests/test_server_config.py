@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from warmgate.server.server_config import METRICS_DISABLED, ServerConfig, load_server_config
+from warmgate.server.config.server_config import METRICS_DISABLED, ServerConfig, load_server_config
 
 
 def cfg(argv: list[str], env: dict[str, str] | None = None) -> ServerConfig:
@@ -82,7 +82,7 @@ def _write_zero_weights(directory: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from warmgate.server.hf_config import model_config_from_hf
+    from warmgate.server.config.hf_config import model_config_from_hf
     from warmgate.server.runner.weight_files import expected_tensor_shapes
 
     shapes = expected_tensor_shapes(model_config_from_hf(directory))

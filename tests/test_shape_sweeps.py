@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from tests.runner_helpers import make_runner
+from warmgate.server.core.results import PhaseStatus
 from warmgate.server.warmup.compile_phase import _runs_shape_sweeps, run_compile_warmup
 from warmgate.server.warmup.gemm_shapes import gemm_plan, layer_weights, sweep_gemm_shapes
-from warmgate.server.warmup.results import PhaseStatus
 from warmgate.server.warmup.sampler_rows import VARIANTS, sweep_sampler_rows
 
 

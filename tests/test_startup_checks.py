@@ -10,9 +10,9 @@ import dataclasses
 import pytest
 
 from tests.runner_helpers import tiny_config
-from warmgate.server.config import ConfigError, DeviceConfig
+from warmgate.server.config.runner_config import ConfigError, DeviceConfig
+from warmgate.server.config.startup_checks import check_attention_backend
 from warmgate.server.runner.attention import backend_available
-from warmgate.server.startup_checks import check_attention_backend
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
 from warmgate.server.warmup.shapes import check_config_capacity
 

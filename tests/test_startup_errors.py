@@ -17,7 +17,7 @@ import pytest
 
 from tests.certs import make_pki
 from tests.text_helpers import write_tiny_model
-from warmgate.server import server_config
+from warmgate.server.config import server_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # Start-up errors come before the model loads; a slow, shared machine still answers in this.

@@ -19,7 +19,7 @@ from tests.text_helpers import (
     write_tiny_model,
 )
 from warmgate.server.app import create_server
-from warmgate.server.config import ModelConfig
+from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.text.errors import PromptError, TextLoadError
 from warmgate.server.text.model_text import load_model_text
 from warmgate.server.text.tokenizer import TextTokenizer

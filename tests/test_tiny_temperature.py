@@ -7,7 +7,7 @@ import pytest
 
 from tests.runner_helpers import make_runner, prompt
 from tests.serving_helpers import Served, reference_greedy
-from warmgate.server.generate_request import GREEDY_BELOW_TEMPERATURE, parse_generate_request
+from warmgate.server.api.generate_request import GREEDY_BELOW_TEMPERATURE, parse_generate_request
 from warmgate.v1 import generate_pb2 as gen_pb
 
 PROMPT = prompt(9, offset=3)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from warmgate.server.config import cdiv
+from warmgate.server.config.runner_config import cdiv
 from warmgate.server.runner.attention import AttentionMetadata, AttentionSpec, create_backend
 from warmgate.server.runner.batch import is_uniform_decode
 

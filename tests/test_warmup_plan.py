@@ -11,7 +11,7 @@ import pytest
 import torch
 from google.protobuf import json_format
 
-from warmgate.server.config import ModelConfig, RunnerConfig, SpeculativeConfig
+from warmgate.server.config.runner_config import ModelConfig, RunnerConfig, SpeculativeConfig
 from warmgate.server.warmup import (
     PHASES,
     PhaseStatus,

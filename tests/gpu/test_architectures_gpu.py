@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from tests.gpu.test_backends_gpu import REL_TOL, Pair
-from warmgate.server.config import (
+from warmgate.server.config.runner_config import (
     CacheConfig,
     DeviceConfig,
     ModelConfig,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.runner_helpers import MiniScheduler, prompt, tiny_config
-from warmgate.server.rope_config import RopeConfig
+from warmgate.server.config.rope_config import RopeConfig
 from warmgate.server.runner.attention import backend_available
 from warmgate.server.runner.model_runner import ModelRunner
 

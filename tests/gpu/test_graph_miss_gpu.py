@@ -11,9 +11,9 @@ import pytest
 
 from tests.runner_helpers import MiniScheduler, prompt, tiny_config
 from warmgate.server.jit import StrictJitPolicy
-from warmgate.server.metrics import Metrics
 from warmgate.server.runner.attention import backend_available
 from warmgate.server.runner.model_runner import ModelRunner
+from warmgate.server.telemetry.metrics import Metrics
 from warmgate.server.warmup import run_warmup_plan
 
 pytestmark = pytest.mark.gpu

@@ -116,7 +116,7 @@ class _SkipReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SkipReason
     """max_model_len cannot hold one warmup request (its prefill and first decode)."""
 
 class SkipReason(_SkipReason, metaclass=_SkipReasonEnumTypeWrapper):
-    """Why a phase skipped. Mirrors warmgate.server.warmup.results.SkipReason."""
+    """Why a phase skipped. Mirrors warmgate.server.core.results.SkipReason."""
 
 SKIP_REASON_UNSPECIFIED: SkipReason.ValueType  # 0
 """The phase did not skip."""

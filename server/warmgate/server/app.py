@@ -14,22 +14,22 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from warmgate.server.auth import AuthInterceptor
+from warmgate.server.api.auth import AuthInterceptor
+from warmgate.server.api.generation import GenerationService
+from warmgate.server.api.health import LIVENESS_SERVICE, WarmgateHealth
+from warmgate.server.api.interceptor import ErrorInterceptor
+from warmgate.server.api.listen_address import grpc_address
+from warmgate.server.api.security import ServerSecurity
+from warmgate.server.api.service import WarmupService
 from warmgate.server.cache.store import compile_cache_of
-from warmgate.server.config import RunnerConfig
-from warmgate.server.controller import WarmupController
-from warmgate.server.engine import PlanEngine, WarmupEngine
-from warmgate.server.faults import FaultInjector
-from warmgate.server.generation import GenerationService
-from warmgate.server.health import LIVENESS_SERVICE, WarmgateHealth
-from warmgate.server.interceptor import ErrorInterceptor
+from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.config.server_config import ServerConfig
+from warmgate.server.control.controller import WarmupController
+from warmgate.server.control.engine import PlanEngine, WarmupEngine
+from warmgate.server.control.faults import FaultInjector
+from warmgate.server.control.status import Identity
 from warmgate.server.jit import JitMonitor
-from warmgate.server.listen_address import grpc_address
-from warmgate.server.metrics import Metrics, MetricsEndpoint
-from warmgate.server.security import ServerSecurity
-from warmgate.server.server_config import ServerConfig
-from warmgate.server.service import WarmupService
-from warmgate.server.status import Identity
+from warmgate.server.telemetry.metrics import Metrics, MetricsEndpoint
 from warmgate.server.text.model_text import ModelText, load_model_text
 from warmgate.v1 import generate_pb2, generate_pb2_grpc, warmup_pb2, warmup_pb2_grpc
 

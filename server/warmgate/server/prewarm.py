@@ -14,9 +14,9 @@ import time
 from typing import TextIO
 
 from warmgate.server.app import _default_engine
-from warmgate.server.server_config import ServerConfig
-from warmgate.server.warmup.failures import FatalDeviceError
-from warmgate.server.warmup.results import (
+from warmgate.server.config.server_config import ServerConfig
+from warmgate.server.core.failures import FatalDeviceError
+from warmgate.server.core.results import (
     PhaseStatus,
     WarmupOutcome,
     WarmupReport,
@@ -30,7 +30,7 @@ EXIT_OK, EXIT_FAILED, EXIT_FATAL = 0, 1, 70
 def _print(report: WarmupReport, config: ServerConfig, out: TextIO) -> None:
     if config.json_output:
         from warmgate.client.render import to_json
-        from warmgate.server.convert import report_to_proto
+        from warmgate.server.api.convert import report_to_proto
 
         print(to_json(report_to_proto(report)), file=out, flush=True)
         return

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from warmgate.server.warmup.results import PhaseStatus, WarmupReport
+from warmgate.server.core.results import PhaseStatus, WarmupReport
 
 # os.strerror of the errnos that mean "this filesystem takes no more writes".
 WRITE_FAILURES = tuple(os.strerror(e) for e in (errno.ENOSPC, errno.EDQUOT, errno.EROFS))

@@ -16,7 +16,7 @@ import platform
 from collections.abc import Mapping
 from typing import Any
 
-from warmgate.server.config import RunnerConfig
+from warmgate.server.config.runner_config import RunnerConfig
 
 KEY_SCHEMA = 1
 # Distributions whose versions change compiled code (FlashInfer's wheel is flashinfer-python).

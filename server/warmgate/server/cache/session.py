@@ -8,8 +8,8 @@ from pathlib import Path
 
 from warmgate.server.cache.degrade import cache_write_failure
 from warmgate.server.cache.store import ERROR, CacheInfo, CompileCache
-from warmgate.server.config import RunnerConfig, resolve_runner_config
-from warmgate.server.warmup.results import WarmupReport
+from warmgate.server.config.runner_config import RunnerConfig, resolve_runner_config
+from warmgate.server.core.results import WarmupReport
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from warmgate.server.cache.degrade import private_cache_dir
 from warmgate.server.cache.env import EnvResult, apply_cache_env, repoint_cache_env
 from warmgate.server.cache.key import cache_key, dist_versions, key_inputs
 from warmgate.server.cache.trash import bound_trash
-from warmgate.server.config import RunnerConfig
+from warmgate.server.config.runner_config import RunnerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from warmgate.server.config import RunnerConfig
+from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.jit.monitor import JitMonitor, Observer
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from warmgate.server.config import RunnerConfig, resolve_runner_config
+from warmgate.server.config.runner_config import RunnerConfig, resolve_runner_config
 
 if TYPE_CHECKING:
     from warmgate.server.runner.model_runner import ModelRunner

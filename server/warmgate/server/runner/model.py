@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from warmgate.server.config import ModelConfig
+from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.runner.attention.base import AttentionBackend, AttentionMetadata
 from warmgate.server.runner.ops import TorchOps, build_cos_sin_cache
 

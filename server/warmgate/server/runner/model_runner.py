@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from warmgate.server.config import RunnerConfig
+from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.jit import BatchShape, JitMonitor
 from warmgate.server.jit.events import CUDA_GRAPH_MISS
 from warmgate.server.runner.attention import AttentionSpec, create_backend
@@ -86,8 +86,8 @@ class ModelRunner:
         if not config.is_resolved:
             raise ValueError("ModelRunner needs a resolved config (no 'auto' left in device, "
                              "dtype, attention_backend, cache.num_blocks or cuda_graph_sizes): "
-                             "call warmgate.server.config.resolve_runner_config first, or use "
-                             "warmgate.server.runner.build_runner")
+                             "call warmgate.server.config.runner_config.resolve_runner_config "
+                             "first, or use warmgate.server.runner.build_runner")
         self.config = config
         self.device = torch.device(config.device.device)
         self.dtype = _DTYPES[config.device.dtype]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from warmgate.server.rope_config import RopeConfig
+from warmgate.server.config.rope_config import RopeConfig
 from warmgate.server.runner.rope import rope_frequencies
 
 

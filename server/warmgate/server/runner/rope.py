@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from warmgate.server.rope_config import RopeConfig
+from warmgate.server.config.rope_config import RopeConfig
 
 
 def _base_inv_freq(theta: float, head_dim: int) -> torch.Tensor:

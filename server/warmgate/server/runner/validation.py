@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from warmgate.server.config import cdiv
+from warmgate.server.config.runner_config import cdiv
 from warmgate.server.runner.request_state import RequestState
 from warmgate.server.runner.scheduler_output import SchedulerOutput
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from warmgate.server.config import ModelConfig
-from warmgate.server.hf_config import ModelLoadError
+from warmgate.server.config.hf_config import ModelLoadError
+from warmgate.server.config.runner_config import ModelConfig
 
 # Tensors some checkpoints carry that are not parameters of the reference model either.
 _NON_PARAMETER_SUFFIXES = (".rotary_emb.inv_freq",)

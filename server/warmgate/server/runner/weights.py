@@ -15,13 +15,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from warmgate.server.config import ModelConfig
-from warmgate.server.hf_config import (
+from warmgate.server.config.hf_config import (
     ModelLoadError,
     hf_config_dict,
     max_position_embeddings,
     model_config_from_hf,
 )
+from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.runner.model import LlamaModel
 from warmgate.server.runner.weight_files import index_weight_files
 

@@ -2,5 +2,5 @@
 
 `scheduler` decides each step (continuous batching over the paged KV cache), `ngram` drafts
 speculative tokens, `loop` runs steps on the runner's worker thread, and
-`warmgate.server.generation` is the gRPC side that feeds it.
+`warmgate.server.api.generation` is the gRPC side that feeds it.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from warmgate.server.config import ConfigError
+from warmgate.server.config.runner_config import ConfigError
 
 
 @dataclass(frozen=True)

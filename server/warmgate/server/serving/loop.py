@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from warmgate.server.core.failures import FatalDeviceError, is_fatal_device_error
 from warmgate.server.serving.request import ServingRequest, StepEvent
 from warmgate.server.serving.scheduler import Scheduler, StepPlan
-from warmgate.server.warmup.failures import FatalDeviceError, is_fatal_device_error
 
 logger = logging.getLogger(__name__)
 

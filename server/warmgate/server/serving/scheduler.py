@@ -20,7 +20,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from warmgate.server.config import RunnerConfig, cdiv
+from warmgate.server.config.runner_config import RunnerConfig, cdiv
 from warmgate.server.runner.scheduler_output import (
     CachedRequestData,
     ModelRunnerOutput,

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmgate.server.config import ModelConfig
+from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.text.eos import read_eos_token_ids
 from warmgate.server.text.tokenizer import TOKENIZER_FILE, TextTokenizer
 

@@ -1,10 +1,7 @@
 """Warmup: plain functions over the runner, with the side-effecting steps passed in."""
 
-from warmgate.server.warmup.kernels import warmup_kernels, warmup_shapes
-from warmgate.server.warmup.mixed import run_mixed_prefill_decode_warmup
-from warmgate.server.warmup.plan import PHASES, load_runner, run_mixed_warmup, run_warmup_plan
-from warmgate.server.warmup.progress import ProgressEvent
-from warmgate.server.warmup.results import (
+from warmgate.server.core.progress import ProgressEvent
+from warmgate.server.core.results import (
     PhaseResult,
     PhaseStatus,
     SkipReason,
@@ -12,6 +9,9 @@ from warmgate.server.warmup.results import (
     WarmupReport,
     WarmupResult,
 )
+from warmgate.server.warmup.kernels import warmup_kernels, warmup_shapes
+from warmgate.server.warmup.mixed import run_mixed_prefill_decode_warmup
+from warmgate.server.warmup.plan import PHASES, load_runner, run_mixed_warmup, run_warmup_plan
 
 __all__ = [
     "PHASES",

@@ -9,14 +9,14 @@ import os
 import sys
 from collections.abc import Mapping
 
-from warmgate.server.config import ConfigError, RunnerConfig
-from warmgate.server.jit import JitMonitor
-from warmgate.server.server_config import (
+from warmgate.server.config.runner_config import ConfigError, RunnerConfig
+from warmgate.server.config.server_config import (
     RUNNER_FLAGS,
     add_options,
     report_config_error,
     runner_config_from_args,
 )
+from warmgate.server.jit import JitMonitor
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
 from warmgate.server.warmup.shapes import check_config_capacity
 from warmgate.server.warmup.table import format_phase_table
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                              mixed_num_tokens=args.mixed_num_tokens)
     if args.json:  # the schema `warmgate --json warmup` and `--warmup-only --json` print
         from warmgate.client.render import to_json
-        from warmgate.server.convert import report_to_proto
+        from warmgate.server.api.convert import report_to_proto
 
         print(to_json(report_to_proto(report)))
     else:

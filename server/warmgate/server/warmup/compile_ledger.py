@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from warmgate.server.core.results import PhaseResult
 from warmgate.server.jit.counts import JitCounts
 from warmgate.server.jit.monitor import JitMonitor
-from warmgate.server.warmup.results import PhaseResult
 
 
 class PhaseLedger:

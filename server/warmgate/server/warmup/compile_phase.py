@@ -14,10 +14,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from warmgate.server.config import cdiv
+from warmgate.server.config.runner_config import cdiv
+from warmgate.server.core.progress import PhaseProgress, ProgressCallback
+from warmgate.server.core.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
 from warmgate.server.runner.scheduler_output import GREEDY
-from warmgate.server.warmup.progress import PhaseProgress, ProgressCallback
-from warmgate.server.warmup.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
 from warmgate.server.warmup.steps import (
     BlockAllocator,
     ExecuteModel,

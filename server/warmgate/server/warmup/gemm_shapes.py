@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from warmgate.server.warmup.progress import PhaseProgress
+from warmgate.server.core.progress import PhaseProgress
 
 
 def layer_weights(model: Any) -> list[torch.Tensor]:

@@ -22,9 +22,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from warmgate.server.core.progress import PhaseProgress, ProgressCallback
+from warmgate.server.core.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
-from warmgate.server.warmup.progress import PhaseProgress, ProgressCallback
-from warmgate.server.warmup.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
 from warmgate.server.warmup.shapes import kernel_shapes, kernel_shortfall
 from warmgate.server.warmup.steps import (
     BlockAllocator,

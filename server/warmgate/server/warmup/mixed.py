@@ -12,9 +12,9 @@ import logging
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+from warmgate.server.core.progress import PhaseProgress, ProgressCallback
+from warmgate.server.core.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
 from warmgate.server.runner.scheduler_output import GREEDY
-from warmgate.server.warmup.progress import PhaseProgress, ProgressCallback
-from warmgate.server.warmup.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
 from warmgate.server.warmup.shapes import MIXED_DECODE_PROMPT_LEN, mixed_blocks_needed
 from warmgate.server.warmup.steps import (
     BlockAllocator,

@@ -17,26 +17,26 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from warmgate.server.config import RunnerConfig, resolve_runner_config
-from warmgate.server.jit import JitMonitor
-from warmgate.server.report_log import log_phase
-from warmgate.server.warmup.compile_ledger import PhaseLedger
-from warmgate.server.warmup.compile_phase import COMPILE, run_compile_warmup
-from warmgate.server.warmup.failures import (
+from warmgate.server.config.runner_config import RunnerConfig, resolve_runner_config
+from warmgate.server.core.failures import (
     FatalDeviceError,
     describe_failure,
     is_fatal_device_error,
 )
-from warmgate.server.warmup.kernels import DECODE, PREFILL, SAMPLER, warmup_kernels
-from warmgate.server.warmup.mixed import MIXED, run_mixed_prefill_decode_warmup
-from warmgate.server.warmup.progress import PhaseProgress, ProgressCallback, ProgressEvent
-from warmgate.server.warmup.results import (
+from warmgate.server.core.progress import PhaseProgress, ProgressCallback, ProgressEvent
+from warmgate.server.core.results import (
     PhaseResult,
     PhaseStatus,
     SkipReason,
     WarmupOutcome,
     WarmupReport,
 )
+from warmgate.server.jit import JitMonitor
+from warmgate.server.telemetry.report_log import log_phase
+from warmgate.server.warmup.compile_ledger import PhaseLedger
+from warmgate.server.warmup.compile_phase import COMPILE, run_compile_warmup
+from warmgate.server.warmup.kernels import DECODE, PREFILL, SAMPLER, warmup_kernels
+from warmgate.server.warmup.mixed import MIXED, run_mixed_prefill_decode_warmup
 from warmgate.server.warmup.shapes import RESOURCE_SKIPS, default_mixed_num_tokens
 from warmgate.server.warmup.steps import synced_timer
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from warmgate.server.config import ConfigError, RunnerConfig, cdiv
-from warmgate.server.warmup.results import SkipReason
+from warmgate.server.config.runner_config import ConfigError, RunnerConfig, cdiv
+from warmgate.server.core.results import SkipReason
 
 # vLLM's mixed FlashInfer attention warmup uses 16 tokens.
 DEFAULT_MIXED_NUM_TOKENS = 16

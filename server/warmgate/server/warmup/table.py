@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from warmgate.server.warmup.results import PhaseResult, WarmupReport
+from warmgate.server.core.results import PhaseResult, WarmupReport
 
 _COLUMNS = ("phase", "status", "reason", "seconds", "reqs", "tokens", "steps", "detail")
 

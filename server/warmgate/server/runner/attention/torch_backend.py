@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from warmgate.server.config import cdiv
+from warmgate.server.config.runner_config import cdiv
 from warmgate.server.runner.attention.base import AttentionBackend, AttentionMetadata
 
 # A finite fill keeps a row with no visible key (a padded request) finite instead of NaN.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
-from warmgate.server.warmup.results import PhaseResult, PhaseStatus, WarmupReport
+from warmgate.server.core.results import PhaseResult, PhaseStatus, WarmupReport
 
 logger = logging.getLogger("warmgate.server.report")
 

@@ -16,7 +16,7 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from warmgate.server.warmup.failures import is_fatal_device_error
+from warmgate.server.core.failures import is_fatal_device_error
 
 logger = logging.getLogger(__name__)
 

@@ -14,17 +14,17 @@ from typing import Any, Protocol
 
 from warmgate.server.cache.session import open_compile_cache, run_plan_with_cache
 from warmgate.server.cache.store import CompileCache
-from warmgate.server.config import RunnerConfig
-from warmgate.server.faults import FaultInjector
-from warmgate.server.jit import JitMonitor
-from warmgate.server.report_log import log_phase
-from warmgate.server.warmup.failures import (
+from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.control.faults import FaultInjector
+from warmgate.server.core.failures import (
     FatalDeviceError,
     describe_failure,
     is_fatal_device_error,
 )
-from warmgate.server.warmup.progress import ProgressCallback
-from warmgate.server.warmup.results import PhaseResult, PhaseStatus, WarmupReport
+from warmgate.server.core.progress import ProgressCallback
+from warmgate.server.core.results import PhaseResult, PhaseStatus, WarmupReport
+from warmgate.server.jit import JitMonitor
+from warmgate.server.telemetry.report_log import log_phase
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from warmgate.server.rope_config import RopeConfig
+from warmgate.server.config.rope_config import RopeConfig
 
 # Llama 3.1/3.2's rope_scaling ({"rope_type": "llama3", ...} in their config.json).
 _LLAMA3_ROPE = dict(rope_type="llama3", theta=500000.0, low_freq_factor=1.0,

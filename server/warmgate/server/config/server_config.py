@@ -16,7 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from warmgate.server.config import (
+from warmgate.server.api.security import (
+    SecurityConfigError,
+    ServerSecurity,
+    load_server_security,
+)
+from warmgate.server.config.presets import MODEL_PRESETS, preset_names
+from warmgate.server.config.runner_config import (
     CacheConfig,
     CompilationConfig,
     ConfigError,
@@ -27,17 +33,11 @@ from warmgate.server.config import (
     SpeculativeConfig,
     resolve_runner_config,
 )
-from warmgate.server.faults import ENV_VAR as FAULT_ENV_VAR
-from warmgate.server.faults import Fault, parse_faults
+from warmgate.server.config.startup_checks import check_attention_backend
+from warmgate.server.control.faults import ENV_VAR as FAULT_ENV_VAR
+from warmgate.server.control.faults import Fault, parse_faults
 from warmgate.server.jit.strict import STRICT_MODES
-from warmgate.server.presets import MODEL_PRESETS, preset_names
-from warmgate.server.security import (
-    SecurityConfigError,
-    ServerSecurity,
-    load_server_security,
-)
 from warmgate.server.serving.config import ServingConfig
-from warmgate.server.startup_checks import check_attention_backend
 
 ENV_PREFIX = "WARMGATE_"
 # Waiting on another process filling the cache entry, plus a cold warmup of its own when the

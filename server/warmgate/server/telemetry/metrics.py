@@ -18,10 +18,10 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+from warmgate.server.api.listen_address import HostWSGIServer, bare_host, is_ipv6
+from warmgate.server.core.results import PhaseStatus, SkipReason, WarmupReport
 from warmgate.server.jit.events import CACHED_KINDS, CUDA_GRAPH_MISS, JitEvent
-from warmgate.server.listen_address import HostWSGIServer, bare_host, is_ipv6
-from warmgate.server.serving_metrics import FINISH_REASONS, ServingMetrics
-from warmgate.server.warmup.results import PhaseStatus, SkipReason, WarmupReport
+from warmgate.server.telemetry.serving_metrics import FINISH_REASONS, ServingMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from warmgate.server.config import ConfigError, ModelConfig
-from warmgate.server.rope_config import RopeConfig, RopeError
+from warmgate.server.config.rope_config import RopeConfig, RopeError
+from warmgate.server.config.runner_config import ConfigError, ModelConfig
 
 # HF class name -> ModelConfig.architecture, and the model_type transformers writes for it.
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from warmgate.server.warmup.progress import ProgressCallback, ProgressEvent
+from warmgate.server.core.progress import ProgressCallback, ProgressEvent
 
 logger = logging.getLogger(__name__)
 

@@ -20,25 +20,25 @@ from typing import Any
 
 import grpc
 
-from warmgate.server.config import RunnerConfig
-from warmgate.server.controller import WarmupController
-from warmgate.server.errors import (
+from warmgate.server.api.errors import (
     FailedPrecondition,
     ResourceExhausted,
     ShuttingDown,
     Unavailable,
     WarmgateError,
 )
-from warmgate.server.generate_request import parse_generate_request
+from warmgate.server.api.generate_request import parse_generate_request
+from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.control.controller import WarmupController
+from warmgate.server.core.failures import describe_failure, is_out_of_memory
 from warmgate.server.serving.config import ServingConfig
 from warmgate.server.serving.loop import ServingLoop
 from warmgate.server.serving.ngram import NgramIndex
 from warmgate.server.serving.request import ServingRequest, StepEvent, Usage
 from warmgate.server.serving.scheduler import Scheduler, SchedulerLimits
-from warmgate.server.serving_metrics import ServingMetrics
+from warmgate.server.telemetry.serving_metrics import ServingMetrics
 from warmgate.server.text.detokenizer import IncrementalDetokenizer
 from warmgate.server.text.model_text import ModelText
-from warmgate.server.warmup.failures import describe_failure, is_out_of_memory
 from warmgate.v1 import generate_pb2 as gen_pb
 from warmgate.v1 import generate_pb2_grpc as gen_grpc
 

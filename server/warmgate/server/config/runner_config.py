@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmgate.server.presets import MODEL_PRESETS, preset_names
-from warmgate.server.rope_config import RopeConfig
+from warmgate.server.config.presets import MODEL_PRESETS, preset_names
+from warmgate.server.config.rope_config import RopeConfig
 
 
 class ConfigError(ValueError):

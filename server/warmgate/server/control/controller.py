@@ -21,13 +21,15 @@ from typing import Any, TypeVar
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from warmgate.server.engine import MIXED_PHASES, PLAN_PHASES, WarmupEngine
-from warmgate.server.errors import FailedPrecondition, FieldViolation, InvalidArgument, ShuttingDown
-from warmgate.server.jit import JitMonitor, StrictJitPolicy
-from warmgate.server.metrics import Metrics
-from warmgate.server.report_log import log_phase, log_report
-from warmgate.server.singleflight import Shared, SingleFlight
-from warmgate.server.status import (
+from warmgate.server.api.errors import (
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    ShuttingDown,
+)
+from warmgate.server.control.engine import MIXED_PHASES, PLAN_PHASES, WarmupEngine
+from warmgate.server.control.singleflight import Shared, SingleFlight
+from warmgate.server.control.status import (
     Identity,
     StatusSnapshot,
     StatusTracker,
@@ -35,14 +37,17 @@ from warmgate.server.status import (
     not_ready_sentence,
     with_readiness,
 )
-from warmgate.server.warmup.failures import FatalDeviceError, describe_fatal
-from warmgate.server.warmup.progress import ProgressEvent
-from warmgate.server.warmup.results import (
+from warmgate.server.core.failures import FatalDeviceError, describe_fatal
+from warmgate.server.core.progress import ProgressEvent
+from warmgate.server.core.results import (
     PhaseResult,
     PhaseStatus,
     WarmupOutcome,
     WarmupReport,
 )
+from warmgate.server.jit import JitMonitor, StrictJitPolicy
+from warmgate.server.telemetry.metrics import Metrics
+from warmgate.server.telemetry.report_log import log_phase, log_report
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

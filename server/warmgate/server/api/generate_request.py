@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from warmgate.server.config import RunnerConfig
-from warmgate.server.errors import FieldViolation, InvalidArgument
+from warmgate.server.api.errors import FieldViolation, InvalidArgument
+from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.scheduler import SchedulerLimits
 from warmgate.server.text.errors import PromptError

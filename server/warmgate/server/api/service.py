@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from warmgate.server.controller import WarmupController
-from warmgate.server.convert import shared_report_to_proto, status_to_proto
+from warmgate.server.api.convert import shared_report_to_proto, status_to_proto
+from warmgate.server.control.controller import WarmupController
 from warmgate.v1 import warmup_pb2 as pb
 from warmgate.v1 import warmup_pb2_grpc as pb_grpc
 

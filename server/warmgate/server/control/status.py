@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmgate.server.eta import estimate_remaining
-from warmgate.server.warmup.progress import ProgressEvent
-from warmgate.server.warmup.results import PhaseResult, PhaseStatus, WarmupReport
+from warmgate.server.control.eta import estimate_remaining
+from warmgate.server.core.progress import ProgressEvent
+from warmgate.server.core.results import PhaseResult, PhaseStatus, WarmupReport
 
 
 class WarmupState(enum.Enum):

@@ -9,9 +9,9 @@ from typing import Any
 
 from google.protobuf import duration_pb2
 
-from warmgate.server.singleflight import Shared
-from warmgate.server.status import StatusSnapshot, WarmupState
-from warmgate.server.warmup.results import (
+from warmgate.server.control.singleflight import Shared
+from warmgate.server.control.status import StatusSnapshot, WarmupState
+from warmgate.server.core.results import (
     PhaseResult,
     PhaseStatus,
     SkipReason,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from warmgate.server.config import ConfigError, RunnerConfig
+from warmgate.server.config.runner_config import ConfigError, RunnerConfig
 
 # Backends whose kernels run only on a GPU. Triton's interpreter (TRITON_INTERPRET=1) runs
 # triton kernels on the CPU, which the tests use; FlashInfer has no such mode.

@@ -22,9 +22,9 @@ from typing import Any
 
 import grpc
 
-from warmgate.server import errors
-from warmgate.server.metrics import Metrics
-from warmgate.server.warmup.failures import is_fatal_device_error
+from warmgate.server.api import errors
+from warmgate.server.core.failures import is_fatal_device_error
+from warmgate.server.telemetry.metrics import Metrics
 
 OnFatal = Callable[[BaseException], Awaitable[None]]
 REQUEST_FIELD = "request"  # the BadRequest field named when the whole message does not parse
