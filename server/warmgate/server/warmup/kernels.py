@@ -1,19 +1,12 @@
 """`warmup_kernels`: drive prefill, every decode shape and every sampler path once.
 
-The logic follows vLLM's Model Runner V2 warmup (shapes and caps: warmup/shapes.py):
-- the prefill uses prompt_len = decode_query_len + 1 = 2 + num_spec_steps tokens per request,
-  so a prefill batch never has a uniform decode's shape (vLLM PR 40746); the runner also
-  classifies by whether a request is still reading its prompt, so no prefill step ever
-  counts as a uniform decode whatever its shape;
-- num_reqs = min(max_num_seqs, max_num_batched_tokens // max(prompt_len, decode_query_len),
-  max(1, (num_blocks - 1) // blocks_per_req)), block 0 being the null block and
-  blocks_per_req the blocks of prompt_len + decode_query_len tokens, as the seed sizes them;
-- decode steps: all requests; requests [0, 1] with [spec, plain] drafts; with speculation also
-  [plain, plain]; then request 0 alone (with speculation: with drafts, then plain). A request
-  that would run past the tokens its blocks hold, or past max_model_len, is restated back to
-  prompt_len computed tokens first, so the extra steps reuse the seed's blocks;
-- the sampler paths that vLLM once missed (greedy and seeded, vLLM issue 54455) get a batch
-  each, beside stochastic sampling.
+The logic follows vLLM's Model Runner V2 warmup; the shapes, num_reqs and their caps are
+warmup/shapes.py's. The prefill's prompt_len = decode_query_len + 1 tokens, so a prefill
+batch never has a uniform decode's shape (vLLM PR 40746); the runner also classifies by
+whether a request is still reading its prompt, so no prefill step ever counts as a uniform
+decode whatever its shape. The decode steps are `decode_plan`'s. The sampler paths that vLLM
+once missed (greedy and seeded, vLLM issue 54455) get a batch each, beside stochastic
+sampling.
 """
 
 from __future__ import annotations
