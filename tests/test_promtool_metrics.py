@@ -21,7 +21,8 @@ from tests.grpc_harness import ServerThread, server_config
 from warmgate.client.api import WaitResult, WarmgateClient
 
 SCRAPE_TIMEOUT_S = 10.0
-# Names DESIGN.md promises (the families promtool sees; counters carry _total).
+# Names deploy/README.md's metrics table promises (the families promtool sees; counters carry
+# _total).
 EXPECTED = ("warmgate_phase_duration_seconds", "warmgate_phase_skipped_total",
             "warmgate_warmup_state", "warmgate_ready", "warmgate_jit_compiles_total",
             "warmgate_compile_cache_hits_total", "warmgate_compile_cache_misses_total",

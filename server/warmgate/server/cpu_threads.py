@@ -2,12 +2,10 @@
 
 On a CPU device torch's default is one thread per core, and the model then competes with the
 event loop, gRPC and the serving worker for those same cores: each parallel op waits at its
-barrier for a thread the kernel descheduled. On a 2-core machine a 2 ms tiny-model prefill
-then took 12 ms at the median in one process with its client, and the time to first token
-of a separate server had a p90 4.3-4.7x that with one core left free (bench/cpu_threads.py;
-its many-stream throughput was 0.93-1.73x in favour of both cores, so --cpu-threads sets
-the count where that matters more). On CUDA the model's work is on the GPU and torch's
-default stays.
+barrier for a thread the kernel descheduled, so leaving one core free shortens prefill and
+the time to first token on a small machine, while many-stream throughput favours every core
+(bench/results/cpu-threads.txt, from bench/cpu_threads.py); --cpu-threads sets the count where
+throughput matters more. On CUDA the model's work is on the GPU and torch's default stays.
 """
 
 from __future__ import annotations

@@ -22,10 +22,6 @@ class JitCounts:
     graph_misses_after_ready: int = 0
 
     @property
-    def total_compiles(self) -> int:
-        return sum(self.compiles.values())
-
-    @property
     def total_after_ready(self) -> int:
         return sum(self.after_ready.values())
 

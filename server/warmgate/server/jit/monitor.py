@@ -80,10 +80,6 @@ class JitMonitor:
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
-    def remove_listener(self, listener: Listener) -> None:
-        if listener in self._listeners:
-            self._listeners.remove(listener)
-
     # -- events -------------------------------------------------------------------------
     def record(self, kind: str, *, name: str, compiled: bool = True,
                seconds: float = 0.0) -> JitEvent:

@@ -156,6 +156,20 @@ def _decode_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> tuple[int
     return 64, 4, 3
 
 
+def _split_partials(num_splits: int, q: torch.Tensor,
+                    out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-split partial outputs [S, T, Hq, D] and log-sum-exps [S, T, Hq] (log2 domain) for
+    the merge kernel; with one split, placeholders the kernel never reads (it writes `out`)."""
+    num_tokens, num_heads, head_dim = q.shape
+    if num_splits > 1:
+        return (torch.empty((num_splits, num_tokens, num_heads, head_dim), dtype=torch.float32,
+                            device=q.device),
+                torch.empty((num_splits, num_tokens, num_heads), dtype=torch.float32,
+                            device=q.device))
+    return (out.new_empty((1, 1, 1, 1), dtype=torch.float32),
+            out.new_empty((1, 1, 1), dtype=torch.float32))
+
+
 def paged_attention_decode(
     q: torch.Tensor,  # [T, Hq, D], T >= num_reqs * query_len
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hk, D]
@@ -176,7 +190,7 @@ def paged_attention_decode(
     num_reqs defaults to len(seq_lens).
     No host sync: safe to capture in a CUDA graph when num_splits is fixed per graph.
     """
-    num_tokens, num_heads, head_dim = q.shape
+    head_dim = q.shape[2]
     launch = prepare_paged_attention(q, kv_cache, seq_lens, num_reqs, out)
     q, out, num_reqs, group = launch.q, launch.out, launch.num_reqs, launch.group
     if num_reqs == 0:
@@ -187,15 +201,7 @@ def paged_attention_decode(
     block_m = pow2(query_len * group, 16)  # tl.dot needs >= 16 rows
     block_d = pow2(head_dim, 16)
     split = num_splits > 1
-    if split:
-        part_out = torch.empty((num_splits, num_tokens, num_heads, head_dim), dtype=torch.float32,
-                               device=q.device)  # [S, T, Hq, D]
-        part_lse = torch.empty((num_splits, num_tokens, num_heads), dtype=torch.float32,
-                               device=q.device)  # [S, T, Hq], log2 domain
-    else:
-        # Never read: the unsplit kernel writes `out` directly.
-        part_out = out.new_empty((1, 1, 1, 1), dtype=torch.float32)
-        part_lse = out.new_empty((1, 1, 1), dtype=torch.float32)
+    part_out, part_lse = _split_partials(num_splits, q, out)
     common = dict(GROUP=group, Q_LEN=query_len, BLOCK_M=block_m, HEAD_DIM=head_dim,
                   BLOCK_D=block_d)
     _decode_kernel[(num_reqs, num_kv_heads, num_splits)](

@@ -59,10 +59,10 @@ def _allow_recompiles(num_buckets: int) -> None:
 
 
 def _inductor_options(device: torch.device) -> dict[str, Any]:
-    """Single-threaded C++ kernels on the CPU: with OpenMP kernels a tiny-model decode step
-    took 10-200 ms on a busy 2-core machine (spinning OpenMP threads against aten's and other
-    processes'), 1.0-1.8 ms with one kernel thread (eager: 0.8-1.4 ms). The matmuls (aten
-    calls from the graph) still use aten's threads."""
+    """Single-threaded C++ kernels on the CPU: OpenMP kernel threads spin against aten's
+    threads and other processes' for the same few cores, which made a compiled step far slower
+    than eager; with one kernel thread it runs close to eager. The matmuls (aten calls from
+    the graph) still use aten's threads."""
     return {"cpp.threads": 1} if device.type == "cpu" else {}
 
 

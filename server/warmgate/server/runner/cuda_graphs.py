@@ -12,15 +12,14 @@ batch.
 Capture does not go through torch.cuda.graph: its __enter__ empties the caching allocator
 (and the pinned host cache) before every capture, handing back every block the warmup's eager
 phases had cached, so the first eager step after ready - any prefill, the sampler of every
-step - had to cudaMalloc its memory again (on the H200, bench/first_probe.py
---trace-segments: 3 new segments for the first prefill and 6 for the first k=3 decode, which
-ran 1.5 and 1.4 ms over their steady medians). The graphs' own pool is separate either way.
+step - had to cudaMalloc its memory again, and ran slower than its steady median
+(bench/results/h200-segments.txt). The graphs' own pool is separate either way.
 
 Ragged batches, one graph per token bucket (runner.compile_buckets: the decode sizes, powers
-of two, max_num_batched_tokens). An eager prefill is host-bound: on the H200 a 96-token
-llama-3.2-1b step launched 235 kernels in 8-10 ms of Python while the GPU was busy for 1.6 ms
-of it, and that host time, varying from step to step and process to process, was what a first
-request's time to first token varied by. A bucket's graph holds min(max_num_reqs, bucket)
+of two, max_num_batched_tokens). An eager prefill is host-bound: Python spends longer
+launching its kernels than the GPU spends running them, and that host time, varying from step
+to step and process to process, was what a first request's time to first token varied by
+(bench/results/h200-step-profile-session5.txt). A bucket's graph holds min(max_num_reqs, bucket)
 requests: every real request has at least one token, so no batch of that many tokens has more.
 At replay the batch's tokens fill the first rows, the rest of the bucket's tokens belong to no
 request (attention leaves their rows alone; every other op is row-wise, so whatever they hold

@@ -100,32 +100,54 @@ class InputBatch:
         return scheduled
 
     def prepare_inputs(self, scheduled: list[ScheduledRequest]) -> StepInputs:
+        """Fill the host buffers for this step, then copy each to the device once."""
         if self._copies_done is not None:
             self._copies_done.synchronize()
-        num_reqs = len(scheduled)
         query_lens = np.array([s.num_scheduled_tokens for s in scheduled], dtype=np.int64)
         computed = np.array([s.num_computed_tokens for s in scheduled], dtype=np.int64)
-        num_tokens = int(query_lens.sum())
-        seq_lens = computed + query_lens
+        positions = self._fill_positions(query_lens, computed)
+        self._fill_slot_mapping(scheduled, query_lens, positions)
+        rows, row_req_ids = self._fill_token_ids(scheduled)
+        meta = self._metadata(scheduled, query_lens, computed)
+        inputs = StepInputs(scheduled=scheduled,
+                            input_ids=self.input_ids.copy_to_device(meta.num_tokens),
+                            positions=meta.positions, meta=meta,
+                            logits_indices=self.logits_indices.copy_to_device(rows),
+                            logits_req_ids=row_req_ids)
+        if self._copies_done is not None:
+            self._copies_done.record()
+        return inputs
 
+    def _fill_positions(self, query_lens: np.ndarray, computed: np.ndarray) -> np.ndarray:
+        """query_start_loc, seq_lens and every token's position: its request's first query
+        position plus its offset in the request's query."""
+        num_reqs, num_tokens = len(query_lens), int(query_lens.sum())
         qsl = self.query_start_loc.np
         qsl[0] = 0
         qsl[1:num_reqs + 1] = np.cumsum(query_lens)
-        self.seq_lens.np[:num_reqs] = seq_lens
-        # Position of every token: its request's first query position plus its offset.
-        token_req = np.repeat(np.arange(num_reqs), query_lens)  # [T]
+        self.seq_lens.np[:num_reqs] = computed + query_lens
         positions = (np.arange(num_tokens) - np.repeat(qsl[:num_reqs], query_lens)
                      + np.repeat(computed, query_lens))
         self.positions.np[:num_tokens] = positions
+        return positions
 
+    def _fill_slot_mapping(self, scheduled: list[ScheduledRequest], query_lens: np.ndarray,
+                           positions: np.ndarray) -> None:
+        """The block table, and the KV slot each token writes to."""
+        num_reqs = len(scheduled)
         table = self.block_table.np
         table[:num_reqs] = 0  # stale ids from an earlier step would point at live blocks
         for i, s in enumerate(scheduled):
             table[i, :len(s.state.block_ids)] = s.state.block_ids
+        token_req = np.repeat(np.arange(num_reqs), query_lens)  # [T]
         block_idx = positions // self.block_size
-        self.slot_mapping.np[:num_tokens] = (table[token_req, block_idx].astype(np.int64)
-                                             * self.block_size + positions % self.block_size)
+        self.slot_mapping.np[:len(positions)] = (table[token_req, block_idx].astype(np.int64)
+                                                 * self.block_size + positions % self.block_size)
 
+    def _fill_token_ids(self, scheduled: list[ScheduledRequest]) -> tuple[int, list[str]]:
+        """Input token ids (drafts last in each request) and the hidden-state rows that need
+        logits; returns the number of those rows and the request of each."""
+        qsl = self.query_start_loc.np
         ids: list[int] = []
         rows: list[int] = []
         row_req_ids: list[str] = []
@@ -136,13 +158,18 @@ class InputBatch:
             end = int(qsl[i + 1])
             rows += range(end - s.num_logits_rows, end)
             row_req_ids += [s.req_id] * s.num_logits_rows
-        self.input_ids.np[:num_tokens] = ids
+        self.input_ids.np[:int(qsl[len(scheduled)])] = ids
         self.logits_indices.np[:len(rows)] = rows
+        return len(rows), row_req_ids
 
+    def _metadata(self, scheduled: list[ScheduledRequest], query_lens: np.ndarray,
+                  computed: np.ndarray) -> AttentionMetadata:
+        """Attention metadata over device views of the filled buffers (copied here)."""
+        num_reqs, num_tokens = len(scheduled), int(query_lens.sum())
         max_query_len = int(query_lens.max())
-        meta = AttentionMetadata(
+        return AttentionMetadata(
             num_reqs=num_reqs, num_tokens=num_tokens, max_query_len=max_query_len,
-            max_seq_len=int(seq_lens.max()),
+            max_seq_len=int((computed + query_lens).max()),
             query_start_loc=self.query_start_loc.copy_to_device(num_reqs + 1),
             seq_lens=self.seq_lens.copy_to_device(num_reqs),
             block_table=self.block_table.copy_to_device(num_reqs),
@@ -155,11 +182,3 @@ class InputBatch:
                 num_tokens, num_reqs, max_query_len, self.decode_query_len,
                 any_prefill=any(is_prefilling(s.num_computed_tokens, s.state.num_prompt_tokens)
                                 for s in scheduled)))
-        inputs = StepInputs(scheduled=scheduled,
-                            input_ids=self.input_ids.copy_to_device(num_tokens),
-                            positions=meta.positions, meta=meta,
-                            logits_indices=self.logits_indices.copy_to_device(len(rows)),
-                            logits_req_ids=row_req_ids)
-        if self._copies_done is not None:
-            self._copies_done.record()
-        return inputs

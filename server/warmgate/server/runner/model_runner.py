@@ -1,15 +1,15 @@
 """The model runner: vLLM's execute_model / sample_tokens contract over our Llama decoder.
 
 The constructor reads as the start-up order: checked config -> model and weights -> paged KV
-cache -> attention backend -> (optionally) torch.compile of the forward. (Compiling itself and
-graph capture come later, from warmup, over `_run_model`.)
+cache -> attention backend -> forward (wrapped for torch.compile when asked) -> sampler, input
+buffers and step limits. Compiling itself and graph capture come later, from warmup, over
+`_run_model`.
 Attribute names are vLLM MRV2's, so warmup written against vLLM reads this runner unchanged.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,8 +25,7 @@ from warmgate.server.runner.batch import classify_batch, is_prefilling
 from warmgate.server.runner.compile_buckets import compile_buckets
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
-from warmgate.server.runner.kv_cache import FullAttentionSpec, allocate_kv_cache, kv_cache_bytes
-from warmgate.server.runner.model import LlamaModel
+from warmgate.server.runner.loading import allocate_kv, load_model, load_stats
 from warmgate.server.runner.ops import TorchOps
 from warmgate.server.runner.request_state import ScheduledRequest
 from warmgate.server.runner.sampler import Sampler, SeededStream
@@ -37,7 +36,6 @@ from warmgate.server.runner.scheduler_output import (
     SchedulerOutput,
 )
 from warmgate.server.runner.validation import StepLimits, validate_scheduler_output
-from warmgate.server.runner.weights import init_random_weights, load_weights
 
 logger = logging.getLogger(__name__)
 
@@ -46,16 +44,6 @@ ModelForward = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], Attenti
                         torch.Tensor]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class LoadStats:
-    weights_s: float
-    weights_bytes: int
-    # "random" or the weights directory.
-    weights_source: str
-    kv_cache_s: float
-    kv_cache_bytes: int
 
 
 @dataclass
@@ -74,20 +62,42 @@ def default_ops(config: RunnerConfig) -> TorchOps:
     return TorchOps()
 
 
-def _sync(device: torch.device) -> None:
-    # Timings are read after a sync, or they measure only the kernel launches.
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _require_resolved(config: RunnerConfig) -> None:
+    if not config.is_resolved:
+        raise ValueError("ModelRunner needs a resolved config (no 'auto' left in device, "
+                         "dtype, attention_backend, cache.num_blocks or cuda_graph_sizes): "
+                         "call warmgate.server.config.runner_config.resolve_runner_config "
+                         "first, or use warmgate.server.runner.build_runner")
 
 
 class ModelRunner:
     def __init__(self, config: RunnerConfig, ops: TorchOps | None = None,
                  jit_monitor: JitMonitor | None = None) -> None:
-        if not config.is_resolved:
-            raise ValueError("ModelRunner needs a resolved config (no 'auto' left in device, "
-                             "dtype, attention_backend, cache.num_blocks or cuda_graph_sizes): "
-                             "call warmgate.server.config.runner_config.resolve_runner_config "
-                             "first, or use warmgate.server.runner.build_runner")
+        _require_resolved(config)
+        self._read_config(config)
+        self.ops = ops if ops is not None else default_ops(config)
+        loaded = load_model(config, self.ops, self.device, self.dtype)
+        self.model = loaded.model
+        kv = allocate_kv(config, self.device, self.dtype)
+        self.kv_caches, self.kv_cache_config = kv.kv_caches, kv.kv_cache_config
+        self._attach_attention_backend()
+        # The owner installs the compiler hooks (they are process-wide); the runner only tells
+        # the monitor which batch is in flight and when a uniform decode found no graph.
+        self.jit_monitor = jit_monitor if jit_monitor is not None else JitMonitor()
+        self._choose_forward()
+        self.sampler = Sampler()
+        self.input_batch = self._create_input_batch()
+        self.limits = self._step_limits()
+        self.load_stats = load_stats(config, loaded, kv)
+        # For tests and warmup checks: the logits of the last execute_model, row by row.
+        self.last_logits: torch.Tensor | None = None  # [rows, V] float32
+        self.last_logits_req_ids: list[str] = []
+        self._pending: _PendingStep | None = None
+        # Set by capture_cuda_graphs (the warmup's last phase); None means every batch is eager.
+        self.graph_runner: CudaGraphRunner | None = None
+
+    def _read_config(self, config: RunnerConfig) -> None:
+        """The settings other code reads off the runner, under vLLM MRV2's attribute names."""
         self.config = config
         self.device = torch.device(config.device.device)
         self.dtype = _DTYPES[config.device.dtype]
@@ -98,75 +108,49 @@ class ModelRunner:
         self.max_num_tokens = config.scheduler.max_num_batched_tokens
         self.max_model_len = config.model.max_model_len
         self.is_pooling_model = config.model.is_pooling_model
-        self.ops = ops if ops is not None else default_ops(config)
-        mc, num_blocks = config.model, config.cache.num_blocks
-        assert num_blocks is not None  # guaranteed by is_resolved; narrows the type
 
-        start = time.perf_counter()
-        self.model = LlamaModel(mc, self.ops, None, self.device, self.dtype)
-        if mc.weights_path is not None:
-            weights_bytes = load_weights(mc.weights_path, self.model)
-        else:
-            init_random_weights(self.model, mc.seed)
-            weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        _sync(self.device)
-        weights_s = time.perf_counter() - start
-        logger.info("weights: %s, %.1f MiB in %.2f s", mc.weights_path or f"random (seed "
-                    f"{mc.seed})", weights_bytes / 2**20, weights_s)
-
-        start = time.perf_counter()
-        kv_spec = FullAttentionSpec(block_size=config.cache.block_size,
-                                    num_kv_heads=mc.num_kv_heads, head_size=mc.head_dim,
-                                    dtype=self.dtype)
-        self.kv_caches, self.kv_cache_config = allocate_kv_cache(mc.num_layers, num_blocks,
-                                                                 kv_spec, self.device)
-        _sync(self.device)
-        kv_s = time.perf_counter() - start
-
+    def _attach_attention_backend(self) -> None:
+        mc = self.config.model
         self.attention_spec = AttentionSpec(
             num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
-            block_size=config.cache.block_size, num_blocks=num_blocks,
-            max_blocks_per_req=config.max_blocks_per_req, max_num_reqs=self.max_num_reqs,
+            block_size=self.config.cache.block_size, num_blocks=self.kv_cache_config.num_blocks,
+            max_blocks_per_req=self.config.max_blocks_per_req, max_num_reqs=self.max_num_reqs,
             max_num_tokens=self.max_num_tokens, dtype=self.dtype, device=self.device,
             decode_query_len=self.decode_query_len)
-        self.attention_backend = create_backend(config.device.attention_backend,
+        self.attention_backend = create_backend(self.config.device.attention_backend,
                                                 self.attention_spec)
         self.model.backend = self.attention_backend
-        # The owner installs the compiler hooks (they are process-wide); the runner only tells
-        # the monitor which batch is in flight and when a uniform decode found no graph.
-        self.jit_monitor = jit_monitor if jit_monitor is not None else JitMonitor()
+
+    def _choose_forward(self) -> None:
+        """The model itself, or with compile on its torch.compile wrapper per token bucket
+        (compiled later by the warmup's compile phase)."""
         self.compile_buckets: tuple[int, ...] = ()
         self._forward: ModelForward = self.model
-        if config.compilation.compile:
-            from warmgate.server.runner.compiled_forward import CompiledForward  # torch._dynamo
+        if not self.config.compilation.compile:
+            return
+        from warmgate.server.runner.compiled_forward import CompiledForward  # torch._dynamo
 
-            self.compile_buckets = compile_buckets(config.compilation.cuda_graph_sizes or (),
-                                                   self.decode_query_len, self.max_num_tokens)
-            self._forward = CompiledForward(self.model, self.compile_buckets)
-            logger.info("torch.compile on: %d token buckets %s (compiled by the warmup's "
-                        "compile phase)", len(self.compile_buckets), list(self.compile_buckets))
-        self.sampler = Sampler()
-        self.input_batch = InputBatch(
+        self.compile_buckets = compile_buckets(self.config.compilation.cuda_graph_sizes or (),
+                                               self.decode_query_len, self.max_num_tokens)
+        self._forward = CompiledForward(self.model, self.compile_buckets)
+        logger.info("torch.compile on: %d token buckets %s (compiled by the warmup's "
+                    "compile phase)", len(self.compile_buckets), list(self.compile_buckets))
+
+    def _create_input_batch(self) -> InputBatch:
+        return InputBatch(
             max_num_reqs=self.max_num_reqs, max_num_tokens=self.max_num_tokens,
-            max_blocks_per_req=config.max_blocks_per_req, block_size=config.cache.block_size,
-            decode_query_len=self.decode_query_len, device=self.device,
+            max_blocks_per_req=self.config.max_blocks_per_req,
+            block_size=self.config.cache.block_size, decode_query_len=self.decode_query_len,
+            device=self.device,
             default_sampling_params=None if self.is_pooling_model else GREEDY)
-        self.limits = StepLimits(
-            num_blocks=num_blocks, block_size=config.cache.block_size,
-            max_blocks_per_req=config.max_blocks_per_req, max_num_reqs=self.max_num_reqs,
-            max_num_tokens=self.max_num_tokens, max_model_len=mc.max_model_len,
-            vocab_size=mc.vocab_size, num_kv_cache_groups=len(self.kv_cache_config
-                                                               .kv_cache_groups))
-        self.load_stats = LoadStats(
-            weights_s=weights_s, weights_bytes=weights_bytes,
-            weights_source=mc.weights_path or "random", kv_cache_s=kv_s,
-            kv_cache_bytes=kv_cache_bytes(mc.num_layers, num_blocks, kv_spec))
-        # For tests and warmup checks: the logits of the last execute_model, row by row.
-        self.last_logits: torch.Tensor | None = None  # [rows, V] float32
-        self.last_logits_req_ids: list[str] = []
-        self._pending: _PendingStep | None = None
-        # Set by capture_cuda_graphs (the warmup's last phase); None means every batch is eager.
-        self.graph_runner: CudaGraphRunner | None = None
+
+    def _step_limits(self) -> StepLimits:
+        return StepLimits(
+            num_blocks=self.kv_cache_config.num_blocks, block_size=self.config.cache.block_size,
+            max_blocks_per_req=self.config.max_blocks_per_req, max_num_reqs=self.max_num_reqs,
+            max_num_tokens=self.max_num_tokens, max_model_len=self.max_model_len,
+            vocab_size=self.config.model.vocab_size,
+            num_kv_cache_groups=len(self.kv_cache_config.kv_cache_groups))
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:

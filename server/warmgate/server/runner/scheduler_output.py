@@ -58,10 +58,6 @@ class CachedRequestData:
     # Tokens the request had in its KV cache before this step.
     num_computed_tokens: list[int] = field(default_factory=list)
 
-    @classmethod
-    def make_empty(cls) -> CachedRequestData:
-        return cls()
-
 
 @dataclass
 class SchedulerOutput:

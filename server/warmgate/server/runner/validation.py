@@ -51,9 +51,24 @@ def _check_tokens(req_id: str, what: str, tokens: Iterable[int], vocab_size: int
                          f"vocabulary [0, {vocab_size})")
 
 
+# Per request after this step's finished requests are dropped: (blocks, computed, stream length).
+_After = dict[str, tuple[int, int, int]]
+
+
 def validate_scheduler_output(so: SchedulerOutput, requests: Mapping[str, RequestState],
                               limits: StepLimits) -> None:
     """Raise ValueError on the first inconsistency; return None when the step can run."""
+    _check_step_size(so, limits)
+    held = {rid: s for rid, s in requests.items() if rid not in so.finished_req_ids}
+    after: _After = {}
+    _check_new_requests(so, held, after, limits)
+    _check_cached_requests(so, held, after, limits)
+    for rid, n in so.num_scheduled_tokens.items():
+        _check_scheduled_request(so, rid, n, after, limits)
+    _check_nothing_unscheduled(so, after)
+
+
+def _check_step_size(so: SchedulerOutput, limits: StepLimits) -> None:
     num_reqs = len(so.num_scheduled_tokens)
     if num_reqs > limits.max_num_reqs:
         raise ValueError(f"{num_reqs} requests scheduled, over max_num_reqs "
@@ -65,9 +80,10 @@ def validate_scheduler_output(so: SchedulerOutput, requests: Mapping[str, Reques
     if total > limits.max_num_tokens:
         raise ValueError(f"{total} tokens scheduled, over scheduler.max_num_batched_tokens "
                          f"= {limits.max_num_tokens}")
-    # After this step's finished requests are dropped: (blocks, computed, stream length).
-    held = {rid: s for rid, s in requests.items() if rid not in so.finished_req_ids}
-    after: dict[str, tuple[int, int, int]] = {}
+
+
+def _check_new_requests(so: SchedulerOutput, held: Mapping[str, RequestState], after: _After,
+                        limits: StepLimits) -> None:
     for new in so.scheduled_new_reqs:
         rid = new.req_id
         if rid in held or rid in after:
@@ -85,6 +101,10 @@ def validate_scheduler_output(so: SchedulerOutput, requests: Mapping[str, Reques
         blocks = _check_blocks(rid, new.block_ids, limits)
         after[rid] = (len(blocks), new.num_computed_tokens,
                       len(new.prompt_token_ids) + len(new.output_token_ids))
+
+
+def _check_cached_requests(so: SchedulerOutput, held: Mapping[str, RequestState],
+                           after: _After, limits: StepLimits) -> None:
     cached = so.scheduled_cached_reqs
     if not (len(cached.req_ids) == len(cached.new_block_ids) == len(cached.num_computed_tokens)):
         raise ValueError("scheduled_cached_reqs: req_ids, new_block_ids and "
@@ -99,31 +119,39 @@ def validate_scheduler_output(so: SchedulerOutput, requests: Mapping[str, Reques
             raise ValueError(f"cached request {rid!r}: num_computed_tokens is negative")
         blocks = _check_blocks(rid, new_blocks, limits)
         after[rid] = (len(state.block_ids) + len(blocks), computed, state.num_tokens)
-    for rid, n in so.num_scheduled_tokens.items():
-        if rid not in after:
-            raise ValueError(f"request {rid!r} has scheduled tokens but is neither in "
-                             f"scheduled_new_reqs nor in scheduled_cached_reqs")
-        num_blocks, computed, stream_len = after[rid]
-        drafts = so.scheduled_spec_decode_tokens.get(rid, [])
-        if n < 1 or n <= len(drafts):
-            raise ValueError(f"request {rid!r}: {n} tokens scheduled with {len(drafts)} draft "
-                             f"tokens; it needs at least one non-draft token")
-        _check_tokens(rid, "draft", drafts, limits.vocab_size)
-        seq_len = computed + n
-        if seq_len > limits.max_model_len:
-            raise ValueError(f"request {rid!r}: sequence reaches {seq_len} tokens, over "
-                             f"max_model_len = {limits.max_model_len}")
-        if num_blocks > limits.max_blocks_per_req:
-            raise ValueError(f"request {rid!r}: holds {num_blocks} blocks, over the "
-                             f"{limits.max_blocks_per_req} that max_model_len allows")
-        if num_blocks < cdiv(seq_len, limits.block_size):
-            raise ValueError(f"request {rid!r}: {seq_len} tokens need "
-                             f"{cdiv(seq_len, limits.block_size)} blocks of "
-                             f"{limits.block_size}, it holds {num_blocks}")
-        num_inputs = n - len(drafts)
-        if num_inputs > 1 and computed + num_inputs > stream_len:
-            raise ValueError(f"request {rid!r}: tokens {computed}..{computed + num_inputs - 1} "
-                             f"scheduled but the runner holds only {stream_len}")
+
+
+def _check_scheduled_request(so: SchedulerOutput, rid: str, n: int, after: _After,
+                             limits: StepLimits) -> None:
+    """n scheduled tokens (drafts included) fit the request's blocks, max_model_len and the
+    tokens the runner holds for it."""
+    if rid not in after:
+        raise ValueError(f"request {rid!r} has scheduled tokens but is neither in "
+                         f"scheduled_new_reqs nor in scheduled_cached_reqs")
+    num_blocks, computed, stream_len = after[rid]
+    drafts = so.scheduled_spec_decode_tokens.get(rid, [])
+    if n < 1 or n <= len(drafts):
+        raise ValueError(f"request {rid!r}: {n} tokens scheduled with {len(drafts)} draft "
+                         f"tokens; it needs at least one non-draft token")
+    _check_tokens(rid, "draft", drafts, limits.vocab_size)
+    seq_len = computed + n
+    if seq_len > limits.max_model_len:
+        raise ValueError(f"request {rid!r}: sequence reaches {seq_len} tokens, over "
+                         f"max_model_len = {limits.max_model_len}")
+    if num_blocks > limits.max_blocks_per_req:
+        raise ValueError(f"request {rid!r}: holds {num_blocks} blocks, over the "
+                         f"{limits.max_blocks_per_req} that max_model_len allows")
+    if num_blocks < cdiv(seq_len, limits.block_size):
+        raise ValueError(f"request {rid!r}: {seq_len} tokens need "
+                         f"{cdiv(seq_len, limits.block_size)} blocks of "
+                         f"{limits.block_size}, it holds {num_blocks}")
+    num_inputs = n - len(drafts)
+    if num_inputs > 1 and computed + num_inputs > stream_len:
+        raise ValueError(f"request {rid!r}: tokens {computed}..{computed + num_inputs - 1} "
+                         f"scheduled but the runner holds only {stream_len}")
+
+
+def _check_nothing_unscheduled(so: SchedulerOutput, after: _After) -> None:
     unscheduled = sorted(set(after) - set(so.num_scheduled_tokens))
     if unscheduled:
         raise ValueError(f"request(s) {unscheduled} listed as scheduled but missing from "

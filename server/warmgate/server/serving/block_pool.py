@@ -15,8 +15,8 @@ class BlockPool:
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
-        # range(), not a filtering generator: three times faster, which matters at the 30k+
-        # blocks of a large GPU (built before ready, but still start-up time).
+        # range(), not a filtering generator: it is faster, which matters at the tens of
+        # thousands of blocks of a large GPU (built before ready, but still start-up time).
         self._free: deque[int] = deque(range(NULL_BLOCK_ID + 1, num_blocks))
 
     @property

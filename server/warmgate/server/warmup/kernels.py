@@ -1,19 +1,12 @@
 """`warmup_kernels`: drive prefill, every decode shape and every sampler path once.
 
-The logic follows vLLM's Model Runner V2 warmup (shapes and caps: warmup/shapes.py):
-- the prefill uses prompt_len = decode_query_len + 1 = 2 + num_spec_steps tokens per request,
-  so a prefill batch never has a uniform decode's shape (vLLM PR 40746); the runner also
-  classifies by whether a request is still reading its prompt, so no prefill step ever
-  counts as a uniform decode whatever its shape;
-- num_reqs = min(max_num_seqs, max_num_batched_tokens // max(prompt_len, decode_query_len),
-  max(1, (num_blocks - 1) // blocks_per_req)), block 0 being the null block and
-  blocks_per_req the blocks of prompt_len + decode_query_len tokens, as the seed sizes them;
-- decode steps: all requests; requests [0, 1] with [spec, plain] drafts; with speculation also
-  [plain, plain]; then request 0 alone (with speculation: with drafts, then plain). A request
-  that would run past the tokens its blocks hold, or past max_model_len, is restated back to
-  prompt_len computed tokens first, so the extra steps reuse the seed's blocks;
-- the sampler paths that vLLM once missed (greedy and seeded, vLLM issue 54455) get a batch
-  each, beside stochastic sampling.
+The logic follows vLLM's Model Runner V2 warmup; the shapes, num_reqs and their caps are
+warmup/shapes.py's. The prefill's prompt_len = decode_query_len + 1 tokens, so a prefill
+batch never has a uniform decode's shape (vLLM PR 40746); the runner also classifies by
+whether a request is still reading its prompt, so no prefill step ever counts as a uniform
+decode whatever its shape. The decode steps are `decode_plan`'s. The sampler paths that vLLM
+once missed (greedy and seeded, vLLM issue 54455) get a batch each, beside stochastic
+sampling.
 """
 
 from __future__ import annotations
@@ -157,11 +150,8 @@ def warmup_kernels(model_runner: Any, worker_execute_model: ExecuteModel,
         logger.warning("warmup phase=%s status=SKIPPED reason=%s: %s", PREFILL,
                        skipped.skip_reason.value if skipped.skip_reason else "", skipped.detail)
         return skipped
-    num_spec = model_runner.num_speculative_steps
-    is_pooling = bool(model_runner.is_pooling_model)
-    block_sizes = kv_block_sizes(model_runner)
-    num_reqs, prompt_len = shapes["num_reqs"], shapes["prompt_len"]
     execute, sample = worker_execute_model, worker_sample_tokens
+    block_sizes = kv_block_sizes(model_runner)
     phases: list[PhaseResult] = []
 
     def done(phase: PhaseResult) -> None:
@@ -169,44 +159,63 @@ def warmup_kernels(model_runner: Any, worker_execute_model: ExecuteModel,
         if on_phase is not None:
             on_phase(phase)
 
-    # 1. Prefill: every request reads a prompt_len-token prompt.
-    reqs = [WarmupRequest(f"{req_id_prefix}_{i}", prompt_len) for i in range(num_reqs)]
+    # The decode steps continue the prefill's requests, so both run before they are finished.
+    reqs = [WarmupRequest(f"{req_id_prefix}_{i}", shapes["prompt_len"])
+            for i in range(shapes["num_reqs"])]
     alloc = BlockAllocator(len(block_sizes))
-    tracker = PhaseProgress(PREFILL, 1, progress)
     try:
-        with synced_timer(model_runner) as t:
-            _prefill(execute, sample, reqs, alloc, block_sizes, [STOCHASTIC] * num_reqs,
-                     is_pooling=is_pooling)
-            tracker.step()
-        done(_phase(PREFILL, t[0], num_reqs, num_reqs * prompt_len, 1, shapes,
-                    f"{num_reqs} requests x {prompt_len} prompt tokens"))
-        if is_pooling:
+        done(_warmup_prefill(model_runner, execute, sample, reqs, alloc, block_sizes, shapes,
+                             progress))
+        if model_runner.is_pooling_model:
             detail = "a pooling model never decodes or samples"
             done(PhaseResult.skipped(DECODE, SkipReason.POOLING_MODEL, detail))
             done(PhaseResult.skipped(SAMPLER, SkipReason.POOLING_MODEL, detail))
             return WarmupResult(ran=True, phases=phases)
-
-        # 2. Decode: the uniform batch, then the shapes that reclassify.
-        plan = decode_plan(num_reqs, num_spec)
-        tracker = PhaseProgress(DECODE, len(plan), progress)
-        tokens = restated = 0
-        with synced_timer(model_runner) as t:
-            for rows in plan:
-                n, r = _decode(execute, sample, reqs, rows, num_spec, alloc, block_sizes,
-                               shapes["tokens_per_req"])
-                tokens, restated = tokens + n, restated + r
-                tracker.step()
-        done(_phase(DECODE, t[0], num_reqs, tokens, len(plan),
-                    {**shapes, "restated_requests": restated},
-                    f"{len(plan)} decode steps, query length {shapes['decode_query_len']}; "
-                    f"{restated} requests restated to {prompt_len} computed tokens to stay "
-                    f"within {shapes['tokens_per_req']} tokens"))
+        done(_warmup_decode(model_runner, execute, sample, reqs, alloc, block_sizes, shapes,
+                            progress))
     finally:
         finish(execute, [r.req_id for r in reqs])
 
     done(_warmup_sampler(model_runner, execute, sample, shapes, block_sizes,
                          progress, req_id_prefix))
     return WarmupResult(ran=True, phases=phases)
+
+
+def _warmup_prefill(model_runner: Any, execute: ExecuteModel, sample: SampleTokens,
+                    reqs: Sequence[WarmupRequest], alloc: BlockAllocator,
+                    block_sizes: list[int], shapes: dict[str, int],
+                    progress: ProgressCallback | None) -> PhaseResult:
+    """Every request reads a prompt_len-token prompt, in one step."""
+    num_reqs, prompt_len = shapes["num_reqs"], shapes["prompt_len"]
+    tracker = PhaseProgress(PREFILL, 1, progress)
+    with synced_timer(model_runner) as t:
+        _prefill(execute, sample, reqs, alloc, block_sizes, [STOCHASTIC] * num_reqs,
+                 is_pooling=bool(model_runner.is_pooling_model))
+        tracker.step()
+    return _phase(PREFILL, t[0], num_reqs, num_reqs * prompt_len, 1, shapes,
+                  f"{num_reqs} requests x {prompt_len} prompt tokens")
+
+
+def _warmup_decode(model_runner: Any, execute: ExecuteModel, sample: SampleTokens,
+                   reqs: Sequence[WarmupRequest], alloc: BlockAllocator,
+                   block_sizes: list[int], shapes: dict[str, int],
+                   progress: ProgressCallback | None) -> PhaseResult:
+    """The uniform batch, then the shapes that reclassify (decode_plan)."""
+    num_spec = model_runner.num_speculative_steps
+    plan = decode_plan(shapes["num_reqs"], num_spec)
+    tracker = PhaseProgress(DECODE, len(plan), progress)
+    tokens = restated = 0
+    with synced_timer(model_runner) as t:
+        for rows in plan:
+            n, r = _decode(execute, sample, reqs, rows, num_spec, alloc, block_sizes,
+                           shapes["tokens_per_req"])
+            tokens, restated = tokens + n, restated + r
+            tracker.step()
+    return _phase(DECODE, t[0], shapes["num_reqs"], tokens, len(plan),
+                  {**shapes, "restated_requests": restated},
+                  f"{len(plan)} decode steps, query length {shapes['decode_query_len']}; "
+                  f"{restated} requests restated to {shapes['prompt_len']} computed tokens to "
+                  f"stay within {shapes['tokens_per_req']} tokens")
 
 
 def _warmup_sampler(model_runner: Any, execute: ExecuteModel, sample: SampleTokens,

@@ -1,4 +1,5 @@
-"""The warmup plan: every phase of DESIGN.md, in order, each RAN, SKIPPED or FAILED.
+"""The warmup plan: every warmup phase (docs/architecture.md), in order, each RAN, SKIPPED or
+FAILED.
 
 Order: load, flashinfer, compile, kernels.prefill, kernels.decode, kernels.sampler, mixed,
 cuda_graphs. FlashInfer's JIT runs before the kernel warmups (as vLLM runs its FlashInfer

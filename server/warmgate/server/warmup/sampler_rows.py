@@ -2,8 +2,8 @@
 
 Like the dense GEMMs (gemm_shapes), the sampler's sort, softmax, scatter and reduction
 kernels are chosen per size and loaded on first launch; warmup's own batches sample only a
-few row counts, so a first real batch of another size paid that on the H200 (prefill and
-speculative-decode first batches 29-34 % over their steady median). Each sampling variant
+few row counts, so a first real batch of another size paid that (the first-batch figures in
+bench/results/README.md). Each sampling variant
 (greedy, temperature only, top-k/top-p, seeded, and a batch mixing them) runs for
 1..max_num_seqs requests, and with num_speculative_steps > 0 the verifier too. CUDA only.
 """
