@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 from warmgate.server.app import RunningServer, create_server
 from warmgate.server.config.server_config import ServerConfig, load_server_config
-from warmgate.server.control.engine import PLAN_PHASES, PlanEngine, WarmupEngine
+from warmgate.server.control.engine import PlanEngine, WarmupEngine
+from warmgate.server.core.phases import PLAN_PHASES
 from warmgate.server.core.progress import ProgressCallback, ProgressEvent
 from warmgate.server.core.results import (
     PhaseResult,

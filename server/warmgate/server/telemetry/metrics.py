@@ -19,6 +19,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from warmgate.server.api.listen_address import HostWSGIServer, bare_host, is_ipv6
+from warmgate.server.core.phases import LOAD, PLAN_PHASES
 from warmgate.server.core.results import PhaseStatus, SkipReason, WarmupReport
 from warmgate.server.jit.events import CACHED_KINDS, CUDA_GRAPH_MISS, JitEvent
 from warmgate.server.telemetry.serving_metrics import FINISH_REASONS, ServingMetrics
@@ -26,8 +27,6 @@ from warmgate.server.telemetry.serving_metrics import FINISH_REASONS, ServingMet
 logger = logging.getLogger(__name__)
 
 OTHER = "other"
-PHASES = ("load", "flashinfer", "compile", "kernels.prefill", "kernels.decode",
-          "kernels.sampler", "mixed", "cuda_graphs")
 STATES = ("pending", "running", "ready", "failed")
 SKIP_REASONS = tuple(r.value.lower() for r in SkipReason)
 RPC_METHODS = (
@@ -126,10 +125,10 @@ class Metrics:
         if cache:
             self.cache_degraded.set(1 if cache.get("degraded") else 0)
         for p in report.phases:
-            phase = _label(p.name, PHASES)
-            if phase == "load" and self._load_observed:
+            phase = _label(p.name, PLAN_PHASES)
+            if phase == LOAD and self._load_observed:
                 continue  # the first plan's report repeats the load the controller observed
-            self._load_observed = self._load_observed or phase == "load"
+            self._load_observed = self._load_observed or phase == LOAD
             if p.status is PhaseStatus.SKIPPED:
                 reason = p.skip_reason.value.lower() if p.skip_reason else OTHER
                 self.phase_skipped.labels(phase=phase, reason=_label(reason, SKIP_REASONS)).inc()
