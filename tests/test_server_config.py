@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from warmgate.server.config.server_config import METRICS_DISABLED, ServerConfig, load_server_config
+from warmgate.server.config.server_config import METRICS_DISABLED, ServerConfig
+from warmgate.server.startup import load_server_config
 
 
 def cfg(argv: list[str], env: dict[str, str] | None = None) -> ServerConfig:

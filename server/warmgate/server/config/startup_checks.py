@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from warmgate.server.config.attention_backends import backend_available
 from warmgate.server.config.runner_config import ConfigError, RunnerConfig
 
 # Backends whose kernels run only on a GPU. Triton's interpreter (TRITON_INTERPRET=1) runs
@@ -20,8 +21,6 @@ TRITON_INTERPRET_VAR = "TRITON_INTERPRET"
 
 def check_attention_backend(runner: RunnerConfig, environ: Mapping[str, str]) -> None:
     """The resolved backend can run on the resolved device, and its library is installed."""
-    from warmgate.server.runner.attention import backend_available  # lazy: imports torch
-
     backend, device = runner.device.attention_backend, runner.device.device
     if backend in _GPU_ONLY_BACKENDS and not device.startswith("cuda"):
         interpreted = backend == "triton" and environ.get(TRITON_INTERPRET_VAR) == "1"

@@ -55,7 +55,7 @@ class WarmupEngine(Protocol):
 class PlanEngine:
     """The real runner, driven through warmgate.server.warmup.plan.
 
-    `faults` (tests only) makes chosen phases raise or stall; see warmgate.server.faults.
+    `faults` (tests only) makes chosen phases raise or stall; see warmgate.server.config.faults.
     """
 
     def __init__(self, config: RunnerConfig, *, faults: FaultInjector | None = None,

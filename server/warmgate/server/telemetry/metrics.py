@@ -12,13 +12,16 @@ others (the usual enum pattern: `warmgate_warmup_state == 1` selects the current
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Iterable
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
-from warmgate.server.api.listen_address import HostWSGIServer, bare_host, is_ipv6
+from warmgate.server.config.listen_address import address_family, bare_host, is_ipv6
 from warmgate.server.core.phases import LOAD, PLAN_PHASES
 from warmgate.server.core.results import PhaseStatus, SkipReason, WarmupReport
 from warmgate.server.jit.events import CACHED_KINDS, CUDA_GRAPH_MISS, JitEvent
@@ -151,6 +154,20 @@ class Metrics:
         method = _label(method, RPC_METHODS)
         self.rpc_requests.labels(method=method, code=code).inc()
         self.rpc_duration.labels(method=method).observe(seconds)
+
+
+class HostWSGIServer(ThreadingWSGIServer):
+    """The metrics HTTP server on the address family of --host; on `::` IPv4 too (dual stack,
+    as gRPC binds `[::]`)."""
+
+    def __init__(self, address: tuple[str, int], handler: Any) -> None:
+        self.address_family = address_family(address[0])
+        super().__init__(address, handler)
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
 
 
 class _QuietHandler(WSGIRequestHandler):
