@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from warmgate.server.config.flags import ENV_PREFIX
 from warmgate.server.core.phases import LOAD, RUNNER_CALL_PHASES
 
-ENV_VAR = "WARMGATE_FAULT_INJECT"
+ENV_VAR = ENV_PREFIX + "FAULT_INJECT"
 # "load" fires before the runner is built; the others through the runner's callbacks.
 FAULT_PHASES = (LOAD, *RUNNER_CALL_PHASES)
 RAISING_KINDS = ("oom", "compile", "cuda_fatal")

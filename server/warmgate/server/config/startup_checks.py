@@ -1,9 +1,9 @@
-"""Start-up checks for configurations that can never serve, run before anything binds.
+"""The start-up check config can make alone: an attention backend that cannot run here.
 
-Each raises ConfigError naming the setting, which load_server_config turns into one line
-naming the flag and exit code 2. What they check is what the runner or the warmup plan would
-otherwise only find out after the server bound its ports and said it was starting: an
-attention backend that cannot run on the device.
+It raises ConfigError naming the setting, which load_server_config (warmgate.server.startup,
+beside the checks that need the runner or the warmup plan) turns into one line naming the
+flag and exit code 2: the runner would otherwise only find out after the server bound its
+ports and said it was starting.
 """
 
 from __future__ import annotations

@@ -44,8 +44,8 @@ RPC_METHODS = (
 COMPILE_KINDS = ("triton", "flashinfer", "inductor", "dynamo", OTHER)
 # "entry": the --cache-dir entry as a whole (hit: READY found; miss or rebuilt: filled now).
 CACHES = ("triton", "flashinfer", "inductor", "entry", OTHER)
-# First-use JIT is measured at 11 s (FlashInfer decode) to 93 s (prefill); a cold 8B plan can
-# take many minutes, so the buckets run to 30 minutes rather than the default 10 s.
+# A first-use JIT takes tens of seconds per phase and a cold plan for a large model many
+# minutes, so the buckets run to 30 minutes rather than prometheus_client's default 10 s.
 PHASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800)
 # Health checks must answer in well under the kubelet's 1 s timeout; resolve the low end.
 RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 300,
