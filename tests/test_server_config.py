@@ -18,9 +18,9 @@ from warmgate.server.config.runner_config import (
     SpeculativeConfig,
 )
 from warmgate.server.config.server_config import (
+    FLAG_OPTIONS,
     METRICS_DISABLED,
     RUNNER_FLAGS,
-    SERVER_OPTIONS,
     ServerConfig,
     build_parser,
     report_config_error,
@@ -142,20 +142,20 @@ def test_every_flag_defaults_to_its_field_default() -> None:
 
 
 def test_environment_names_and_help_come_from_the_flag() -> None:
-    flags = [o.flag for o in SERVER_OPTIONS]
+    flags = [o.flag for o in FLAG_OPTIONS]
     assert len(flags) == len(set(flags)) and len(flags) >= 30
     parser = build_parser({})
     helps = {a.option_strings[0]: a.help for a in parser._actions if a.option_strings}
-    for o in SERVER_OPTIONS:
+    for o in FLAG_OPTIONS:
         assert o.env == "WARMGATE_" + o.flag.removeprefix("--").replace("-", "_").upper()
         assert helps[o.flag].endswith(f"(env {o.env}; default {o.default})"), o.flag
-    assert set(RUNNER_FLAGS) == {o.flag for o in SERVER_OPTIONS
+    assert set(RUNNER_FLAGS) == {o.flag for o in FLAG_OPTIONS
                                  if o.path.startswith("runner.")}
     assert {"--model", "--max-num-seqs", "--attention-backend", "--compile"} <= \
         set(RUNNER_FLAGS) and "--port" not in RUNNER_FLAGS
 
 
-@pytest.mark.parametrize("option", SERVER_OPTIONS, ids=lambda o: o.flag)
+@pytest.mark.parametrize("option", FLAG_OPTIONS, ids=lambda o: o.flag)
 def test_a_config_error_about_a_field_names_its_flag(
         option: Option, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):

@@ -17,7 +17,7 @@ import pytest
 
 from tests.certs import make_pki
 from tests.text_helpers import write_tiny_model
-from warmgate.server.config.server_config import SERVER_OPTIONS
+from warmgate.server.config.server_config import FLAG_OPTIONS
 from warmgate.server.startup import load_server_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def test_never_serving_configs_exit_2_naming_the_flag(flags: list[str], env: dic
 
 def test_every_float_flag_refuses_nan_and_inf() -> None:
     """Whatever float flag is added later: none may hand NaN or inf to the server."""
-    for opt in SERVER_OPTIONS:
+    for opt in FLAG_OPTIONS:
         for text in ("nan", "inf", "-inf"):
             try:
                 value = opt.parse(text)

@@ -112,16 +112,16 @@ class ServerConfig:
         return self.health_port != HEALTH_PORT_DISABLED
 
 
-SERVER_OPTIONS: tuple[Option, ...] = tuple(options_of(ServerConfig))
+FLAG_OPTIONS: tuple[Option, ...] = tuple(options_of(ServerConfig))
 # The flags that shape a runner, for the tools that build one without a server
 # (`python -m warmgate.server.warmup`, bench/): the server's names, parsing and defaults.
-RUNNER_FLAGS = tuple(o.flag for o in SERVER_OPTIONS if o.path.startswith("runner."))
+RUNNER_FLAGS = tuple(o.flag for o in FLAG_OPTIONS if o.path.startswith("runner."))
 
 
 def add_options(parser: argparse.ArgumentParser, flags: Sequence[str],
                 environ: Mapping[str, str], defaults: Mapping[str, Any] | None = None) -> None:
     """Add the named server options to `parser` (see config.flags.add_options)."""
-    _add_options(parser, SERVER_OPTIONS, flags, environ, defaults)
+    _add_options(parser, FLAG_OPTIONS, flags, environ, defaults)
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -129,13 +129,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         prog=PROG,
         description="Serve warmgate.v1.Warmup, health and metrics; warm the model's kernels. "
                     f"Every flag defaults to its {ENV_PREFIX}<FLAG> environment variable.")
-    add_options(parser, [opt.flag for opt in SERVER_OPTIONS], environ)
+    add_options(parser, [opt.flag for opt in FLAG_OPTIONS], environ)
     return parser
 
 
 def report_config_error(parser: argparse.ArgumentParser, exc: ConfigError) -> NoReturn:
     """Exit 2 with argparse's message for the flag behind a ConfigError's field."""
-    parser.error(f"argument {flag_for(SERVER_OPTIONS, exc.field_name)}: {exc.message}")
+    parser.error(f"argument {flag_for(FLAG_OPTIONS, exc.field_name)}: {exc.message}")
 
 
 def model_error(model: str, exc: Exception) -> ConfigError:
@@ -167,7 +167,7 @@ def runner_config_from_args(args: argparse.Namespace) -> RunnerConfig:
     bad field. A model directory's config.json is read; its weight files are not (see
     warmgate.server.startup)."""
     model = _model_config(args.model, args.max_model_len)
-    runner: RunnerConfig = build(RunnerConfig, values_by_path(SERVER_OPTIONS, args), "runner.",
+    runner: RunnerConfig = build(RunnerConfig, values_by_path(FLAG_OPTIONS, args), "runner.",
                                  {"runner.model": model})
     return runner
 
@@ -190,7 +190,7 @@ def server_config_from_args(parser: argparse.ArgumentParser, args: argparse.Name
             tls_key=args.tls_key, tls_client_ca=args.tls_client_ca)
     except SecurityConfigError as exc:
         parser.error(f"argument {exc.flag}: {exc.message}")
-    values = values_by_path(SERVER_OPTIONS, args)
+    values = values_by_path(FLAG_OPTIONS, args)
     try:
         serving: ServingConfig = build(ServingConfig, values, "serving.")
     except ConfigError as exc:
