@@ -164,7 +164,7 @@ def test_no_package_level_cycle(modules: dict[str, set[str]]) -> None:
 
 def test_core_imports_nothing_of_warmgate(modules: dict[str, set[str]]) -> None:
     bad = sorted((m, t) for m, ts in modules.items() if node_of(m) == "core"
-                 for t in ts if is_under(t, ("warmgate",)))
+                 for t in ts if is_under(t, ("warmgate",)) and node_of(t) != "core")
     assert not bad, f"core/ must stay at the bottom: {bad}"
 
 
