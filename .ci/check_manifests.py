@@ -30,8 +30,10 @@ import yaml
 from check_rollout import check_rollout
 
 from warmgate.server.app import LIVENESS_SERVICE
-from warmgate.server.config.server_config import ENV_PREFIX, build_parser, load_server_config
+from warmgate.server.config.flags import ENV_PREFIX
+from warmgate.server.config.server_config import build_parser
 from warmgate.server.control.controller import SERVICE_NAMES
+from warmgate.server.startup import load_server_config
 
 # CRDs that kubernetes-validate has no schema for; checked here by reference instead.
 SKIPPED_CRDS = {("monitoring.coreos.com/v1", "PodMonitor"),

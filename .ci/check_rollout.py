@@ -14,7 +14,8 @@ import contextlib
 import io
 from typing import Any
 
-from warmgate.server.config.server_config import ENV_PREFIX, load_server_config
+from warmgate.server.config.flags import ENV_PREFIX
+from warmgate.server.startup import load_server_config
 
 GPU = "nvidia.com/gpu"
 GPU_PRODUCT = "nvidia.com/gpu.product"

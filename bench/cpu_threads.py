@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=typed(positive_int), default=32)
     p.add_argument("--gap-s", type=float, default=0.05)
     args = p.parse_args(argv)
-    from warmgate.server.config.server_config import load_server_config
+    from warmgate.server.startup import load_server_config
 
     user = [*shlex.split(args.server_args), "--device", "cpu"]
     vocab = load_server_config(user, environ={}, resolve=False).runner.model.vocab_size

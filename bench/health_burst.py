@@ -18,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from warmgate.server.core.stats import percentile
+
 PROBE_TIMEOUT_S = 1.0  # the kubelet's default gRPC probe timeout
 GOAL_P99_MS = 1000.0
 
@@ -65,13 +67,6 @@ def _burst_process(target: str, num_calls: int, num_channels: int, timeout_s: fl
                    out: Any) -> None:
     result = asyncio.run(_burst(target, num_calls, num_channels, timeout_s))
     out.put((result.latencies_s, dict(result.errors), result.wall_s, result.cpu_s))
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def _line(name: str, latencies: list[float], errors: Counter[str], wall_s: float,

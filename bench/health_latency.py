@@ -27,8 +27,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench.health_burst import PROBE_TIMEOUT_S, percentile, run_bursts
+from bench.health_burst import PROBE_TIMEOUT_S, run_bursts
 from bench.load_gen import InProcessServer
+from warmgate.server.core.stats import percentile
 
 GOAL_P99_MS = 50.0
 

@@ -9,9 +9,10 @@ import sys
 from typing import Any
 
 from warmgate.server.config.runner_config import RunnerConfig
-from warmgate.server.config.server_config import RUNNER_FLAGS, add_options, runner_config_from_args
+from warmgate.server.config.server_config import RUNNER_FLAGS, add_options
 from warmgate.server.core.results import PhaseResult, WarmupReport
 from warmgate.server.jit import JitMonitor
+from warmgate.server.startup import checked_runner_config
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
 
 
@@ -23,7 +24,7 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
 
 def runner_config(args: argparse.Namespace, **overrides: Any) -> RunnerConfig:
     """The runner the flags describe; `overrides` replace flag values (e.g. num_spec)."""
-    return runner_config_from_args(argparse.Namespace(**{**vars(args), **overrides}))
+    return checked_runner_config(argparse.Namespace(**{**vars(args), **overrides}))
 
 
 def build(config: RunnerConfig) -> tuple[Any, PhaseResult, JitMonitor]:

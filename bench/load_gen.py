@@ -62,7 +62,7 @@ class InProcessServer:
 
     def __init__(self, flags: Sequence[str]) -> None:
         from warmgate.server.app import create_server
-        from warmgate.server.config.server_config import load_server_config
+        from warmgate.server.startup import load_server_config
 
         # Loopback, a free port, no metrics endpoint; the caller's flags come after, so they
         # win (argparse keeps the last value).

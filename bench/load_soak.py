@@ -31,6 +31,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from warmgate.server.core.stats import percentile
+
 ROOT = Path(__file__).resolve().parents[1]
 CALL_TIMEOUT_S = 10.0
 PHASE_BUDGET_S = 35.0  # per phase; two phases plus start-up stay under 90 s
@@ -187,13 +189,6 @@ async def run_load(server: ServerProcess, *, concurrency: int, burst_per_client:
 
 
 # -- the table ------------------------------------------------------------------------------
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
 
 def table(result: LoadResult) -> str:
     lines = [f"{'phase':<7} {'method':<10} {'requests':>8} {'errors':>6} {'p50_ms':>8} "

@@ -24,10 +24,10 @@ from typing import Any
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.errors import WarmgateRpcError
 from warmgate.server.app import create_server
-from warmgate.server.config.server_config import load_server_config
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.serving.loop import ServingLoop
 from warmgate.server.serving.scheduler import Scheduler
+from warmgate.server.startup import load_server_config
 
 LOG: list[tuple[str, float, float]] = []
 PARTS = ("step", "schedule", "execute_model", "sample_tokens", "update")

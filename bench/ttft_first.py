@@ -375,7 +375,7 @@ def _throughput_row(k: int, s: Summary) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from warmgate.server.config.server_config import load_server_config  # no torch
+    from warmgate.server.startup import load_server_config  # no torch
 
     user_flags = shlex.split(args.server_args)
     k = args.num_speculative_steps

@@ -12,10 +12,12 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
+
+from warmgate.server.core.stats import percentile
 
 DISTRIBUTION_KINDS = ("fixed", "uniform", "normal")
 # Motif lengths of --repetitive prompts: short enough that a prompt of a few dozen tokens
@@ -213,20 +215,6 @@ class RequestResult:
 
 
 # -- statistics -----------------------------------------------------------------------------
-
-def percentile(values: Iterable[float], q: float) -> float:
-    """The q-th percentile (0..100), interpolating linearly between the closest ranks (numpy's
-    default); NaN for no values."""
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile {q} is outside 0..100")
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    pos = q / 100 * (len(ordered) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
 
 @dataclass(frozen=True)
 class Stats:

@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from warmgate.server.app import RunningServer, create_server
-from warmgate.server.config.server_config import ServerConfig, load_server_config
-from warmgate.server.control.engine import PLAN_PHASES, PlanEngine, WarmupEngine
+from warmgate.server.config.server_config import ServerConfig
+from warmgate.server.control.engine import PlanEngine, WarmupEngine
+from warmgate.server.core.phases import PLAN_PHASES
 from warmgate.server.core.progress import ProgressCallback, ProgressEvent
 from warmgate.server.core.results import (
     PhaseResult,
@@ -25,6 +26,7 @@ from warmgate.server.core.results import (
     WarmupOutcome,
     WarmupReport,
 )
+from warmgate.server.startup import load_server_config
 
 T = TypeVar("T")
 TEST_TIMEOUT_S = 30.0

@@ -215,8 +215,8 @@ def test_run_concurrently_overlaps_and_times_each() -> None:
 
 
 def test_metrics_count_the_entry_once_and_config_reads_the_flags() -> None:
-    from warmgate.server.config.server_config import load_server_config
     from warmgate.server.core.results import WarmupOutcome, WarmupReport
+    from warmgate.server.startup import load_server_config
     from warmgate.server.telemetry.metrics import Metrics
 
     metrics = Metrics()

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from warmgate.server import cpu_threads
-from warmgate.server.config.server_config import load_server_config
 from warmgate.server.cpu_threads import (
     apply_cpu_threads,
     cgroup_cpu_limit,
     intra_op_threads,
     usable_cpus,
 )
+from warmgate.server.startup import load_server_config
 
 
 @pytest.mark.parametrize(("requested", "device", "usable", "expected"), [

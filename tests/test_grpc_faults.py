@@ -14,8 +14,9 @@ from grpc_health.v1 import health_pb2
 from tests.grpc_harness import FakeEngine, eventually, run, server_config, serving
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.errors import WarmgateRpcError
+from warmgate.server.config.faults import Fault
 from warmgate.server.control.engine import PlanEngine
-from warmgate.server.control.faults import Fault, FaultInjector
+from warmgate.server.control.faults import FaultInjector
 from warmgate.v1 import warmup_pb2 as pb
 from warmgate.v1 import warmup_pb2_grpc as pb_grpc
 

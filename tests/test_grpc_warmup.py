@@ -10,7 +10,7 @@ from tests.grpc_harness import run, server_config, serving
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.api import WaitResult
 from warmgate.client.errors import WarmgateRpcError
-from warmgate.server.control.engine import PLAN_PHASES
+from warmgate.server.core.phases import PLAN_PHASES
 from warmgate.v1 import warmup_pb2 as pb
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -12,7 +12,7 @@ import pytest
 from tests.grpc_harness import FakeEngine, run, serving
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.errors import WarmgateRpcError
-from warmgate.server.control.engine import PLAN_PHASES
+from warmgate.server.core.phases import PLAN_PHASES
 from warmgate.v1 import warmup_pb2 as pb
 
 

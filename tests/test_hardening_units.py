@@ -9,8 +9,8 @@ import torch
 
 from tests.certs import make_pki
 from warmgate.server.api.auth import is_open, presented_token, token_matches
-from warmgate.server.config.server_config import load_server_config
-from warmgate.server.control.faults import Fault, FaultInjector, parse_faults
+from warmgate.server.config.faults import Fault, parse_faults
+from warmgate.server.control.faults import FaultInjector
 from warmgate.server.core.failures import (
     FatalDeviceError,
     describe_failure,
@@ -19,6 +19,7 @@ from warmgate.server.core.failures import (
     is_out_of_memory,
 )
 from warmgate.server.core.progress import ProgressEvent
+from warmgate.server.startup import load_server_config
 
 ILLEGAL = "CUDA error: an illegal memory access was encountered"
 

@@ -118,7 +118,7 @@ def test_compile_phase_layouts_respect_every_limit() -> None:
 
 
 def test_compile_and_strict_jit_flags() -> None:
-    from warmgate.server.config.server_config import load_server_config
+    from warmgate.server.startup import load_server_config
 
     config = load_server_config(["--device", "cpu"], environ={})
     assert config.strict_jit == "warn" and not config.runner.compilation.compile

@@ -9,7 +9,7 @@ import pytest
 
 from tests.grpc_harness import ServerThread, server_config
 from warmgate.client.api import WarmgateClient
-from warmgate.server.api.listen_address import grpc_address
+from warmgate.server.config.listen_address import grpc_address
 from warmgate.server.telemetry.metrics import Metrics, MetricsEndpoint
 
 

@@ -208,7 +208,7 @@ def test_cli_report_against_a_real_server(plot_report: PlotFn, tmp_path: Path) -
     from tests.grpc_harness import ServerThread, server_config
     from warmgate.client import cli
     from warmgate.client.api import WaitResult, WarmgateClient
-    from warmgate.server.control.engine import PLAN_PHASES
+    from warmgate.server.core.phases import PLAN_PHASES
 
     out = tmp_path / "live.png"
     with ServerThread(server_config("--warmup-on-start")) as server:

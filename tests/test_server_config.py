@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from warmgate.server.config.server_config import METRICS_DISABLED, ServerConfig, load_server_config
+from warmgate.server.config.flags import Option
+from warmgate.server.config.runner_config import (
+    CacheConfig,
+    CompilationConfig,
+    ConfigError,
+    DeviceConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
+from warmgate.server.config.server_config import (
+    FLAG_OPTIONS,
+    METRICS_DISABLED,
+    RUNNER_FLAGS,
+    ServerConfig,
+    build_parser,
+    report_config_error,
+)
+from warmgate.server.config.serving_config import ServingConfig
+from warmgate.server.startup import load_server_config
 
 
 def cfg(argv: list[str], env: dict[str, str] | None = None) -> ServerConfig:
@@ -105,3 +125,39 @@ def test_model_may_be_a_local_hf_directory(tmp_path: Path,
     with pytest.raises(SystemExit):
         cfg(["--model", str(tmp_path / "missing")])
     assert "argument --model:" in capsys.readouterr().err
+
+
+# -- each flag, its environment variable and its default said once ------------------------
+
+def test_every_flag_defaults_to_its_field_default() -> None:
+    """No restated default: an unset flag leaves each field at its dataclass default."""
+    c = load_server_config([], {}, resolve=False)
+    assert c.runner.cache == CacheConfig() and c.runner.scheduler == SchedulerConfig()
+    assert c.runner.speculative == SpeculativeConfig() and c.runner.device == DeviceConfig()
+    assert c.runner.compilation == CompilationConfig() and c.serving == ServingConfig()
+    assert c.runner.model == ModelConfig.from_preset(ModelConfig().name)
+    for f in dataclasses.fields(ServerConfig):
+        if f.default is not dataclasses.MISSING:
+            assert getattr(c, f.name) == f.default, f.name
+
+
+def test_environment_names_and_help_come_from_the_flag() -> None:
+    flags = [o.flag for o in FLAG_OPTIONS]
+    assert len(flags) == len(set(flags)) and len(flags) >= 30
+    parser = build_parser({})
+    helps = {a.option_strings[0]: a.help for a in parser._actions if a.option_strings}
+    for o in FLAG_OPTIONS:
+        assert o.env == "WARMGATE_" + o.flag.removeprefix("--").replace("-", "_").upper()
+        assert helps[o.flag].endswith(f"(env {o.env}; default {o.default})"), o.flag
+    assert set(RUNNER_FLAGS) == {o.flag for o in FLAG_OPTIONS
+                                 if o.path.startswith("runner.")}
+    assert {"--model", "--max-num-seqs", "--attention-backend", "--compile"} <= \
+        set(RUNNER_FLAGS) and "--port" not in RUNNER_FLAGS
+
+
+@pytest.mark.parametrize("option", FLAG_OPTIONS, ids=lambda o: o.flag)
+def test_a_config_error_about_a_field_names_its_flag(
+        option: Option, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        report_config_error(build_parser({}), ConfigError(option.error_field, "bad"))
+    assert f"argument {option.flag}: bad" in capsys.readouterr().err

@@ -17,7 +17,8 @@ import pytest
 
 from tests.certs import make_pki
 from tests.text_helpers import write_tiny_model
-from warmgate.server.config import server_config
+from warmgate.server.config.server_config import FLAG_OPTIONS
+from warmgate.server.startup import load_server_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # Start-up errors come before the model loads; a slow, shared machine still answers in this.
@@ -69,8 +70,7 @@ def test_never_serving_configs_exit_2_naming_the_flag(flags: list[str], env: dic
 
 def test_every_float_flag_refuses_nan_and_inf() -> None:
     """Whatever float flag is added later: none may hand NaN or inf to the server."""
-    options = server_config._OPTIONS + server_config._BOOL_OPTIONS
-    for opt in options:
+    for opt in FLAG_OPTIONS:
         for text in ("nan", "inf", "-inf"):
             try:
                 value = opt.parse(text)
@@ -81,8 +81,7 @@ def test_every_float_flag_refuses_nan_and_inf() -> None:
 
 def test_smallest_model_len_the_warmup_needs_is_accepted() -> None:
     # The plan caps its steps at the context, so one request (2 + 1 tokens at k=0) is enough.
-    cfg = server_config.load_server_config(["--device", "cpu", "--max-model-len", "3"],
-                                           environ={})
+    cfg = load_server_config(["--device", "cpu", "--max-model-len", "3"], environ={})
     assert cfg.runner.model.max_model_len == 3
 
 

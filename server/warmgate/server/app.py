@@ -18,11 +18,12 @@ from warmgate.server.api.auth import AuthInterceptor
 from warmgate.server.api.generation import GenerationService
 from warmgate.server.api.health import LIVENESS_SERVICE, WarmgateHealth
 from warmgate.server.api.interceptor import ErrorInterceptor
-from warmgate.server.api.listen_address import grpc_address
-from warmgate.server.api.security import ServerSecurity
+from warmgate.server.api.security import server_credentials
 from warmgate.server.api.service import WarmupService
 from warmgate.server.cache.store import compile_cache_of
+from warmgate.server.config.listen_address import grpc_address
 from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.config.security import ServerSecurity
 from warmgate.server.config.server_config import ServerConfig
 from warmgate.server.control.controller import WarmupController
 from warmgate.server.control.engine import PlanEngine, WarmupEngine
@@ -98,7 +99,7 @@ def _bind(server: grpc.aio.Server, host: str, port: int, security: ServerSecurit
           ) -> int:
     address = grpc_address(host, port)
     if security is not None and security.tls:
-        bound = server.add_secure_port(address, security.server_credentials())
+        bound = server.add_secure_port(address, server_credentials(security))
     else:
         bound = server.add_insecure_port(address)
     if bound == 0:

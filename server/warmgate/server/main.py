@@ -25,13 +25,10 @@ from typing import NoReturn
 
 from warmgate.server.api.port_check import PortInUse, check_ports
 from warmgate.server.app import create_server
-from warmgate.server.config.server_config import (
-    ServerConfig,
-    configure_logging,
-    load_server_config,
-    startup_error,
-)
+from warmgate.server.config.flags import startup_error
+from warmgate.server.config.server_config import ServerConfig, configure_logging
 from warmgate.server.cpu_threads import apply_cpu_threads
+from warmgate.server.startup import load_server_config
 from warmgate.server.text.errors import TextLoadError
 from warmgate.server.text.model_text import ModelText, load_model_text
 

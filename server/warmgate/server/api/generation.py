@@ -29,9 +29,9 @@ from warmgate.server.api.errors import (
 )
 from warmgate.server.api.generate_request import parse_generate_request
 from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.config.serving_config import ServingConfig
 from warmgate.server.control.controller import WarmupController
 from warmgate.server.core.failures import describe_failure, is_out_of_memory
-from warmgate.server.serving.config import ServingConfig
 from warmgate.server.serving.loop import ServingLoop
 from warmgate.server.serving.ngram import NgramIndex
 from warmgate.server.serving.request import ServingRequest, StepEvent, Usage

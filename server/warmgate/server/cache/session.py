@@ -9,6 +9,7 @@ from pathlib import Path
 from warmgate.server.cache.degrade import cache_write_failure
 from warmgate.server.cache.store import ERROR, CacheInfo, CompileCache
 from warmgate.server.config.runner_config import RunnerConfig, resolve_runner_config
+from warmgate.server.core.phases import LOAD
 from warmgate.server.core.results import WarmupReport
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,6 @@ def settle_compile_cache(cache: CompileCache | None, report: WarmupReport) -> Wa
             cache.abandon()
     report.compile_cache = cache.refresh_size(force=True).to_dict()
     for p in report.phases:
-        if p.name == "load":
+        if p.name == LOAD:
             p.shapes["compile_cache"] = cache.info.state
     return report

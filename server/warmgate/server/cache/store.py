@@ -32,11 +32,11 @@ from warmgate.server.cache.env import EnvResult, apply_cache_env, repoint_cache_
 from warmgate.server.cache.key import cache_key, dist_versions, key_inputs
 from warmgate.server.cache.trash import bound_trash
 from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.config.server_config import CACHE_LOCK_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
 HIT, MISS, REBUILT, ERROR, LOCK_TIMEOUT = "hit", "miss", "rebuilt", "error", "lock_timeout"
-DEFAULT_LOCK_TIMEOUT_S = 240.0  # server_config.CACHE_LOCK_TIMEOUT_S, without its imports
 SIZE_TTL_S = 5.0
 
 
@@ -64,7 +64,7 @@ class CacheInfo:
 
 
 class CompileCache:
-    def __init__(self, root: str | Path, *, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+    def __init__(self, root: str | Path, *, lock_timeout_s: float = CACHE_LOCK_TIMEOUT_S,
                  environ: MutableMapping[str, str] | None = None) -> None:
         self.root = Path(root).absolute()
         self._lock_timeout_s = lock_timeout_s
@@ -236,4 +236,4 @@ def compile_cache_of(config: Any) -> CompileCache | None:
     if not root:
         return None
     return CompileCache(root, lock_timeout_s=getattr(config, "cache_lock_timeout_s",
-                                                     DEFAULT_LOCK_TIMEOUT_S))
+                                                     CACHE_LOCK_TIMEOUT_S))

@@ -160,7 +160,8 @@ def _sliding_window(hf: dict[str, Any], arch: str, path: Path) -> int | None:
         if hf.get("layer_types") is not None:
             raise ModelLoadError(path, "layer_types", "per-layer attention types are not "
                                  "supported for MistralForCausalLM")
-        return hf.get("sliding_window", _DEFAULT_SLIDING_WINDOW["mistral"])
+        window: int | None = hf.get("sliding_window", _DEFAULT_SLIDING_WINDOW["mistral"])
+        return window
     if arch in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
         window = hf.get("sliding_window", 4096)
         layer_types = hf.get("layer_types") or [

@@ -11,7 +11,7 @@ from typing import Any
 from warmgate.server.config.rope_config import RopeConfig
 
 # Llama 3.1/3.2's rope_scaling ({"rope_type": "llama3", ...} in their config.json).
-_LLAMA3_ROPE = dict(rope_type="llama3", theta=500000.0, low_freq_factor=1.0,
+_LLAMA3_ROPE: dict[str, Any] = dict(rope_type="llama3", theta=500000.0, low_freq_factor=1.0,
                     high_freq_factor=4.0, original_max_position_embeddings=8192)
 
 # Fields are ModelConfig's; anything left out takes ModelConfig's default.

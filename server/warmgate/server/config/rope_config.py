@@ -1,9 +1,9 @@
 """Rotary position embedding settings: which frequency schedule, and its parameters.
 
-Torch-free so config.py can hold it; runner.rope turns it into frequencies. The four rope types
-are the ones transformers' Llama, Mistral, Qwen2 and Qwen3 checkpoints use: "default" (plain
-RoPE), "linear" (positions divided by `factor`), "llama3" (Llama 3.1+ band-wise scaling) and
-"yarn" (NTK-by-parts interpolation plus a cos/sin attention factor).
+Torch-free so runner_config.py can hold it; runner.rope turns it into frequencies. The four
+rope types are the ones transformers' Llama, Mistral, Qwen2 and Qwen3 checkpoints use:
+"default" (plain RoPE), "linear" (positions divided by `factor`), "llama3" (Llama 3.1+
+band-wise scaling) and "yarn" (NTK-by-parts interpolation plus a cos/sin attention factor).
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
-"""Configuration: one frozen, validated dataclass per concern.
+"""The runner's configuration: one frozen, validated dataclass per concern.
 
-Nothing here reads the environment or probes devices at import time. "auto" values are
-resolved in exactly one function, `resolve_runner_config`, at start-up.
+What shapes compiled code lives here (and so in `config_hash` and the compile cache key);
+the server's own settings are in server_config. A field with a flag declares it in its
+metadata (config.flags). Nothing here reads the environment or probes devices at import
+time: "auto" values are resolved in exactly one function, `resolve_runner_config`, at
+start-up.
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from warmgate.server.config import flag_values
+from warmgate.server.config.attention_backends import backend_available
+from warmgate.server.config.flags import flag
 from warmgate.server.config.presets import MODEL_PRESETS, preset_names
 from warmgate.server.config.rope_config import RopeConfig
 
@@ -40,7 +46,9 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = "tiny"
+    name: str = field(default="tiny", metadata=flag(
+        "--model", f"a preset ({', '.join(preset_names())}) or a local Hugging Face directory",
+        direct=False, error_field="model"))
     vocab_size: int = 512
     hidden_size: int = 64
     num_layers: int = 2
@@ -56,7 +64,9 @@ class ModelConfig:
     # a window that never bites (>= max_model_len) is supported.
     sliding_window: int | None = None
     rms_norm_eps: float = 1e-6
-    max_model_len: int = 512
+    max_model_len: int = field(default=512, metadata=flag(
+        "--max-model-len", "context length (default: the model's)", default=None,
+        direct=False))
     tie_word_embeddings: bool = False
     # A pooling (embedding) model returns pooled hidden states instead of sampling tokens.
     is_pooling_model: bool = False
@@ -99,10 +109,12 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16
-    # None means auto: enough blocks for max_num_seqs requests of max_model_len tokens, plus
-    # the null block 0.
-    num_blocks: int | None = None
+    block_size: int = field(default=16, metadata=flag("--block-size",
+                                                      "tokens per KV cache block"))
+    # None means auto; block 0 is the null block.
+    num_blocks: int | None = field(default=None, metadata=flag(
+        "--num-blocks", "KV cache blocks (default: enough for max-num-seqs full-length "
+        "requests)"))
 
     def __post_init__(self) -> None:
         _require(self.block_size >= 1, "cache.block_size", "must be >= 1")
@@ -112,8 +124,9 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int = 256
+    max_num_seqs: int = field(default=8, metadata=flag("--max-num-seqs", "requests per batch"))
+    max_num_batched_tokens: int = field(default=256, metadata=flag(
+        "--max-num-batched-tokens", "tokens per batch"))
 
     def __post_init__(self) -> None:
         _require(self.max_num_seqs >= 1, "scheduler.max_num_seqs", "must be >= 1")
@@ -123,7 +136,9 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    num_speculative_steps: int = 0
+    num_speculative_steps: int = field(default=0, metadata=flag(
+        "--num-speculative-steps", "draft tokens per decode step",
+        parse=flag_values.non_negative))
 
     def __post_init__(self) -> None:
         _require(0 <= self.num_speculative_steps <= 64, "speculative.num_speculative_steps",
@@ -132,9 +147,12 @@ class SpeculativeConfig:
 
 @dataclass(frozen=True)
 class DeviceConfig:
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    attention_backend: str = "auto"  # auto | torch | triton | flashinfer
+    device: str = field(default="auto", metadata=flag("--device", "auto, cpu, cuda or cuda:N"))
+    dtype: str = field(default="auto", metadata=flag(
+        "--dtype", "auto, float32, bfloat16 or float16"))
+    attention_backend: str = field(default="auto", metadata=flag(
+        "--attention-backend", "auto, torch, triton or flashinfer",
+        parse=flag_values.attention_backend))
 
     def __post_init__(self) -> None:
         _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
@@ -147,18 +165,22 @@ class DeviceConfig:
 class CompilationConfig:
     # Uniform-decode batch sizes (in requests) to capture CUDA graphs for; None means auto.
     cuda_graph_sizes: tuple[int, ...] | None = None
-    enable_cuda_graphs: bool = True
-    # Also capture prefill / mixed batches, one graph per token bucket, where the attention
-    # backend supports it (triton): an eager prefill is host-bound (runner.cuda_graphs).
-    ragged_cuda_graphs: bool = True
-    # torch.compile the dense part of every layer, one static-shape graph per token bucket
-    # (runner.compile_buckets); attention stays eager. Off by default: compiling costs start-up.
-    compile: bool = False
-    # On CUDA, the compile phase runs every dense GEMM shape (token counts
-    # 1..max_num_batched_tokens) and the sampler at every batch size, so cuBLAS picks its
-    # algorithms and size-specific kernels load before ready (warmup.gemm_shapes,
-    # warmup.sampler_rows).
-    shape_sweeps: bool = True
+    enable_cuda_graphs: bool = field(default=True, metadata=flag(
+        "--cuda-graphs", "capture uniform-decode CUDA graphs"))
+    # An eager prefill is host-bound (runner.cuda_graphs), hence graphs for ragged batches.
+    ragged_cuda_graphs: bool = field(default=True, metadata=flag(
+        "--ragged-cuda-graphs", "with --cuda-graphs, also capture prefill and mixed batches, "
+        "one graph per token bucket (triton backend; others run them eagerly)"))
+    # Attention stays eager (runner.compile_buckets). Off by default: compiling costs start-up.
+    compile: bool = field(default=False, metadata=flag(
+        "--compile", "torch.compile the model's dense layers, one graph per token bucket, all "
+        "compiled by the warmup's compile phase"))
+    # So cuBLAS picks its algorithms and size-specific kernels load before ready
+    # (warmup.gemm_shapes, warmup.sampler_rows).
+    shape_sweeps: bool = field(default=True, metadata=flag(
+        "--shape-sweeps", "on CUDA, run every dense GEMM shape (token counts "
+        "1..max-num-batched-tokens) and the sampler at every batch size before ready, so no "
+        "first batch of a new size waits for cuBLAS or kernel loading"))
 
     def __post_init__(self) -> None:
         if self.cuda_graph_sizes is not None:
@@ -211,8 +233,6 @@ def resolve_runner_config(config: RunnerConfig, *, cuda_available: bool | None =
                           flashinfer_available: bool | None = None,
                           triton_available: bool | None = None) -> RunnerConfig:
     """Resolve every "auto" into a concrete value. The only place that probes the machine."""
-    from warmgate.server.runner.attention import backend_available  # lazy: keeps imports cheap
-
     if cuda_available is None:
         import torch
 

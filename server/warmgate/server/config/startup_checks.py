@@ -1,15 +1,16 @@
-"""Start-up checks for configurations that can never serve, run before anything binds.
+"""The start-up check config can make alone: an attention backend that cannot run here.
 
-Each raises ConfigError naming the setting, which load_server_config turns into one line
-naming the flag and exit code 2. What they check is what the runner or the warmup plan would
-otherwise only find out after the server bound its ports and said it was starting: an
-attention backend that cannot run on the device.
+It raises ConfigError naming the setting, which load_server_config (warmgate.server.startup,
+beside the checks that need the runner or the warmup plan) turns into one line naming the
+flag and exit code 2: the runner would otherwise only find out after the server bound its
+ports and said it was starting.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from warmgate.server.config.attention_backends import backend_available
 from warmgate.server.config.runner_config import ConfigError, RunnerConfig
 
 # Backends whose kernels run only on a GPU. Triton's interpreter (TRITON_INTERPRET=1) runs
@@ -20,8 +21,6 @@ TRITON_INTERPRET_VAR = "TRITON_INTERPRET"
 
 def check_attention_backend(runner: RunnerConfig, environ: Mapping[str, str]) -> None:
     """The resolved backend can run on the resolved device, and its library is installed."""
-    from warmgate.server.runner.attention import backend_available  # lazy: imports torch
-
     backend, device = runner.device.attention_backend, runner.device.device
     if backend in _GPU_ONLY_BACKENDS and not device.startswith("cuda"):
         interpreted = backend == "triton" and environ.get(TRITON_INTERPRET_VAR) == "1"

@@ -27,7 +27,7 @@ from warmgate.server.api.errors import (
     InvalidArgument,
     ShuttingDown,
 )
-from warmgate.server.control.engine import MIXED_PHASES, PLAN_PHASES, WarmupEngine
+from warmgate.server.control.engine import WarmupEngine
 from warmgate.server.control.singleflight import Shared, SingleFlight
 from warmgate.server.control.status import (
     Identity,
@@ -38,6 +38,7 @@ from warmgate.server.control.status import (
     with_readiness,
 )
 from warmgate.server.core.failures import FatalDeviceError, describe_fatal
+from warmgate.server.core.phases import MIXED_PHASES, PLAN_PHASES
 from warmgate.server.core.progress import ProgressEvent
 from warmgate.server.core.results import (
     PhaseResult,

@@ -21,6 +21,7 @@ from warmgate.server.core.failures import (
     describe_failure,
     is_fatal_device_error,
 )
+from warmgate.server.core.phases import LOAD, MIXED_PHASES
 from warmgate.server.core.progress import ProgressCallback
 from warmgate.server.core.results import PhaseResult, PhaseStatus, WarmupReport
 from warmgate.server.jit import JitMonitor
@@ -28,11 +29,6 @@ from warmgate.server.telemetry.report_log import log_phase
 
 logger = logging.getLogger(__name__)
 
-# The plan's phases, in order (warmgate.server.warmup.plan.PHASES, repeated here so the
-# controller and tests do not import the torch-heavy plan just to name them).
-PLAN_PHASES = ("load", "flashinfer", "compile", "kernels.prefill", "kernels.decode",
-               "kernels.sampler", "mixed", "cuda_graphs")
-MIXED_PHASES = ("mixed",)
 
 
 class WarmupEngine(Protocol):
@@ -59,7 +55,7 @@ class WarmupEngine(Protocol):
 class PlanEngine:
     """The real runner, driven through warmgate.server.warmup.plan.
 
-    `faults` (tests only) makes chosen phases raise or stall; see warmgate.server.faults.
+    `faults` (tests only) makes chosen phases raise or stall; see warmgate.server.config.faults.
     """
 
     def __init__(self, config: RunnerConfig, *, faults: FaultInjector | None = None,
@@ -91,18 +87,18 @@ class PlanEngine:
         start = time.perf_counter()
         try:
             if self._faults is not None:
-                self._faults.enter("load")
+                self._faults.enter(LOAD)
             open_compile_cache(self._cache, self._config)  # before anything reads the env
             self._runner, phase = plan.load_runner(self._config, jit_monitor=self.jit_monitor)
             if self._faults is not None:
                 self._faults.wrap_runner(self._runner)
         except Exception as exc:  # a load failure is reported and turns health FAILED
             if is_fatal_device_error(exc):
-                raise FatalDeviceError("load", exc) from exc
+                raise FatalDeviceError(LOAD, exc) from exc
             logger.exception("loading the model failed")
-            phase = PhaseResult(name="load", status=PhaseStatus.FAILED,
+            phase = PhaseResult(name=LOAD, status=PhaseStatus.FAILED,
                                 duration_s=time.perf_counter() - start,
-                                detail=describe_failure("load", exc))
+                                detail=describe_failure(LOAD, exc))
             log_phase(phase)
         self._load_phase = phase
         return phase

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from warmgate.server.core.phases import CUDA_GRAPHS, LOAD
+
 # Settings to lower when a phase runs out of device memory, by phase.
 _OOM_ADVICE = {
-    "load": "lower --num-blocks (KV cache size), --max-model-len or --max-num-seqs, or pick a "
-            "smaller --model",
-    "cuda_graphs": "lower --max-num-seqs (the largest captured size) or "
-                   "--max-num-batched-tokens (the largest ragged-batch graph), or pass "
-                   "--no-ragged-cuda-graphs or --no-cuda-graphs",
+    LOAD: "lower --num-blocks (KV cache size), --max-model-len or --max-num-seqs, or pick a "
+          "smaller --model",
+    CUDA_GRAPHS: "lower --max-num-seqs (the largest captured size) or "
+                 "--max-num-batched-tokens (the largest ragged-batch graph), or pass "
+                 "--no-ragged-cuda-graphs or --no-cuda-graphs",
 }
 _OOM_DEFAULT = "lower --max-num-batched-tokens or --max-num-seqs, or --num-blocks"
 

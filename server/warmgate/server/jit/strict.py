@@ -9,11 +9,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from warmgate.server.config.flag_values import STRICT_MODES
 from warmgate.server.jit.events import CUDA_GRAPH_MISS, JitEvent
 
 logger = logging.getLogger(__name__)
-
-STRICT_MODES = ("off", "warn", "fail")
 
 
 class StrictJitPolicy:

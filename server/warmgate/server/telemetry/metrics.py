@@ -12,13 +12,17 @@ others (the usual enum pattern: `warmgate_warmup_state == 1` selects the current
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Iterable
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
-from warmgate.server.api.listen_address import HostWSGIServer, bare_host, is_ipv6
+from warmgate.server.config.listen_address import address_family, bare_host, is_ipv6
+from warmgate.server.core.phases import LOAD, PLAN_PHASES
 from warmgate.server.core.results import PhaseStatus, SkipReason, WarmupReport
 from warmgate.server.jit.events import CACHED_KINDS, CUDA_GRAPH_MISS, JitEvent
 from warmgate.server.telemetry.serving_metrics import FINISH_REASONS, ServingMetrics
@@ -26,8 +30,6 @@ from warmgate.server.telemetry.serving_metrics import FINISH_REASONS, ServingMet
 logger = logging.getLogger(__name__)
 
 OTHER = "other"
-PHASES = ("load", "flashinfer", "compile", "kernels.prefill", "kernels.decode",
-          "kernels.sampler", "mixed", "cuda_graphs")
 STATES = ("pending", "running", "ready", "failed")
 SKIP_REASONS = tuple(r.value.lower() for r in SkipReason)
 RPC_METHODS = (
@@ -42,8 +44,8 @@ RPC_METHODS = (
 COMPILE_KINDS = ("triton", "flashinfer", "inductor", "dynamo", OTHER)
 # "entry": the --cache-dir entry as a whole (hit: READY found; miss or rebuilt: filled now).
 CACHES = ("triton", "flashinfer", "inductor", "entry", OTHER)
-# First-use JIT is measured at 11 s (FlashInfer decode) to 93 s (prefill); a cold 8B plan can
-# take many minutes, so the buckets run to 30 minutes rather than the default 10 s.
+# A first-use JIT takes tens of seconds per phase and a cold plan for a large model many
+# minutes, so the buckets run to 30 minutes rather than prometheus_client's default 10 s.
 PHASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800)
 # Health checks must answer in well under the kubelet's 1 s timeout; resolve the low end.
 RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 300,
@@ -126,10 +128,10 @@ class Metrics:
         if cache:
             self.cache_degraded.set(1 if cache.get("degraded") else 0)
         for p in report.phases:
-            phase = _label(p.name, PHASES)
-            if phase == "load" and self._load_observed:
+            phase = _label(p.name, PLAN_PHASES)
+            if phase == LOAD and self._load_observed:
                 continue  # the first plan's report repeats the load the controller observed
-            self._load_observed = self._load_observed or phase == "load"
+            self._load_observed = self._load_observed or phase == LOAD
             if p.status is PhaseStatus.SKIPPED:
                 reason = p.skip_reason.value.lower() if p.skip_reason else OTHER
                 self.phase_skipped.labels(phase=phase, reason=_label(reason, SKIP_REASONS)).inc()
@@ -152,6 +154,20 @@ class Metrics:
         method = _label(method, RPC_METHODS)
         self.rpc_requests.labels(method=method, code=code).inc()
         self.rpc_duration.labels(method=method).observe(seconds)
+
+
+class HostWSGIServer(ThreadingWSGIServer):
+    """The metrics HTTP server on the address family of --host; on `::` IPv4 too (dual stack,
+    as gRPC binds `[::]`)."""
+
+    def __init__(self, address: tuple[str, int], handler: Any) -> None:
+        self.address_family = address_family(address[0])
+        super().__init__(address, handler)
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
 
 
 class _QuietHandler(WSGIRequestHandler):

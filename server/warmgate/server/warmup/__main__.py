@@ -10,13 +10,9 @@ import sys
 from collections.abc import Mapping
 
 from warmgate.server.config.runner_config import ConfigError, RunnerConfig
-from warmgate.server.config.server_config import (
-    RUNNER_FLAGS,
-    add_options,
-    report_config_error,
-    runner_config_from_args,
-)
+from warmgate.server.config.server_config import RUNNER_FLAGS, add_options, report_config_error
 from warmgate.server.jit import JitMonitor
+from warmgate.server.startup import checked_runner_config
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
 from warmgate.server.warmup.shapes import check_config_capacity
 from warmgate.server.warmup.table import format_phase_table
@@ -33,7 +29,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
 
 def build_config(args: argparse.Namespace) -> RunnerConfig:
-    config = runner_config_from_args(args)
+    config = checked_runner_config(args)
     if not args.pooling:
         return config
     return dataclasses.replace(config, model=dataclasses.replace(config.model,

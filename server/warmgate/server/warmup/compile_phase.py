@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from warmgate.server.config.runner_config import cdiv
+from warmgate.server.core.phases import COMPILE
 from warmgate.server.core.progress import PhaseProgress, ProgressCallback
 from warmgate.server.core.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
 from warmgate.server.runner.scheduler_output import GREEDY
@@ -32,8 +33,6 @@ from warmgate.server.warmup.steps import (
 )
 
 logger = logging.getLogger(__name__)
-
-COMPILE = "compile"
 
 
 def buckets_to_warm(model_runner: Any) -> tuple[int, ...]:

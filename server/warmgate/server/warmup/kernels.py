@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from warmgate.server.core.phases import DECODE, PREFILL, SAMPLER
 from warmgate.server.core.progress import PhaseProgress, ProgressCallback
 from warmgate.server.core.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
@@ -35,7 +36,6 @@ from warmgate.server.warmup.steps import (
 
 logger = logging.getLogger(__name__)
 
-PREFILL, DECODE, SAMPLER = "kernels.prefill", "kernels.decode", "kernels.sampler"
 # Stochastic sampling that exercises temperature, top-k and top-p together.
 STOCHASTIC = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
 SEEDED = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1234)

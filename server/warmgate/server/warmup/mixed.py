@@ -12,6 +12,7 @@ import logging
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+from warmgate.server.core.phases import MIXED
 from warmgate.server.core.progress import PhaseProgress, ProgressCallback
 from warmgate.server.core.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
 from warmgate.server.runner.scheduler_output import GREEDY
@@ -31,7 +32,6 @@ from warmgate.server.warmup.steps import (
 
 logger = logging.getLogger(__name__)
 
-MIXED = "mixed"
 # The decoding request's prompt: two tokens, so its next step is a one-token decode.
 DECODE_PROMPT_LEN = MIXED_DECODE_PROMPT_LEN
 

@@ -24,6 +24,17 @@ from warmgate.server.core.failures import (
     describe_failure,
     is_fatal_device_error,
 )
+from warmgate.server.core.phases import (
+    COMPILE,
+    CUDA_GRAPHS,
+    DECODE,
+    FLASHINFER,
+    LOAD,
+    MIXED,
+    PLAN_PHASES,
+    PREFILL,
+    SAMPLER,
+)
 from warmgate.server.core.progress import PhaseProgress, ProgressCallback, ProgressEvent
 from warmgate.server.core.results import (
     PhaseResult,
@@ -35,16 +46,15 @@ from warmgate.server.core.results import (
 from warmgate.server.jit import JitMonitor
 from warmgate.server.telemetry.report_log import log_phase
 from warmgate.server.warmup.compile_ledger import PhaseLedger
-from warmgate.server.warmup.compile_phase import COMPILE, run_compile_warmup
-from warmgate.server.warmup.kernels import DECODE, PREFILL, SAMPLER, warmup_kernels
-from warmgate.server.warmup.mixed import MIXED, run_mixed_prefill_decode_warmup
+from warmgate.server.warmup.compile_phase import run_compile_warmup
+from warmgate.server.warmup.kernels import warmup_kernels
+from warmgate.server.warmup.mixed import run_mixed_prefill_decode_warmup
 from warmgate.server.warmup.shapes import RESOURCE_SKIPS, default_mixed_num_tokens
 from warmgate.server.warmup.steps import synced_timer
 
 logger = logging.getLogger(__name__)
 
-LOAD, FLASHINFER, CUDA_GRAPHS = "load", "flashinfer", "cuda_graphs"
-PHASES = (LOAD, FLASHINFER, COMPILE, PREFILL, DECODE, SAMPLER, MIXED, CUDA_GRAPHS)
+PHASES = PLAN_PHASES  # warmgate.server.warmup.PHASES, as the tests and tools name it
 
 
 def load_runner(config: RunnerConfig, *, jit_monitor: JitMonitor | None = None

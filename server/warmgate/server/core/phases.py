@@ -1,0 +1,26 @@
+"""The warmup plan's phase names, in the order the plan runs them.
+
+The plan, the controller (progress and ETA), the metrics' label set, the fault injector and
+the tests all name phases; they import them from here so a renamed or added phase cannot
+drift between them. Nothing here imports torch, so naming a phase costs nothing.
+"""
+
+from __future__ import annotations
+
+LOAD = "load"
+FLASHINFER = "flashinfer"
+COMPILE = "compile"
+PREFILL = "kernels.prefill"
+DECODE = "kernels.decode"
+SAMPLER = "kernels.sampler"
+MIXED = "mixed"
+CUDA_GRAPHS = "cuda_graphs"
+
+# A whole plan (WarmupKernels, start-up), in order.
+PLAN_PHASES = (LOAD, FLASHINFER, COMPILE, PREFILL, DECODE, SAMPLER, MIXED, CUDA_GRAPHS)
+# A MixedWarmup call runs only this one.
+MIXED_PHASES = (MIXED,)
+# The phases whose work goes through the runner's two callbacks (execute_model and
+# sample_tokens), in plan order; load runs before a runner exists, and flashinfer, compile and
+# cuda_graphs skip on a CPU, so only these can be interrupted through the callbacks.
+RUNNER_CALL_PHASES = (PREFILL, DECODE, SAMPLER, MIXED)
