@@ -28,7 +28,7 @@ from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.loading import allocate_kv, load_model, load_stats
 from warmgate.server.runner.ops import TorchOps
 from warmgate.server.runner.request_state import ScheduledRequest
-from warmgate.server.runner.sampler import Sampler, SeededStream
+from warmgate.server.runner.sampling import Sampler, SeededStream
 from warmgate.server.runner.scheduler_output import (
     GREEDY,
     GrammarOutput,

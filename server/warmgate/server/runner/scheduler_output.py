@@ -19,10 +19,27 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
+    # Logits processors (runner/sampling/processors.py); each default is the neutral value.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    # stop_token_ids are masked until this many tokens were generated.
+    min_tokens: int = 0
+    # (token id, bias) pairs, sorted by id.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # Top-n log probabilities per generated / prompt token; None returns none.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
 
     @property
     def is_seeded(self) -> bool:

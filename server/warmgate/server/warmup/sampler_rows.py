@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from warmgate.server.runner.sampler import SeededStream
+from warmgate.server.runner.sampling import SeededStream
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
 from warmgate.server.warmup.kernels import SEEDED, STOCHASTIC
 
