@@ -7,6 +7,11 @@ MRV2 warmup does, so the runner cannot tell a warmup batch from a real one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the sampling package imports this module
+    from warmgate.server.runner.sampling.logprobs import TokenLogprobs
+    from warmgate.server.runner.sampling.step_logprobs import PromptLogprobs
 
 
 @dataclass(frozen=True)
@@ -110,3 +115,8 @@ class ModelRunnerOutput:
     num_accepted_draft_tokens: list[int] = field(default_factory=list)
     # Pooling models: one embedding per request that finished its prompt this step.
     pooler_output: list[object] | None = None
+    # Per request, one entry per sampled token when it asked for logprobs (else []); None
+    # when no request of the step asked.
+    logprobs: list[list[TokenLogprobs]] | None = None
+    # The prompt positions this step read, for requests that asked for prompt logprobs.
+    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)
