@@ -197,3 +197,18 @@ def test_verify_applies_the_processors_at_every_draft_position(seed: int) -> Non
     tokens, accepted = sampler.verify(x, [[chain[0][0], wrong, 0], chain[1][:k]], params,
                                       [None, None], hist)
     assert accepted[0] == 1 and tokens[0] == [chain[0][0], plain(0, [chain[0][0]])]
+
+
+def test_a_batch_without_options_never_enters_the_processors(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """Today's path for requests without options: no row bookkeeping, no processor."""
+    from warmgate.server.runner.sampling import sampler as sampler_module
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("the processors ran for a batch without options")
+    monkeypatch.setattr(sampler_module, "apply_logits_processors", refuse)
+    x, hist = _batch(2, n=4)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, top_k=3),
+              SamplingParams(min_tokens=9), SamplingParams(temperature=0.0, logprobs=3)]
+    Sampler().sample(x, params, [None] * 4, hist)
+    Sampler().verify(x[:3], [[1], []], params[:2], [None] * 2, hist[:2])

@@ -7,6 +7,7 @@ MRV2 warmup does, so the runner cannot tell a warmup batch from a real one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the sampling package imports this module
@@ -45,6 +46,14 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+    @cached_property
+    def uses_logits_processors(self) -> bool:
+        """Whether any logits processor may change this request's logits: a batch of
+        requests without it skips the processors (and their row bookkeeping) entirely.
+        Computed once per request (the sampler asks every step)."""
+        return (bool(self.logit_bias) or self.has_penalties
+                or (self.min_tokens > 0 and bool(self.stop_token_ids)))
 
     @property
     def is_seeded(self) -> bool:

@@ -22,8 +22,10 @@ class Sampler:
                histories: Sequence[TokenHistory] | None = None) -> torch.Tensor:
         """logits: [N, V] float32 (left unchanged); params, streams, histories (None: no
         tokens yet): one per row -> tokens [N] int64."""
-        rows = SamplingRows.of(params, histories, logits.device)
-        x = apply_logits_processors(logits, rows)
+        x = logits
+        if any(p.uses_logits_processors for p in params):
+            x = apply_logits_processors(logits, SamplingRows.of(params, histories,
+                                                                logits.device))
         gens = [s.generators(1, logits.device)[0] if s is not None else None for s in streams]
         return choose_tokens(x, params, gens)
 
@@ -48,9 +50,13 @@ class Sampler:
         """
         dev = logits.device
         layout = DraftLayout.of(draft_token_ids, logits.shape[0], dev)
-        rows = SamplingRows.for_verify(params, histories, draft_token_ids, dev)
-        x = apply_logits_processors(logits, rows)
+        row_params = [p for p, d in zip(params, draft_token_ids, strict=True)
+                      for _ in range(len(d) + 1)]
+        x = logits
+        if any(p.uses_logits_processors for p in params):
+            x = apply_logits_processors(logits, SamplingRows.for_verify(
+                params, histories, draft_token_ids, dev))
         gens = [g for s, d in zip(streams, draft_token_ids, strict=True)
                 for g in (s.generators(len(d) + 1, dev) if s is not None
                           else [None] * (len(d) + 1))]
-        return layout.accept(choose_tokens(x, rows.params, gens))
+        return layout.accept(choose_tokens(x, row_params, gens))

@@ -26,8 +26,9 @@ def sample_step(sampler: Sampler, logits: torch.Tensor, scheduled: Sequence[Sche
                for s, p in zip(sampling, params, strict=True)]
     drafts = [list(s.draft_token_ids) for s in sampling]
     # The request's own lists, read only by the processors that need them.
-    histories = [TokenHistory(s.state.prompt_token_ids, s.state.output_token_ids)
-                 for s in sampling]
+    histories = ([TokenHistory(s.state.prompt_token_ids, s.state.output_token_ids)
+                  for s in sampling]
+                 if any(p.uses_logits_processors for p in params) else None)
     if any(drafts):
         tokens, accepted = sampler.verify(logits, drafts, params, streams,
                                                histories)
