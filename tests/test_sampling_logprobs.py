@@ -104,3 +104,33 @@ def test_served_logprobs_equal_transformers_log_softmax(hf: tuple[Any, Path],
         assert [t for t, _ in entry.top] == want[p].topk(2).indices.tolist()
     if num_spec:
         assert any(e.num_accepted_draft_tokens for e in events)  # logprobs of drafts too
+
+
+def test_prompt_logprobs_survive_preemption_once_each() -> None:
+    """A preempted request recomputes its prompt: its prompt logprobs still come once, one
+    per prompt token, equal to the request's alone; generated logprobs follow its tokens."""
+    from tests.runner_helpers import make_runner, prompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=30, logprobs=1, prompt_logprobs=1)
+    prompts = [prompt(40, offset=i) for i in range(3)]
+    alone = {}
+    for i, p in enumerate(prompts):
+        served = Served(make_runner())
+        served.submit(f"r{i}", p, params)
+        served.run()
+        alone[f"r{i}"] = served.events
+    # 40 blocks of 4 tokens: three 70-token requests cannot all stay.
+    served = Served(make_runner(num_blocks=41, max_num_batched_tokens=32))
+    reqs = [served.submit(f"r{i}", p, params) for i, p in enumerate(prompts)]
+    served.run()
+    assert sum(r.usage.num_preemptions for r in reqs) > 0
+    for r, p in zip(reqs, prompts, strict=True):
+        events = [e for e in served.events if e.req_id == r.req_id]
+        first = alone[r.req_id]
+        assert [t for e in events for t in e.token_ids] == [t for e in first
+                                                            for t in e.token_ids]
+        got = [e for ev in events for e in ev.prompt_logprobs]
+        want = first[0].prompt_logprobs
+        assert [e.token_id for e in got] == p[1:]
+        assert [e.logprob for e in got] == pytest.approx([e.logprob for e in want], abs=1e-4)
+        assert [e.token_id for ev in events for e in ev.logprobs] == r.output_token_ids
