@@ -4,21 +4,24 @@ Each step picks a shape family, then fills it from the live requests: uniform de
 request 1 + k tokens, k = 0 or the speculative length), prefills (whole prompts or chunks of
 prompts longer than the token budget), mixed prefill + decode steps, and ragged ones (each
 decode with its own draft count). Requests arrive with random prompt lengths up to the model
-length and random sampling (greedy; temperature with or without top-k/top-p; seeded), and
-leave when they reach their length, the model length, or at random (an abort). Requests
-are finished to make room when KV blocks run short.
+length and random sampling (greedy; temperature with or without top-k/top-p; seeded; and
+each sampling feature - logprobs, prompt logprobs, penalties, min_p, min_tokens, logit_bias
+- on about one request in four), and leave when they reach their length, the model length,
+or at random (an abort). Requests are finished to make room when KV blocks run short.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench.coverage_scheduler import CoverageScheduler, Request, Work
+from warmgate.server.runner.sampling import MAX_LOGPROBS
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
 
 MODES = ("uniform_decode", "prefill", "mixed", "ragged")
 ABORT_PROBABILITY = 0.01
+FEATURE_PROBABILITY = 0.25
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,29 @@ def random_params(rng: random.Random) -> SamplingParams:
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
 
+def random_features(rng: random.Random, params: SamplingParams, vocab_size: int
+                    ) -> SamplingParams:
+    """Each sampling feature (runner/sampling/features.py) on about one request in four, so
+    batches mix requests with and without every option."""
+    def on() -> bool:
+        return rng.random() < FEATURE_PROBABILITY
+
+    min_tokens = rng.randint(1, 48) if on() else 0
+    return replace(
+        params,
+        logprobs=rng.randint(0, MAX_LOGPROBS) if on() else None,
+        prompt_logprobs=rng.randint(0, MAX_LOGPROBS) if on() else None,
+        presence_penalty=rng.uniform(-2, 2) if on() else 0.0,
+        frequency_penalty=rng.uniform(-2, 2) if on() else 0.0,
+        repetition_penalty=rng.uniform(0.5, 2) if on() else 1.0,
+        min_p=rng.uniform(0, 0.5) if on() else 0.0,
+        min_tokens=min_tokens,
+        # Stop ids are what min_tokens masks (this scheduler never stops on them).
+        stop_token_ids=tuple(rng.sample(range(vocab_size), 2)) if min_tokens else (),
+        logit_bias=tuple(sorted({rng.randrange(vocab_size): rng.uniform(-100, 100)
+                                 for _ in range(rng.randint(1, 8))}.items())) if on() else ())
+
+
 class BatchDrawer:
     def __init__(self, sched: CoverageScheduler, limits: Limits, rng: random.Random) -> None:
         self.sched = sched
@@ -58,7 +84,8 @@ class BatchDrawer:
         max_new = rng.randint(1, max(1, min(48, room - prompt_len + 1)))
         prompt = [rng.randrange(lim.vocab_size) for _ in range(prompt_len)]
         self._next_id += 1
-        req = Request(f"cov{self._next_id}", prompt, random_params(rng), max_new)
+        params = random_features(rng, random_params(rng), lim.vocab_size)
+        req = Request(f"cov{self._next_id}", prompt, params, max_new)
         self.sched.add(req)
         return req
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from tests.runner_helpers import MiniScheduler, make_runner, prompt
-from warmgate.server.runner.sampler import Sampler, SeededStream, make_generator
+from warmgate.server.runner.sampling import Sampler, SeededStream, make_generator
+from warmgate.server.runner.sampling.warpers import probabilities
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
 
 V = 64
@@ -45,13 +46,13 @@ def test_top_p_keeps_the_nucleus() -> None:
     params = [SamplingParams(temperature=1.0, top_p=0.7)]
     seen = {int(Sampler().sample(x, params, [None])[0]) for _ in range(300)}
     assert seen == {0, 1}
-    kept = Sampler._probs(x, params)[0]
+    kept = probabilities(x, params)[0]
     torch.testing.assert_close(kept, torch.tensor([0.625, 0.375, 0.0, 0.0]))
 
 
 def test_top_p_one_keeps_everything() -> None:
     x = torch.zeros(1, V)
-    kept = Sampler._probs(x, [SamplingParams(top_p=1.0)])
+    kept = probabilities(x, [SamplingParams(top_p=1.0)])
     assert (kept > 0).all()
 
 

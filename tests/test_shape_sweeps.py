@@ -24,8 +24,9 @@ def test_gemm_plan_has_each_projection_shape_once_and_the_head_up_to_logits_rows
 
 def test_sampler_sweep_runs_sample_and_verify_for_every_batch_size() -> None:
     plain, spec = make_runner(max_num_seqs=4), make_runner(num_spec=2, max_num_seqs=4)
-    assert sweep_sampler_rows(plain) == len(VARIANTS) * 4
-    assert sweep_sampler_rows(spec) == len(VARIANTS) * 4 * 2
+    # Then the logprobs gather at every logits row count, with and without top-n.
+    assert sweep_sampler_rows(plain) == len(VARIANTS) * 4 + 4 * 2
+    assert sweep_sampler_rows(spec) == len(VARIANTS) * 4 * 2 + 4 * 3 * 2
 
 
 def test_the_compile_phase_sweeps_only_on_cuda_and_only_when_enabled() -> None:

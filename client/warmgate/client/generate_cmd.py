@@ -21,6 +21,18 @@ def token_ids(text: str) -> list[int]:
     return [int(part) for part in parts]
 
 
+def logit_bias_item(text: str) -> tuple[int, float]:
+    """'42=-1.5' -> (42, -1.5); anything else is an argparse error."""
+    token, sep, bias = text.partition("=")
+    try:
+        if not sep or not token.strip().isdigit():
+            raise ValueError(text)
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected TOKEN_ID=BIAS like 42=-1.5, got {text!r}") from None
+
+
 def add_generate_command(commands: Any) -> None:
     gen = commands.add_parser(
         "generate", help="generate from a prompt (needs a ready server)",
@@ -45,6 +57,23 @@ def add_generate_command(commands: Any) -> None:
                      help="stop after any of these token ids")
     gen.add_argument("--ignore-eos", action="store_true",
                      help="do not stop at the model's end-of-sequence ids")
+    gen.add_argument("--logprobs", type=int, default=None, metavar="N",
+                     help="return each token's log probability and the N most likely (0-20; "
+                          "shown with --json)")
+    gen.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
+                     help="the same for every prompt token after the first")
+    gen.add_argument("--presence-penalty", type=float, default=0.0, metavar="X",
+                     help="OpenAI's, in [-2, 2]")
+    gen.add_argument("--frequency-penalty", type=float, default=0.0, metavar="X",
+                     help="OpenAI's, in [-2, 2]")
+    gen.add_argument("--repetition-penalty", type=float, default=None, metavar="X",
+                     help="transformers', > 0 (1 disables it)")
+    gen.add_argument("--min-p", type=float, default=0.0, metavar="P", help="in [0, 1]")
+    gen.add_argument("--min-tokens", type=int, default=0, metavar="N",
+                     help="no end-of-sequence or stop id before N tokens")
+    gen.add_argument("--logit-bias", type=logit_bias_item, action="append", default=[],
+                     metavar="ID=BIAS", help="add BIAS (in [-100, 100]) to token ID's logit; "
+                                             "repeat for more ids")
 
 
 def run_generate(client: WarmgateClient, args: argparse.Namespace, out: TextIO,
@@ -57,7 +86,12 @@ def run_generate(client: WarmgateClient, args: argparse.Namespace, out: TextIO,
                              timeout=args.rpc_timeout, max_tokens=args.max_tokens,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                              seed=args.seed, stop_token_ids=args.stop_ids,
-                             ignore_eos=args.ignore_eos)
+                             ignore_eos=args.ignore_eos, logprobs=args.logprobs,
+                             prompt_logprobs=args.prompt_logprobs,
+                             presence_penalty=args.presence_penalty,
+                             frequency_penalty=args.frequency_penalty,
+                             repetition_penalty=args.repetition_penalty, min_p=args.min_p,
+                             min_tokens=args.min_tokens, logit_bias=dict(args.logit_bias))
     for message in stream:
         if args.json:
             pass  # one object at the end

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from warmgate.server.api.errors import FieldViolation, InvalidArgument
+from warmgate.server.api.sampling_options import sampling_options
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.scheduler import SchedulerLimits
@@ -76,6 +77,7 @@ def parse_generate_request(request: gen_pb.GenerateRequest, config: RunnerConfig
     elif (i := _first_outside(stops, vocab)) is not None:
         bad.append(FieldViolation(f"sampling.stop_token_ids[{i}]", f"{stops[i]} is outside "
                                   f"the vocabulary [0, {vocab})"))
+    options = sampling_options(s, vocab, max_tokens, bad)
     if len(request.request_id) > MAX_REQUEST_ID_CHARS:
         bad.append(FieldViolation("request_id", f"{len(request.request_id)} characters, at "
                                   f"most {MAX_REQUEST_ID_CHARS}"))
@@ -88,7 +90,7 @@ def parse_generate_request(request: gen_pb.GenerateRequest, config: RunnerConfig
     eos = () if s.ignore_eos else tuple(t for t in text.eos_token_ids if t not in stops)
     params = SamplingParams(temperature=temperature, top_k=s.top_k, top_p=top_p,
                             seed=s.seed if s.HasField("seed") else None, max_tokens=max_tokens,
-                            stop_token_ids=tuple(stops) + eos)
+                            stop_token_ids=tuple(stops) + eos, **options)
     return ParsedRequest(prompt, params, request.request_id, field)
 
 

@@ -28,6 +28,7 @@ from warmgate.server.api.errors import (
     WarmgateError,
 )
 from warmgate.server.api.generate_request import parse_generate_request
+from warmgate.server.api.logprobs_proto import token_logprobs_to_proto
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.config.serving_config import ServingConfig
 from warmgate.server.control.controller import WarmupController
@@ -126,6 +127,8 @@ class GenerationService(gen_grpc.GenerationServicer):
                      f" ({parsed.client_request_id})" if parsed.client_request_id else "",
                      len(req.prompt_token_ids), parsed.prompt_field, req.params.max_tokens,
                      list(req.params.stop_token_ids))
+        if self._metrics is not None:
+            self._metrics.observe_features(req.params)
         serving.submit(req)
         self._ensure_driver()
         outcome = "cancelled"
@@ -139,7 +142,9 @@ class GenerationService(gen_grpc.GenerationServicer):
                 message = gen_pb.GenerateResponse(
                     token_ids=event.token_ids, time_since_arrival_s=event.time_s - arrival,
                     num_accepted_draft_tokens=event.num_accepted_draft_tokens,
-                    num_draft_tokens=event.num_draft_tokens, text=stream.text_of(event))
+                    num_draft_tokens=event.num_draft_tokens, text=stream.text_of(event),
+                    logprobs=token_logprobs_to_proto(event.logprobs),
+                    prompt_logprobs=token_logprobs_to_proto(event.prompt_logprobs))
                 if event.finish_reason is None:
                     yield message
                     continue

@@ -28,7 +28,9 @@ from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.loading import allocate_kv, load_model, load_stats
 from warmgate.server.runner.ops import TorchOps
 from warmgate.server.runner.request_state import ScheduledRequest
-from warmgate.server.runner.sampler import Sampler, SeededStream
+from warmgate.server.runner.sampling import Sampler
+from warmgate.server.runner.sampling.step import sample_step
+from warmgate.server.runner.sampling.step_logprobs import PromptLogprobs, prompt_logprobs
 from warmgate.server.runner.scheduler_output import (
     GREEDY,
     GrammarOutput,
@@ -50,6 +52,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class _PendingStep:
     scheduled: list[ScheduledRequest]
     logits: torch.Tensor  # [num_logits_rows, V] float32
+    prompt_logprobs: dict[str, PromptLogprobs]
 
 
 def default_ops(config: RunnerConfig) -> TorchOps:
@@ -170,7 +173,10 @@ class ModelRunner:
             return self._pool(hidden, inputs)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
         self.last_logits, self.last_logits_req_ids = logits, inputs.logits_req_ids
-        self._pending = _PendingStep(scheduled=scheduled, logits=logits)
+        prompt_lp = prompt_logprobs(hidden, scheduled, inputs.meta.query_start_loc_cpu,
+                                    self.model.compute_logits, self.max_num_reqs)
+        self._pending = _PendingStep(scheduled=scheduled, logits=logits,
+                                     prompt_logprobs=prompt_lp)
         return None
 
     @torch.inference_mode()
@@ -180,25 +186,8 @@ class ModelRunner:
         pending, self._pending = self._pending, None
         if pending is None:
             return None
-        sampling = [s for s in pending.scheduled if s.num_logits_rows]
-        params = [s.state.sampling_params or GREEDY for s in sampling]
-        streams = [SeededStream(p.seed, len(s.state.output_token_ids))
-                   if p.is_seeded and p.seed is not None else None
-                   for s, p in zip(sampling, params, strict=True)]
-        drafts = [list(s.draft_token_ids) for s in sampling]
-        if any(drafts):
-            tokens, accepted = self.sampler.verify(pending.logits, drafts, params, streams)
-        else:
-            flat = self.sampler.sample(pending.logits, params, streams).tolist()
-            tokens, accepted = [[t] for t in flat], [0] * len(flat)
-        by_req = {s.req_id: (t, a) for s, t, a in zip(sampling, tokens, accepted, strict=True)}
-        for s in sampling:
-            s.state.output_token_ids.extend(by_req[s.req_id][0])
-        req_ids = [s.req_id for s in pending.scheduled]
-        return ModelRunnerOutput(
-            req_ids=req_ids,
-            sampled_token_ids=[by_req[r][0] if r in by_req else [] for r in req_ids],
-            num_accepted_draft_tokens=[by_req[r][1] if r in by_req else 0 for r in req_ids])
+        return sample_step(self.sampler, pending.logits, pending.scheduled,
+                           pending.prompt_logprobs)
 
     def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor,
                    meta: AttentionMetadata) -> torch.Tensor:

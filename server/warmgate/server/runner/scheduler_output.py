@@ -7,6 +7,12 @@ MRV2 warmup does, so the runner cannot tell a warmup batch from a real one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the sampling package imports this module
+    from warmgate.server.runner.sampling.logprobs import TokenLogprobs
+    from warmgate.server.runner.sampling.step_logprobs import PromptLogprobs
 
 
 @dataclass(frozen=True)
@@ -19,10 +25,35 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
+    # Logits processors (runner/sampling/processors.py); each default is the neutral value.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    # stop_token_ids are masked until this many tokens were generated.
+    min_tokens: int = 0
+    # (token id, bias) pairs, sorted by id.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # Top-n log probabilities per generated / prompt token; None returns none.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+    @cached_property
+    def uses_logits_processors(self) -> bool:
+        """Whether any logits processor may change this request's logits: a batch of
+        requests without it skips the processors (and their row bookkeeping) entirely.
+        Computed once per request (the sampler asks every step)."""
+        return (bool(self.logit_bias) or self.has_penalties
+                or (self.min_tokens > 0 and bool(self.stop_token_ids)))
 
     @property
     def is_seeded(self) -> bool:
@@ -93,3 +124,8 @@ class ModelRunnerOutput:
     num_accepted_draft_tokens: list[int] = field(default_factory=list)
     # Pooling models: one embedding per request that finished its prompt this step.
     pooler_output: list[object] | None = None
+    # Per request, one entry per sampled token when it asked for logprobs (else []); None
+    # when no request of the step asked.
+    logprobs: list[list[TokenLogprobs]] | None = None
+    # The prompt positions this step read, for requests that asked for prompt logprobs.
+    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)

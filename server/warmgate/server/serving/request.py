@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from warmgate.server.runner.sampling.logprobs import TokenLogprobs
+from warmgate.server.runner.sampling.step_logprobs import PromptLogprobs
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.ngram import NgramIndex
 
@@ -51,6 +53,10 @@ class ServingRequest:
     in_runner: bool = False
     finish_reason: FinishReason | None = None
     usage: Usage = field(default_factory=Usage)
+    # Prompt logprobs gathered over the prefill chunks (entry i: prompt token i + 1), sent
+    # with the first tokens; a recompute after preemption reads positions already held.
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
 
     def __post_init__(self) -> None:
         if self.drafter is not None:
@@ -66,6 +72,19 @@ class ServingRequest:
         """Tokens of the stream not in the KV cache yet: the rest of the prompt (or, after a
         preemption, of prompt + outputs), or 1 when decoding (the last sampled token)."""
         return self.num_tokens - self.num_computed_tokens
+
+    def add_prompt_logprobs(self, chunk: PromptLogprobs) -> None:
+        """Keep the entries of positions not held yet (chunks arrive in position order)."""
+        have = len(self.prompt_logprobs)
+        if chunk.start <= have < chunk.start + len(chunk.entries):
+            self.prompt_logprobs += chunk.entries[have - chunk.start:]
+
+    def take_prompt_logprobs(self) -> list[TokenLogprobs]:
+        """The prompt logprobs, once: for the first message that carries tokens."""
+        if self.prompt_logprobs_sent or self.params.prompt_logprobs is None:
+            return []
+        self.prompt_logprobs_sent = True
+        return self.prompt_logprobs
 
     @property
     def num_tokens_left(self) -> int:
@@ -88,3 +107,7 @@ class StepEvent:
     usage: Usage | None = None
     # Set instead of tokens when the request failed (the stream ends with this error).
     error: BaseException | None = None
+    # One per token when the request asked for logprobs.
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # The whole prompt's, on the request's first event with tokens, when it asked.
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)

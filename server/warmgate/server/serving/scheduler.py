@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from warmgate.server.config.runner_config import RunnerConfig, cdiv
+from warmgate.server.runner.sampling.logprobs import TokenLogprobs
 from warmgate.server.runner.scheduler_output import (
     CachedRequestData,
     ModelRunnerOutput,
@@ -175,14 +176,18 @@ class Scheduler:
         """Advance every scheduled request by what the runner produced; returns an event per
         request that got tokens, and finishes the ones that are done."""
         produced: dict[str, list[int]] = {}
+        logprobs: dict[str, list[TokenLogprobs]] = {}
         if out is not None:
             produced = dict(zip(out.req_ids, out.sampled_token_ids, strict=True))
+            logprobs = dict(zip(out.req_ids, out.logprobs or [], strict=False))
         events = []
         for w in plan.work:
             req = w.req
             if req.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
             req.usage.num_steps += 1
+            if out is not None and req.req_id in out.prompt_logprobs:
+                req.add_prompt_logprobs(out.prompt_logprobs[req.req_id])
             tokens = produced.get(req.req_id, [])
             if not tokens:  # a prefill chunk short of the end of the stream
                 req.num_computed_tokens += w.num_tokens
@@ -192,7 +197,8 @@ class Scheduler:
             req.num_computed_tokens += w.num_tokens - len(w.draft_token_ids) + accepted
             req.usage.num_draft_tokens += len(w.draft_token_ids)
             req.usage.num_accepted_draft_tokens += accepted
-            events.append(self._append(req, tokens, now, len(w.draft_token_ids), accepted))
+            events.append(self._append(req, tokens, now, len(w.draft_token_ids), accepted,
+                                       logprobs.get(req.req_id, [])))
         return events
 
     def fail(self, plan: StepPlan, error: BaseException, now: float) -> list[StepEvent]:
@@ -276,7 +282,7 @@ class Scheduler:
             req.in_runner = False
 
     def _append(self, req: ServingRequest, tokens: list[int], now: float, num_drafts: int,
-                accepted: int) -> StepEvent:
+                accepted: int, logprobs: list[TokenLogprobs]) -> StepEvent:
         """Append sampled tokens up to the first stop condition; finish the request there."""
         kept: list[int] = []
         reason: FinishReason | None = None
@@ -298,7 +304,9 @@ class Scheduler:
         if reason is not None:
             self._finish(req, reason)
         return StepEvent(req.req_id, kept, now, num_drafts, accepted, reason,
-                         req.usage if reason is not None else None)
+                         req.usage if reason is not None else None,
+                         logprobs=logprobs[:len(kept)],
+                         prompt_logprobs=req.take_prompt_logprobs())
 
     def _scheduler_output(self, work: list[ScheduledWork]) -> SchedulerOutput:
         new, cached = [], CachedRequestData()

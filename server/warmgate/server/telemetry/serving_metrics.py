@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from warmgate.server.runner.sampling.features import SAMPLING_FEATURES, sampling_features
+from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.loop import Occupancy, StepStats
 from warmgate.server.serving.request import FinishReason, Usage
 
@@ -21,6 +23,11 @@ class ServingMetrics:
         self.requests = Counter("warmgate_generate_requests_total",
                                 "Generate requests ended, by finish reason.",
                                 ["finish_reason"], registry=r)
+        self.features = Counter("warmgate_generate_request_features_total",
+                                "Generate requests admitted, by sampling feature used (a "
+                                "request counts once per feature).", ["feature"], registry=r)
+        for feature in SAMPLING_FEATURES:
+            self.features.labels(feature=feature)
         self.ttft = Histogram("warmgate_time_to_first_token_seconds",
                               "Arrival to first generated token, server side.",
                               buckets=TTFT_BUCKETS, registry=r)
@@ -58,6 +65,10 @@ class ServingMetrics:
         self.running.set(occupancy.num_running)
         self.waiting.set(occupancy.num_waiting)
         self.kv_usage.set(occupancy.num_blocks_used / max(1, occupancy.num_blocks_usable))
+
+    def observe_features(self, params: SamplingParams) -> None:
+        for feature in sampling_features(params):
+            self.features.labels(feature=feature).inc()
 
     def observe_finish(self, reason: str, usage: Usage, completion_tokens: int,
                        arrival_s: float) -> None:

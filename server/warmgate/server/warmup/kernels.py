@@ -6,7 +6,7 @@ batch never has a uniform decode's shape (vLLM PR 40746); the runner also classi
 whether a request is still reading its prompt, so no prefill step ever counts as a uniform
 decode whatever its shape. The decode steps are `decode_plan`'s. The sampler paths that vLLM
 once missed (greedy and seeded, vLLM issue 54455) get a batch each, beside stochastic
-sampling.
+sampling, and so does every sampling feature (sampler_paths.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,15 @@ from typing import Any
 from warmgate.server.core.phases import DECODE, PREFILL, SAMPLER
 from warmgate.server.core.progress import PhaseProgress, ProgressCallback
 from warmgate.server.core.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
-from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
+from warmgate.server.runner.scheduler_output import SamplingParams
+from warmgate.server.warmup.sampler_paths import (
+    FEATURE_VARIANTS,
+    NOT_APPLICABLE,
+    SAMPLER_VARIANTS,
+    SEEDED,
+    STOCHASTIC,
+    sampler_batches,
+)
 from warmgate.server.warmup.shapes import kernel_shapes, kernel_shortfall
 from warmgate.server.warmup.steps import (
     BlockAllocator,
@@ -36,11 +44,9 @@ from warmgate.server.warmup.steps import (
 
 logger = logging.getLogger(__name__)
 
-# Stochastic sampling that exercises temperature, top-k and top-p together.
-STOCHASTIC = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
-SEEDED = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1234)
-SAMPLER_VARIANTS: tuple[tuple[str, SamplingParams], ...] = (
-    ("greedy", GREEDY), ("stochastic", STOCHASTIC), ("seeded", SEEDED))
+# The sampler variants live in sampler_paths; bench reads them from here too.
+__all__ = ["DECODE", "PREFILL", "SAMPLER", "SAMPLER_VARIANTS", "SEEDED", "STOCHASTIC",
+           "decode_plan", "warmup_kernels", "warmup_shapes"]
 # Called with each sub-phase's result as soon as it ends, so a later failure cannot lose it.
 PhaseDone = Callable[[PhaseResult], None]
 
@@ -221,38 +227,38 @@ def _warmup_decode(model_runner: Any, execute: ExecuteModel, sample: SampleToken
 def _warmup_sampler(model_runner: Any, execute: ExecuteModel, sample: SampleTokens,
                     shapes: dict[str, int], block_sizes: list[int],
                     progress: ProgressCallback | None, req_id_prefix: str) -> PhaseResult:
-    """Each sampler path gets its own batch (a prefill, then a decode), then one batch mixes
-    them all, because an all-greedy batch takes a different path from a mixed one."""
+    """Every batch of sampler_batches: a prefill, then its decode steps (sampler_paths.py
+    says which paths and why)."""
     num_reqs, prompt_len = shapes["num_reqs"], shapes["prompt_len"]
     num_spec = model_runner.num_speculative_steps
-    tracker = PhaseProgress(SAMPLER, 2 * len(SAMPLER_VARIANTS) + 1, progress)
+    batches = sampler_batches(num_reqs, num_spec)
+    tracker = PhaseProgress(SAMPLER, sum(1 + len(b.decodes) for b in batches), progress)
     tokens = 0
     with synced_timer(model_runner) as t:
-        for variant, params in SAMPLER_VARIANTS:
-            reqs = [WarmupRequest(f"{req_id_prefix}_{variant}_{i}", prompt_len)
+        for batch in batches:
+            reqs = [WarmupRequest(f"{req_id_prefix}_{batch.name}_{i}", prompt_len)
                     for i in range(num_reqs)]
             alloc = BlockAllocator(len(block_sizes))
             try:
-                _prefill(execute, sample, reqs, alloc, block_sizes, [params] * num_reqs,
+                _prefill(execute, sample, reqs, alloc, block_sizes, batch.params,
                          is_pooling=False)
-                tracker.step()
-                rows = [(i, num_spec > 0) for i in range(num_reqs)]
                 tokens += num_reqs * prompt_len
-                tokens += _decode(execute, sample, reqs, rows, num_spec, alloc, block_sizes,
-                                  shapes["tokens_per_req"])[0]
                 tracker.step()
+                for with_drafts in batch.decodes:
+                    rows = [(i, with_drafts) for i in range(num_reqs)]
+                    tokens += _decode(execute, sample, reqs, rows, num_spec, alloc,
+                                      block_sizes, shapes["tokens_per_req"])[0]
+                    tracker.step()
             finally:
                 finish(execute, [r.req_id for r in reqs])
-        mixed = [p for _, p in SAMPLER_VARIANTS]
-        reqs = [WarmupRequest(f"{req_id_prefix}_mixsample_{i}", prompt_len)
-                for i in range(num_reqs)]
-        try:
-            _prefill(execute, sample, reqs, BlockAllocator(len(block_sizes)), block_sizes,
-                     [mixed[i % len(mixed)] for i in range(num_reqs)], is_pooling=False)
-            tokens += num_reqs * prompt_len
-            tracker.step()
-        finally:
-            finish(execute, [r.req_id for r in reqs])
-    return _phase(SAMPLER, t[0], num_reqs, tokens, tracker.steps_done, shapes,
-                  "greedy, stochastic (temperature/top-k/top-p) and seeded batches, then all "
-                  "three mixed")
+    names = [b.name for b in batches]
+    logger.info("warmup phase=%s sampler paths=%d (%s) num_reqs=%d spec_steps=%d", SAMPLER,
+                len(names), ",".join(names), num_reqs, num_spec)
+    return _phase(SAMPLER, t[0], num_reqs, tokens, tracker.steps_done,
+                  {**shapes, "sampler_paths": names, "not_applicable": NOT_APPLICABLE},
+                  "greedy, stochastic (temperature/top-k/top-p) and seeded batches, all three "
+                  "mixed, then each sampling feature beside plain rows ("
+                  + ", ".join(name for name, _ in FEATURE_VARIANTS)
+                  + (", decoded with and without drafts" if num_spec else "")
+                  + ") and every feature mixed; not applicable: CUDA graphs (the sampler "
+                  "runs eagerly, outside the captured forward)")

@@ -3,25 +3,36 @@
 Like the dense GEMMs (gemm_shapes), the sampler's sort, softmax, scatter and reduction
 kernels are chosen per size and loaded on first launch; warmup's own batches sample only a
 few row counts, so a first real batch of another size paid that (the first-batch figures in
-bench/results/README.md). Each sampling variant
-(greedy, temperature only, top-k/top-p, seeded, and a batch mixing them) runs for
-1..max_num_seqs requests, and with num_speculative_steps > 0 the verifier too. CUDA only.
+bench/results/README.md). Each sampling variant (greedy, temperature only, top-k/top-p,
+seeded, a batch mixing them, every sampling feature in every row, and features beside plain
+rows) runs for 1..max_num_seqs requests, and with num_speculative_steps > 0 the verifier
+too; the logprobs gather runs at every logits row count, with the largest top-n and with
+none. CUDA only.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from warmgate.server.runner.sampler import SeededStream
+from warmgate.server.runner.sampling import MAX_LOGPROBS, SeededStream, TokenHistory
+from warmgate.server.runner.sampling.logprobs import gather_logprobs
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
 from warmgate.server.warmup.kernels import SEEDED, STOCHASTIC
 
 TEMPERATURE_ONLY = SamplingParams(temperature=0.8)  # the stochastic path without top-k/p
+# Every logits processor and min_p at once (each processor's own kernels at this row count).
+ALL_FEATURES = replace(STOCHASTIC, presence_penalty=0.5, frequency_penalty=0.5,
+                       repetition_penalty=1.2, min_p=0.05, min_tokens=1 << 30,
+                       stop_token_ids=(0, 1), logit_bias=((0, -1.0), (1, 1.0)))
 VARIANTS: tuple[tuple[SamplingParams, ...], ...] = (
     (GREEDY,), (TEMPERATURE_ONLY,), (STOCHASTIC,), (SEEDED,),
-    (GREEDY, STOCHASTIC, SEEDED, TEMPERATURE_ONLY))
+    (GREEDY, STOCHASTIC, SEEDED, TEMPERATURE_ONLY), (ALL_FEATURES,),
+    (ALL_FEATURES, GREEDY, replace(ALL_FEATURES, temperature=0.0), SEEDED))
+# A short history with repeats, so the penalties' scatters have tokens (and counts > 1).
+_HISTORY = TokenHistory(prompt_token_ids=[2, 3, 2], output_token_ids=[3, 4, 4])
 
 
 def _batch(variant: tuple[SamplingParams, ...], n: int) -> list[SamplingParams]:
@@ -35,8 +46,8 @@ def _streams(params: list[SamplingParams]) -> list[SeededStream | None]:
 
 @torch.inference_mode()
 def sweep_sampler_rows(model_runner: Any) -> int:
-    """sample() (and verify() with k drafts each) for 1..max_num_seqs requests per variant;
-    returns the number of calls."""
+    """sample() (and verify() with k drafts each) for 1..max_num_seqs requests per variant,
+    then the logprobs gather for every logits row count; returns the number of calls."""
     device = model_runner.device
     vocab = model_runner.config.model.vocab_size
     k = model_runner.num_speculative_steps
@@ -47,10 +58,15 @@ def sweep_sampler_rows(model_runner: Any) -> int:
     for variant in VARIANTS:
         for n in range(1, max_reqs + 1):
             params = _batch(variant, n)
-            sampler.sample(logits[:n], params, _streams(params))
+            sampler.sample(logits[:n], params, _streams(params), [_HISTORY] * n)
             calls += 1
             if k:
                 drafts = [[0] * k for _ in range(n)]
-                sampler.verify(logits[:n * (1 + k)], drafts, params, _streams(params))
+                sampler.verify(logits[:n * (1 + k)], drafts, params, _streams(params),
+                               [_HISTORY] * n)
                 calls += 1
+    for m in range(1, logits.shape[0] + 1):
+        for top in (0, MAX_LOGPROBS):
+            gather_logprobs(logits, range(m), [0] * m, [top] * m)
+            calls += 1
     return calls

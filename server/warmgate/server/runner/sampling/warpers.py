@@ -1,0 +1,80 @@
+"""From processed logits to a token: the greedy choice, or temperature, min_p, top-k, top-p
+and the exponential race.
+
+The race (argmax of p / q with q ~ Exp(1) is a draw from p) needs no normalised distribution
+and lets every row take its own noise. Greedy rows take the argmax; warpers never change it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from warmgate.server.runner.host_copy import to_device
+from warmgate.server.runner.scheduler_output import SamplingParams
+
+
+def choose_tokens(x: torch.Tensor, params: Sequence[SamplingParams],
+                  generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of x [N, V]: the argmax for greedy rows, a draw for the others. An
+    all-greedy batch never draws random numbers (vLLM issue 54455 was that path left cold)."""
+    greedy = x.argmax(dim=-1)
+    if all(p.is_greedy for p in params):
+        return greedy
+    probs = probabilities(x, params)
+    sampled = (probs / _noise(probs, generators)).argmax(dim=-1)
+    if not any(p.is_greedy for p in params):
+        return sampled
+    mask = to_device([p.is_greedy for p in params], torch.bool, greedy.device)
+    return torch.where(mask, greedy, sampled)
+
+
+def probabilities(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Temperature, then min_p, then top-k, then top-p over what top-k kept (vLLM V1's order);
+    [N, V] probabilities. Greedy rows get temperature 1 so they stay finite."""
+    dev = x.device
+    temps = to_device([1.0 if p.is_greedy else p.temperature for p in params],
+                      torch.float32, dev)
+    x = x / temps[:, None]
+    if any(p.min_p > 0.0 for p in params):
+        x = min_p_filter(x, to_device([p.min_p for p in params], torch.float32, dev))
+    if any(p.top_k > 0 for p in params) or any(p.top_p < 1.0 for p in params):
+        x = top_k_top_p(x, params)
+    return torch.softmax(x, dim=-1)
+
+
+def min_p_filter(x: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """-inf where a token's probability is below min_p times the row's largest (rows with
+    min_p 0 keep everything; the most likely token always stays)."""
+    probs = torch.softmax(x, dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
+    return x.masked_fill(probs < threshold, float("-inf"))
+
+
+def top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    dev = x.device
+    vocab = x.shape[-1]
+    top_k = to_device([p.top_k if 0 < p.top_k < vocab else vocab for p in params],
+                      torch.long, dev)
+    top_p = to_device([p.top_p for p in params], torch.float32, dev)
+    sorted_x, order = x.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=dev)
+    sorted_x = sorted_x.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
+    p = torch.softmax(sorted_x, dim=-1)
+    mass_before = p.cumsum(dim=-1) - p
+    # Drop a token once the tokens above it already hold top_p: the smallest nucleus whose
+    # mass reaches top_p. Rows with top_p 1 are left alone (a float cumsum can pass 1.0).
+    drop = (mass_before >= top_p[:, None]) & (top_p < 1.0)[:, None]
+    drop[:, 0] = False
+    sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+    return torch.empty_like(x).scatter_(-1, order, sorted_x)
+
+
+def _noise(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    noise = torch.empty_like(probs).exponential_()
+    for i, gen in enumerate(generators):
+        if gen is not None:
+            noise[i].exponential_(generator=gen)
+    # exponential_ can return exactly 0 on some devices; p / 0 would win every race.
+    return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
