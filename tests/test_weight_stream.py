@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import save_file
 
 from warmgate.server.config.hf_config import ModelLoadError
-from warmgate.server.runner.weight_stream import plan_reads, read_header, stream_into
+from warmgate.server.config.weight_files import read_header
+from warmgate.server.runner.weight_stream import plan_reads, stream_into
 
 
 def _tensors() -> dict[str, torch.Tensor]:

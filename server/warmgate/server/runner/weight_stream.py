@@ -15,9 +15,7 @@ dtype on the device and cast there, as `copy_` did before.
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,6 +26,7 @@ from pathlib import Path
 import torch
 
 from warmgate.server.config.hf_config import ModelLoadError
+from warmgate.server.config.weight_files import TensorEntry
 
 # The safetensors dtype names (the format's spec) this loader can copy into torch tensors.
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
@@ -41,32 +40,6 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
 # read, small enough that the pinned buffer (slices x readers) stays a small allocation.
 DEFAULT_SLICE_BYTES = 16 * 2**20
 MAX_READERS = 8
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    """One tensor of a safetensors header; begin/end are absolute offsets in the file."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int
-    end: int
-
-
-def read_header(path: Path) -> dict[str, TensorEntry]:
-    """The tensors of one safetensors file, from its header (8-byte length, then JSON)."""
-    try:
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-    except (OSError, struct.error, ValueError) as exc:
-        raise ModelLoadError(path, "header", f"not a readable safetensors file: {exc}") from exc
-    header.pop("__metadata__", None)
-    base = 8 + length
-    return {name: TensorEntry(name, info["dtype"], tuple(info["shape"]),
-                              base + info["data_offsets"][0], base + info["data_offsets"][1])
-            for name, info in header.items()}
 
 
 @dataclass

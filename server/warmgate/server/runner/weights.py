@@ -18,21 +18,19 @@ from safetensors.torch import save_file
 from warmgate.server.config.hf_config import (
     ModelLoadError,
     hf_config_dict,
-    max_position_embeddings,
     model_config_from_hf,
 )
 from warmgate.server.config.runner_config import ModelConfig
+from warmgate.server.config.weight_files import (
+    MATCH_FIELDS,
+    check_config_matches,
+    index_weight_files,
+    read_header,
+)
 from warmgate.server.runner.model import LlamaModel
-from warmgate.server.runner.weight_files import index_weight_files
-from warmgate.server.runner.weight_stream import read_header, stream_into
+from warmgate.server.runner.weight_stream import stream_into
 
 logger = logging.getLogger(__name__)
-
-# Fields that decide tensor shapes or the numbers computed from them; a config that disagrees
-# on one would load garbage or fail half-way, so loading refuses up front.
-MATCH_FIELDS = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads",
-                "num_kv_heads", "head_dim", "intermediate_size", "tie_word_embeddings", "rope",
-                "rms_norm_eps", "sliding_window")
 
 # One exception type for every model-load failure (config.json or tensors); the old name stays.
 WeightsError = ModelLoadError
@@ -138,24 +136,6 @@ def save_weights(model: LlamaModel, config: ModelConfig, directory: str | Path,
     for path, shard in zip(paths, shards, strict=True):
         save_file(shard, str(path), metadata={"format": "pt"})
     return paths
-
-
-def check_config_matches(config: ModelConfig, directory: str | Path) -> None:
-    """Raise naming every field where config disagrees with the directory's config.json."""
-    # The directory's own window check is against its max_position_embeddings; the served
-    # length is checked by ModelConfig itself.
-    on_disk = model_config_from_hf(directory, max_model_len=1)
-    path = Path(directory) / "config.json"
-    max_positions = max_position_embeddings(directory)
-    if config.max_model_len > max_positions:
-        raise ModelLoadError(path, "max_model_len", f"{config.max_model_len} exceeds the "
-                             f"file's max_position_embeddings {max_positions}")
-    diffs = [f"{f}: config has {getattr(config, f)}, the file has {getattr(on_disk, f)}"
-             for f in MATCH_FIELDS if getattr(config, f) != getattr(on_disk, f)]
-    if diffs:
-        raise ModelLoadError(path, diffs[0].split(":", 1)[0], "the model config does not match "
-                             "the weights directory (build it with model_config_from_hf): "
-                             + "; ".join(diffs))
 
 
 @torch.no_grad()
