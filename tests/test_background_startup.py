@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -82,15 +81,19 @@ def test_a_failed_context_is_left_to_the_load(monkeypatch: pytest.MonkeyPatch) -
 
 def test_lines_wait_for_logging(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=startup.__name__)
-    done = threading.Event()
+    release = threading.Event()
     background = BackgroundStartup()
-    background.start("x", "x work", lambda: (done.set(), "x finished")[1])
-    assert done.wait(10)
-    time.sleep(0.2)
+    background.start("early", "early work", lambda: "early finished")
+    background.start("late", "late work", lambda: (release.wait(10), "late finished")[1])
+    background._threads[0].join(10)
     assert _lines(caplog) == []  # before basicConfig a line would be lost
     background.logging_ready()
+    assert _lines(caplog) == ["start-up: in the background: early work, late work",
+                              "early finished"]
+    release.set()
     background.join(10)
-    assert _lines(caplog) == ["start-up: in the background: x work", "x finished"]
+    assert _lines(caplog)[-1] == "late finished"
+    assert not any(t.daemon for t in background._threads)
 
 
 def test_health_answers_not_serving_while_the_model_loads(tiny_dir: Path) -> None:

@@ -30,11 +30,17 @@ logger = logging.getLogger(__name__)
 
 
 class BackgroundStartup:
-    """Threads doing the start-up's independent work; their lines are logged once logging is
-    configured (`logging_ready`), so none is lost to the unconfigured root logger."""
+    """Threads doing the start-up's independent work. A line that is ready before logging is
+    configured waits for `logging_ready`, so none is lost to the unconfigured root logger.
+
+    The threads are not daemons: a start-up that exits early (exit 2 on a busy port) waits
+    for them, rather than tearing the interpreter down under a thread inside a CUDA call.
+    """
 
     def __init__(self) -> None:
-        self._logging_ready = threading.Event()
+        self._lock = threading.Lock()
+        self._logging = False
+        self._held: list[str] = []
         self._threads: list[threading.Thread] = []
         # What was started, for the one line that says so.
         self.started: list[str] = []
@@ -44,22 +50,28 @@ class BackgroundStartup:
 
         def run() -> None:
             line = work()
-            self._logging_ready.wait()
+            with self._lock:
+                if not self._logging:
+                    self._held.append(line)
+                    return
             logger.info("%s", line)
 
-        thread = threading.Thread(target=run, name=f"warmgate-startup-{name}", daemon=True)
+        thread = threading.Thread(target=run, name=f"warmgate-startup-{name}")
         thread.start()
         self._threads.append(thread)
 
     def logging_ready(self) -> None:
-        """Logging is configured: say what runs, and let the threads log as they finish."""
+        """Logging is configured: say what runs, then what already finished."""
+        with self._lock:
+            self._logging = True
+            held, self._held = self._held, []
         logger.info("start-up: in the background: %s",
                     ", ".join(self.started) or "nothing (no CUDA device, no weight files)")
-        self._logging_ready.set()
+        for line in held:
+            logger.info("%s", line)
 
     def join(self, timeout: float | None = None) -> None:
-        """For tests: wait for every thread (their lines are logged by then)."""
-        self._logging_ready.set()
+        """Wait for every thread (for tests)."""
         for thread in self._threads:
             thread.join(timeout)
 
