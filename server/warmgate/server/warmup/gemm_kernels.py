@@ -56,19 +56,26 @@ def split_at_markers(kernel_names: Sequence[str], num_sizes: int) -> list[tuple[
 
 @torch.inference_mode()
 def profile_kernels(weight: torch.Tensor, max_m: int) -> list[tuple[str, ...]]:
-    """Run F.linear at M = 1..max_m (the full sweep) under the profiler; each M's kernels."""
+    """Run F.linear at M = 1..max_m (the full sweep) under the profiler; each M's kernels.
+
+    Device activity only, read from the raw kineto events: the per-op event tree the
+    profiler can build is not needed and would cost more than the sweep itself.
+    """
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     x = torch.zeros(max_m, weight.shape[1], device=weight.device, dtype=weight.dtype)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for m in range(1, max_m + 1):
             F.linear(x[:m], weight)
             torch.cuda._sleep(1)
         torch.cuda.synchronize(weight.device)
-    kernels = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
-    return split_at_markers([e.name for e in kernels], max_m)
+    results = getattr(prof.profiler, "kineto_results", None)
+    if results is None:
+        raise ProbeError("the profiler kept no kineto results")
+    kernels = sorted((e for e in results.events() if e.device_type() == DeviceType.CUDA),
+                     key=lambda e: e.start_ns())
+    return split_at_markers([e.name() for e in kernels], max_m)
 
 
 def kernel_identity(device: torch.device) -> dict[str, str]:
