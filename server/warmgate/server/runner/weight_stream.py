@@ -137,7 +137,7 @@ def _read_direct(read: _Read) -> None:
     """CPU targets: read each piece straight into its tensor's bytes."""
     offset = read.offset
     for piece in read.pieces:
-        view = memoryview(piece.dest.numpy())
+        view = piece.dest.numpy().data
         _read_into(_Read(read.fd, read.path, offset, view.nbytes), view, None)
         offset += view.nbytes
         if piece.cast is not None:
@@ -186,7 +186,7 @@ def _stream_staged(reads: list[_Read], device: torch.device, pool: ThreadPoolExe
     if nslices == 0:
         return
     buffer = torch.empty(nslices * slice_bytes, dtype=torch.uint8, pin_memory=cuda)
-    host = memoryview(buffer.numpy())
+    host = buffer.numpy().data
     slices = [host[i * slice_bytes:(i + 1) * slice_bytes] for i in range(nslices)]
     stream = torch.cuda.Stream(device) if cuda else None
     pending: deque[Future[None]] = deque(
