@@ -12,7 +12,9 @@ figure, ready_over_floor = warm ready / (CUDA init + bare load), warm_over_cold,
 cold_over_longest_compile = the cold warmup / its longest single compile, then the warm start-up
 breakdown from the server's log, and a last `json:` line with everything. --load-only compares
 the bare load with warmgate's weight loader in GB/s, page cache warm and (--cold-page-cache,
-which evicts the files with posix_fadvise) cold. `--device cpu` runs it all on the CPU (CI).
+which evicts the files with posix_fadvise) cold. `--device cpu` runs it all on the CPU (CI);
+there `load_file` only maps the file (no byte is read until used), so the CPU figures test the
+bench, they measure nothing.
 """
 
 from __future__ import annotations
