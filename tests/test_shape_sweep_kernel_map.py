@@ -144,6 +144,17 @@ def test_a_failed_probe_sweeps_plainly_and_keeps_nothing(tmp_path: Path,
     assert not (tmp_path / FILE_NAME).exists()
 
 
+def test_a_map_that_cannot_be_written_costs_the_warmup_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
+    blocked = tmp_path / "shape_sweeps"
+    blocked.write_text("a file where the directory should be")
+    caplog.set_level("INFO", logger=gemm_shapes.__name__)
+    full = sum(m for _, m in gemm_plan(runner))
+    assert sweep_gemm_shapes(runner, kernel_dir=blocked, probe=fake_probe([])) == full
+    assert "not kept" in caplog.text and "the next start sweeps every size" in caplog.text
+
+
 def test_the_cache_entry_holds_the_kernel_map(tmp_path: Path) -> None:
     env: dict[str, str] = {}
     apply_cache_env(tmp_path / "entry", env)

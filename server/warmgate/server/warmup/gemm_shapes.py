@@ -110,9 +110,13 @@ def sweep_gemm_shapes(model_runner: Any, tracker: PhaseProgress | None = None, *
         logger.info("shape sweeps: %d of %d GEMM sizes, the distinct kernels of %d weights "
                     "(kernel map in %s)", count, total, len(plan), kernel_dir)
     elif learned is not None and kernel_dir is not None:
-        path = save_kernel_map(kernel_dir, KernelMap(identity=identity, sizes=learned))
+        distinct = sum(map(len, learned.values()))
+        try:
+            where = f"kept in {save_kernel_map(kernel_dir, KernelMap(identity, learned))}"
+        except OSError as exc:  # a read-only or full cache volume costs the next start only
+            where = f"not kept ({type(exc).__name__}: {exc}): the next start sweeps every size"
         logger.info("shape sweeps: every GEMM size, %d (%s); learned %d that pick distinct "
-                    "kernels, kept in %s", count, why, sum(map(len, learned.values())), path)
+                    "kernels, %s", count, why, distinct, where)
     else:
         logger.info("shape sweeps: every GEMM size, %d (%s)", count, why)
     return count
