@@ -130,6 +130,8 @@ def run_to_ready(argv: Sequence[str], env: Mapping[str, str], timeout_s: float) 
                 run.ready_s = time.monotonic() - start
                 return run
             time.sleep(POLL_S)
+        if proc.poll() is not None:
+            reader.join(10)  # the last lines, the reason among them
         tail = "\n".join(line for _, line in run.lines[-30:])
         raise RuntimeError(f"server not SERVING (exit code {proc.poll()}) after "
                            f"{time.monotonic() - start:.1f} s:\n{tail}")

@@ -68,6 +68,14 @@ sync(); t = time.perf_counter(); n = load_weights(directory, model)
 sync(); print(json.dumps({"seconds": time.perf_counter() - t, "bytes": n}))
 """
 
+WRITE_CHECKPOINT = """
+import json, sys
+from pathlib import Path
+from bench.time_to_ready import write_checkpoint
+preset, directory, device, dtype = sys.argv[1:]
+print(json.dumps({"done": write_checkpoint(preset, Path(directory), device, dtype)}))
+"""
+
 
 def _python(code: str, *args: str) -> tuple[float, dict[str, Any]]:
     """Run code in a fresh interpreter: (process wall seconds, its last stdout line as JSON)."""
@@ -220,8 +228,10 @@ def main(argv: list[str] | None = None) -> int:
                                "device": args.device, "attention_backend": args.attention_backend,
                                "model_dir": str(args.model_dir)}
     if args.write_checkpoint:
-        figures["checkpoint"] = write_checkpoint(args.write_checkpoint, args.model_dir,
-                                                 args.device, args.dtype)
+        # In its own process: this one must hold no GPU memory while the servers size their
+        # KV caches from what is free.
+        figures["checkpoint"] = _python(WRITE_CHECKPOINT, args.write_checkpoint,
+                                        str(args.model_dir), args.device, args.dtype)[1]["done"]
     files = weight_files(args.model_dir)
     if args.load_only:
         figures["load_page_cache_warm"] = measure_load(args, files, warm=True)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from bench import time_to_ready
-from bench.ready_probe import ReadyRun
+from bench.ready_probe import ReadyRun, run_to_ready
 
 
 def _figures(out: str) -> dict:
@@ -98,3 +99,9 @@ def test_breakdown_and_longest_compile_from_the_log() -> None:
     assert run.longest_compile_s() == 0.7
     assert ReadyRun(ready_s=1.0, lines=log[:5] + log[6:]).longest_compile_s() == 1.5
     assert ReadyRun(ready_s=1.0, lines=log[:5]).longest_compile_s() is None
+
+
+def test_a_server_that_exits_is_reported_with_its_log() -> None:
+    env = {**os.environ, **time_to_ready.ENV}
+    with pytest.raises(RuntimeError, match=r"(?s)exit code 2.*no-such-model"):
+        run_to_ready(["--model", "no-such-model", "--device", "cpu"], env, timeout_s=120)
