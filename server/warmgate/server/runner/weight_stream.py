@@ -189,6 +189,8 @@ def _stream_staged(reads: list[_Read], device: torch.device, pool: ThreadPoolExe
     host = buffer.numpy().data
     slices = [host[i * slice_bytes:(i + 1) * slice_bytes] for i in range(nslices)]
     stream = torch.cuda.Stream(device) if cuda else None
+    if stream is not None:  # after whatever the caller queued on the targets
+        stream.wait_stream(torch.cuda.current_stream(device))
     pending: deque[Future[None]] = deque(
         pool.submit(_read_into, reads[i], slices[i], None) for i in range(nslices))
     for i, read in enumerate(reads):
