@@ -69,8 +69,8 @@ def _header_bytes(model_dir: Path) -> int:
 def test_breakdown_and_longest_compile_from_the_log() -> None:
     log = [
         (2.5, "2026 INFO warmgate.server.main: config_hash=abc runner={}"),
-        (2.6, "2026 INFO warmgate.server.control.startup: start-up: CUDA context on cuda:0 "
-              "in 1.250 s (in the background, beside imports and config)"),
+        (2.6, "2026 INFO warmgate.server.control.background_startup: start-up: CUDA context "
+              "on cuda:0 in 1.250 s (in the background, beside imports and config)"),
         (2.7, "2026 INFO warmgate.server.app: serving grpc.health.v1 (plaintext) on "
               "127.0.0.1:4321"),
         (3.1, "2026 INFO warmgate.server.runner.weights: weights read: 1 files, 2.470 GB in "
