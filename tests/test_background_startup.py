@@ -33,7 +33,7 @@ def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def _config(model: str, device: str) -> RunnerConfig:
-    from warmgate.server.config.server_config import load_server_config
+    from warmgate.server.startup import load_server_config
 
     return load_server_config(["--model", model, "--device", device]).runner
 
