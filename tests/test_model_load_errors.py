@@ -186,7 +186,7 @@ def test_server_exits_2_with_one_line_on_a_bad_tensor(saved: Path, tmp_path: Pat
 @pytest.mark.parametrize("tied", [False, True])
 def test_header_check_expects_what_the_model_holds(architecture: str, tied: bool) -> None:
     """The start-up check's expected names and shapes are exactly the model's tensors."""
-    from warmgate.server.runner.weight_files import expected_tensor_shapes
+    from warmgate.server.config.weight_files import expected_tensor_shapes
     from warmgate.server.runner.weights import _hf_tensors
 
     runner = ModelRunner(with_model(tiny_config(), architecture=architecture,

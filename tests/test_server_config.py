@@ -103,7 +103,7 @@ def _write_zero_weights(directory: Path) -> None:
     from safetensors.torch import save_file
 
     from warmgate.server.config.hf_config import model_config_from_hf
-    from warmgate.server.runner.weight_files import expected_tensor_shapes
+    from warmgate.server.config.weight_files import expected_tensor_shapes
 
     shapes = expected_tensor_shapes(model_config_from_hf(directory))
     save_file({name: torch.zeros(shape) for name, shape in shapes.items()},

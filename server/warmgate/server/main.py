@@ -27,6 +27,7 @@ from warmgate.server.api.port_check import PortInUse, check_ports
 from warmgate.server.app import create_server
 from warmgate.server.config.flags import startup_error
 from warmgate.server.config.server_config import ServerConfig, configure_logging
+from warmgate.server.control.background_startup import begin_background_startup
 from warmgate.server.cpu_threads import apply_cpu_threads
 from warmgate.server.startup import load_server_config
 from warmgate.server.text.errors import TextLoadError
@@ -101,6 +102,9 @@ async def serve(config: ServerConfig, text: ModelText | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = load_server_config(sys.argv[1:] if argv is None else argv)
+    # The CUDA context and the weights' read-ahead need nothing else: they run while the
+    # tokenizer loads and the servers bind (warmgate.server.control.background_startup).
+    background = begin_background_startup(config.runner)
     text = None
     if not config.warmup_only:  # which binds nothing and serves no text
         _check_ports(config)
@@ -109,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except TextLoadError as exc:
             startup_error(f"argument --model: {exc}")
     configure_logging(config)
+    background.logging_ready()
     logger.info("config_hash=%s runner=%s", config.runner.config_hash(), config.runner.to_dict())
     apply_cpu_threads(config.cpu_threads, config.runner.device.device)
     if config.warmup_only:

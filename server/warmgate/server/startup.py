@@ -1,10 +1,10 @@
 """Start-up: the server's configuration from flags and environment, checked end to end
 before anything binds.
 
-config/ parses and validates what needs no runner; the checks here build on the layers above
-it: a model directory's weight files (runner.weights) and whether the warmup plan fits the
-configuration (warmup.shapes). A configuration that can never serve exits 2 with one line
-naming the flag, never after the server has said it is starting.
+config/ parses and validates what needs no runner; the checks here add a model directory's
+weight files (their headers, config.weight_files) and, from the layers above it, whether the
+warmup plan fits the configuration (warmup.shapes). A configuration that can never serve
+exits 2 with one line naming the flag, never after the server has said it is starting.
 """
 
 from __future__ import annotations
@@ -32,10 +32,7 @@ def check_model_files(runner: RunnerConfig) -> None:
     directory = runner.model.weights_path
     if directory is None:
         return
-    from warmgate.server.runner.weights import (  # torch and safetensors
-        check_config_matches,
-        index_weight_files,
-    )
+    from warmgate.server.config.weight_files import check_config_matches, index_weight_files
 
     try:
         check_config_matches(runner.model, directory)

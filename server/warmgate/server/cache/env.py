@@ -19,6 +19,8 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from warmgate.server.cache.shape_sweeps import ENV_VAR as SHAPE_SWEEP_ENV_VAR
+
 logger = logging.getLogger(__name__)
 
 # variable -> subdirectory of the entry
@@ -26,6 +28,8 @@ CACHE_ENV_VARS = {
     "TRITON_CACHE_DIR": "triton",
     "FLASHINFER_WORKSPACE_BASE": "flashinfer",
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    # Ours: the shape sweeps' kernel map.
+    SHAPE_SWEEP_ENV_VAR: "shape_sweeps",
 }
 
 

@@ -9,29 +9,28 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from warmgate.server.config.hf_config import (
     ModelLoadError,
     hf_config_dict,
-    max_position_embeddings,
     model_config_from_hf,
 )
 from warmgate.server.config.runner_config import ModelConfig
+from warmgate.server.config.weight_files import (
+    MATCH_FIELDS,
+    check_config_matches,
+    index_weight_files,
+    read_header,
+)
 from warmgate.server.runner.model import LlamaModel
-from warmgate.server.runner.weight_files import index_weight_files
+from warmgate.server.runner.weight_stream import stream_into
 
 logger = logging.getLogger(__name__)
-
-# Fields that decide tensor shapes or the numbers computed from them; a config that disagrees
-# on one would load garbage or fail half-way, so loading refuses up front.
-MATCH_FIELDS = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads",
-                "num_kv_heads", "head_dim", "intermediate_size", "tie_word_embeddings", "rope",
-                "rms_norm_eps", "sliding_window")
 
 # One exception type for every model-load failure (config.json or tensors); the old name stays.
 WeightsError = ModelLoadError
@@ -139,29 +138,12 @@ def save_weights(model: LlamaModel, config: ModelConfig, directory: str | Path,
     return paths
 
 
-def check_config_matches(config: ModelConfig, directory: str | Path) -> None:
-    """Raise naming every field where config disagrees with the directory's config.json."""
-    # The directory's own window check is against its max_position_embeddings; the served
-    # length is checked by ModelConfig itself.
-    on_disk = model_config_from_hf(directory, max_model_len=1)
-    path = Path(directory) / "config.json"
-    max_positions = max_position_embeddings(directory)
-    if config.max_model_len > max_positions:
-        raise ModelLoadError(path, "max_model_len", f"{config.max_model_len} exceeds the "
-                             f"file's max_position_embeddings {max_positions}")
-    diffs = [f"{f}: config has {getattr(config, f)}, the file has {getattr(on_disk, f)}"
-             for f in MATCH_FIELDS if getattr(config, f) != getattr(on_disk, f)]
-    if diffs:
-        raise ModelLoadError(path, diffs[0].split(":", 1)[0], "the model config does not match "
-                             "the weights directory (build it with model_config_from_hf): "
-                             + "; ".join(diffs))
-
-
 @torch.no_grad()
 def load_weights(directory: str | Path, model: LlamaModel) -> int:
     """Copy every tensor of an HF Llama directory into the model (fusing q/k/v and gate/up).
 
-    Reads all *.safetensors files (one file or shards). Returns the bytes copied.
+    Reads all *.safetensors files (one file or shards) through weight_stream: parallel reads
+    into pinned slices overlapped with the device copies. Returns the bytes copied.
     """
     directory = Path(directory)
     check_config_matches(model.config, directory)
@@ -170,14 +152,18 @@ def load_weights(directory: str | Path, model: LlamaModel) -> int:
                 "factor %g, sliding window %s, max_model_len %d", directory, cfg.architecture,
                 cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, rope.rope_type,
                 rope.theta, rope.factor, cfg.sliding_window, cfg.max_model_len)
+    start = time.perf_counter()
     where = index_weight_files(directory, model.config)  # names and shapes checked
-    targets = _hf_tensors(model)
-    copied = 0
-    for f in sorted(set(where.values())):
-        with safe_open(str(f), framework="pt") as handle:
-            for name, target in targets.items():
-                if where[name] == f:
-                    # target is a view into the fused parameter, so this copy is the fusion.
-                    target.copy_(handle.get_tensor(name))
-                    copied += target.numel() * target.element_size()
+    headers = {f: read_header(f) for f in set(where.values())}
+    # Each target is a view into its fused parameter, so landing the bytes there is the fusion.
+    copies = [(where[name], headers[where[name]][name], target)
+              for name, target in _hf_tensors(model).items()]
+    stats = stream_into(copies, model.device)
+    seconds = time.perf_counter() - start
+    copied = sum(t.numel() * t.element_size() for _, _, t in copies)
+    logger.info("weights read: %d files, %.3f GB in %.3f s (%.2f GB/s), %d reads by %d "
+                "threads, %s", len(headers), stats.bytes_read / 1e9, seconds,
+                stats.bytes_read / 1e9 / max(seconds, 1e-9), stats.num_reads, stats.num_readers,
+                f"staged through {stats.slice_bytes // 2**20} MiB pinned slices"
+                if stats.staged else "straight into the tensors")
     return copied

@@ -135,12 +135,14 @@ def _runs_shape_sweeps(model_runner: Any) -> bool:
 
 
 def _sweep(model_runner: Any, tracker: PhaseProgress | None = None) -> int:
-    """Dense GEMMs at every token count, then (generative models) the sampler at every row
+    """Dense GEMMs at every token count (or, with the compile cache's kernel map, at the
+    counts that pick distinct kernels), then (generative models) the sampler at every row
     count; returns the calls made."""
+    from warmgate.server.cache.shape_sweeps import kernel_map_dir
     from warmgate.server.warmup.gemm_shapes import sweep_gemm_shapes  # torch, only on CUDA
     from warmgate.server.warmup.sampler_rows import sweep_sampler_rows
 
-    calls = sweep_gemm_shapes(model_runner, tracker)
+    calls = sweep_gemm_shapes(model_runner, tracker, kernel_dir=kernel_map_dir())
     if not model_runner.is_pooling_model:
         calls += sweep_sampler_rows(model_runner)
     return calls
@@ -161,7 +163,8 @@ def _gemm_only_phase(model_runner: Any, progress: ProgressCallback | None) -> Wa
         name=COMPILE, status=PhaseStatus.RAN, duration_s=t[0], num_tokens=num_calls,
         num_steps=len(plan), shapes={"gemm_weights": len(plan),
                                      "gemm_max_m": [m for _, m in plan]},
-        detail=f"torch.compile is off; ran every dense GEMM shape ({len(plan)} weights x "
-               f"token counts 1..M) and the sampler at every batch size, {num_calls} calls, "
+        detail=f"torch.compile is off; ran the dense GEMMs of {len(plan)} weights at every "
+               "token count 1..M (or, with the compile cache's kernel map, at the counts that "
+               f"pick distinct kernels) and the sampler at every batch size, {num_calls} calls, "
                "so no first batch of a new size pays for algorithm choice or kernel loading")
     return WarmupResult(ran=True, phases=[phase])

@@ -1,0 +1,252 @@
+"""Time to ready against the floor (issue 20), every figure from a fresh process:
+
+    python -m bench.time_to_ready --write-checkpoint llama-3.2-1b --model-dir /tmp/ckpt-1b \
+        --attention-backend triton --runs 3            (on the GPU machine, repo root)
+    python -m bench.time_to_ready --model-dir /tmp/ckpt-1b --load-only   (weights only)
+
+The floor: a bare CUDA init (`import torch; torch.zeros(1, device=...)`, process wall) and a
+bare `safetensors.torch.load_file(..., device=...)` of the same checkpoint (page cache warm).
+Then `warmgate-server` from process start to health SERVING with an empty --cache-dir and
+empty compiler caches (cold, once), then on the filled one (warm, --runs times). Prints each
+figure, ready_over_floor = warm ready / (CUDA init + bare load), warm_over_cold, and
+cold_over_longest_compile = the cold warmup / its longest single compile, then the warm start-up
+breakdown from the server's log, and a last `json:` line with everything. --load-only compares
+the bare load with warmgate's weight loader in GB/s, page cache warm and (--cold-page-cache,
+which evicts the files with posix_fadvise) cold. `--device cpu` runs it all on the CPU (CI);
+there `load_file` only maps the file (no byte is read until used), so the CPU figures test the
+bench, they measure nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.ready_probe import ReadyRun, run_to_ready
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "client"), str(ROOT / "server"),
+                                                   str(ROOT), os.environ.get("PYTHONPATH")])),
+       "PYTHONUNBUFFERED": "1"}
+# Set, these would be respected instead of --cache-dir's entry (and a cold run not be cold).
+COMPILER_CACHE_ENV = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
+
+CUDA_INIT = """
+import sys, torch
+torch.zeros(1, device=sys.argv[1])
+"""
+BARE_LOAD = """
+import json, sys, time, torch
+from safetensors.torch import load_file
+dev, files = sys.argv[1], sys.argv[2:]
+torch.zeros(1, device=dev)
+sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
+sync(); t = time.perf_counter(); n = 0
+for f in files:
+    n += sum(v.numel() * v.element_size() for v in load_file(f, device=dev).values())
+sync(); print(json.dumps({"seconds": time.perf_counter() - t, "bytes": n}))
+"""
+WARMGATE_LOAD = """
+import json, sys, time, torch
+from warmgate.server.config.hf_config import model_config_from_hf
+from warmgate.server.runner.model import LlamaModel
+from warmgate.server.runner.ops import TorchOps
+from warmgate.server.runner.weights import load_weights
+dev, directory, dtype = torch.device(sys.argv[1]), sys.argv[2], getattr(torch, sys.argv[3])
+torch.zeros(1, device=dev)
+model = LlamaModel(model_config_from_hf(directory), TorchOps(), None, dev, dtype)
+sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+sync(); t = time.perf_counter(); n = load_weights(directory, model)
+sync(); print(json.dumps({"seconds": time.perf_counter() - t, "bytes": n}))
+"""
+
+WRITE_CHECKPOINT = """
+import json, sys
+from pathlib import Path
+from bench.time_to_ready import write_checkpoint
+preset, directory, device, dtype = sys.argv[1:]
+print(json.dumps({"done": write_checkpoint(preset, Path(directory), device, dtype)}))
+"""
+
+
+def _python(code: str, *args: str) -> tuple[float, dict[str, Any]]:
+    """Run code in a fresh interpreter: (process wall seconds, its last stdout line as JSON)."""
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code, *args], env={**os.environ, **ENV},
+                         capture_output=True, text=True, check=False)
+    wall = time.monotonic() - start
+    if out.returncode != 0:
+        raise RuntimeError(f"{code.strip().splitlines()[0]}... failed:\n{out.stderr[-3000:]}")
+    lines = out.stdout.strip().splitlines()
+    return wall, json.loads(lines[-1]) if lines else {}
+
+
+def weight_files(model_dir: Path) -> list[str]:
+    files = sorted(str(p) for p in model_dir.glob("*.safetensors"))
+    if not files:
+        raise SystemExit(f"--model-dir {model_dir}: no *.safetensors (pass --write-checkpoint)")
+    return files
+
+
+def set_page_cache(files: list[str], *, warm: bool) -> None:
+    """Warm: read every byte once. Cold: tell the kernel to drop the files' clean pages."""
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            if warm:
+                while os.read(fd, 64 * 2**20):
+                    pass
+            else:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def write_checkpoint(preset: str, model_dir: Path, device: str, dtype: str) -> str:
+    """A safetensors directory of the preset's shapes, random weights (reused if present)."""
+    if (model_dir / "config.json").exists() and list(model_dir.glob("*.safetensors")):
+        return f"reused {model_dir}"
+    import torch
+
+    from warmgate.server.config.runner_config import ModelConfig
+    from warmgate.server.runner.model import LlamaModel
+    from warmgate.server.runner.ops import TorchOps
+    from warmgate.server.runner.weights import init_random_weights, save_weights
+
+    start = time.monotonic()
+    config = ModelConfig.from_preset(preset)
+    model = LlamaModel(config, TorchOps(), None, torch.device(device), getattr(torch, dtype))
+    init_random_weights(model, seed=0)
+    # Shards of at most 5 GB, as the Hugging Face checkpoints of these models come.
+    files = save_weights(model, config, model_dir, max_shard_bytes=5 * 10**9)
+    size = sum(f.stat().st_size for f in files)
+    return (f"wrote {preset} to {model_dir}: {len(files)} files, {size / 1e9:.2f} GB in "
+            f"{time.monotonic() - start:.1f} s")
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def measure_load(args: argparse.Namespace, files: list[str], *, warm: bool) -> dict[str, float]:
+    """Bare safetensors vs warmgate's loader, --runs each, fresh processes, CUDA init excluded."""
+    out: dict[str, list[float]] = {"bare_s": [], "warmgate_s": []}
+    size = 0
+    for _ in range(args.runs):
+        for key, code, extra in (("bare_s", BARE_LOAD, files),
+                                 ("warmgate_s", WARMGATE_LOAD,
+                                  [str(args.model_dir), args.dtype])):
+            set_page_cache(files, warm=warm)
+            _, result = _python(code, args.device, *extra)
+            out[key].append(result["seconds"])
+            size = result["bytes"]
+    bare, ours = _median(out["bare_s"]), _median(out["warmgate_s"])
+    return {"bytes": size, "bare_s": bare, "warmgate_s": ours, "bare_gb_per_s": size / 1e9 / bare,
+            "warmgate_gb_per_s": size / 1e9 / ours, "warmgate_over_bare_speed": bare / ours}
+
+
+def server_argv(args: argparse.Namespace, cache_dir: str, *, debug: bool) -> list[str]:
+    return ["--model", str(args.model_dir), "--device", args.device, "--dtype", args.dtype,
+            "--attention-backend", args.attention_backend, "--host", "127.0.0.1",
+            "--port", "0", "--health-port", "0", "--metrics-port", "-1",
+            "--cache-dir", cache_dir, "--max-num-seqs", str(args.max_num_seqs),
+            "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+            "--log-level", "DEBUG" if debug else "INFO", *args.server_flag]
+
+
+def measure_ready(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k not in COMPILER_CACHE_ENV} | ENV
+    set_page_cache(files, warm=True)
+    with tempfile.TemporaryDirectory(prefix="warmgate-ready-cache.") as cache_dir:
+        # The cold run logs at DEBUG: the JIT events, with each compile's seconds, are there.
+        cold = run_to_ready(server_argv(args, cache_dir, debug=True), env, args.timeout)
+        warm: list[ReadyRun] = [run_to_ready(server_argv(args, cache_dir, debug=False), env,
+                                             args.timeout) for _ in range(args.runs)]
+    warm_ready = _median([r.ready_s for r in warm])
+    median_run = min(warm, key=lambda r: abs(r.ready_s - warm_ready))
+    longest = cold.longest_compile_s()
+    cold_warmup = cold.breakdown()["warmup_total_s"]
+    return {"cold_ready_s": cold.ready_s, "warm_ready_s": warm_ready,
+            "warm_ready_runs_s": [r.ready_s for r in warm],
+            "warm_over_cold": warm_ready / cold.ready_s,
+            "cold_warmup_s": cold_warmup, "cold_longest_compile_s": longest,
+            "cold_over_longest_compile": (cold_warmup / longest
+                                          if longest and cold_warmup is not None else None),
+            "warm_breakdown": median_run.breakdown(), "cold_breakdown": cold.breakdown()}
+
+
+def measure_floor(args: argparse.Namespace, files: list[str]) -> dict[str, float]:
+    inits = [_python(CUDA_INIT, args.device)[0] for _ in range(args.runs)]
+    set_page_cache(files, warm=True)
+    loads = [_python(BARE_LOAD, args.device, *files)[1]["seconds"] for _ in range(args.runs)]
+    return {"cuda_init_s": _median(inits), "bare_load_s": _median(loads),
+            "floor_s": _median(inits) + _median(loads)}
+
+
+def _print(figures: dict[str, Any], prefix: str = "") -> None:
+    for key, value in figures.items():
+        if isinstance(value, dict):
+            _print(value, f"{prefix}{key}.")
+        elif isinstance(value, float):
+            print(f"{prefix}{key}: {value:.3f}")
+        else:
+            print(f"{prefix}{key}: {'n/a' if value is None else value}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-dir", type=Path, required=True, help="safetensors checkpoint dir")
+    p.add_argument("--write-checkpoint", metavar="PRESET", help="write PRESET's shapes with "
+                   "random weights into --model-dir first (kept if already there)")
+    p.add_argument("--preset", help="the preset --model-dir holds (label for the output)")
+    p.add_argument("--attention-backend", default="triton", help="triton, flashinfer or torch")
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--runs", type=int, default=3, help="runs of each warm figure (median)")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per server start")
+    p.add_argument("--load-only", action="store_true", help="only bare vs warmgate weight load")
+    p.add_argument("--cold-page-cache", action="store_true",
+                   help="with --load-only: also measure with the files evicted from page cache")
+    p.add_argument("--server-flag", action="append", default=[],
+                   help="extra warmgate-server flag (repeat), e.g. --server-flag=--compile=true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    figures: dict[str, Any] = {"preset": args.write_checkpoint or args.preset,
+                               "device": args.device, "attention_backend": args.attention_backend,
+                               "model_dir": str(args.model_dir)}
+    if args.write_checkpoint:
+        # In its own process: this one must hold no GPU memory while the servers size their
+        # KV caches from what is free.
+        figures["checkpoint"] = _python(WRITE_CHECKPOINT, args.write_checkpoint,
+                                        str(args.model_dir), args.device, args.dtype)[1]["done"]
+    files = weight_files(args.model_dir)
+    if args.load_only:
+        figures["load_page_cache_warm"] = measure_load(args, files, warm=True)
+        if args.cold_page_cache:
+            figures["load_page_cache_cold"] = measure_load(args, files, warm=False)
+    else:
+        floor = measure_floor(args, files)
+        ready = measure_ready(args, files)
+        figures.update(floor)
+        figures["ready_over_floor"] = ready["warm_ready_s"] / floor["floor_s"]
+        figures.update(ready)
+    _print(figures)
+    print("json: " + json.dumps(figures, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

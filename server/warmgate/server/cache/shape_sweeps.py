@@ -1,0 +1,71 @@
+"""The shape sweeps' kernel map: an entry kind of the compile cache, beside triton/, flashinfer/
+and inductor/.
+
+For each dense GEMM the sweeps run (a weight shape and dtype, token counts 1..M), the token
+counts that pick distinct kernels, learned once by the sweep that ran every count (see
+warmup/gemm_kernels.py). A warm start sweeps only those. The entry's key already holds the GPU,
+torch and the configuration; the map repeats the GPU and library identity and is ignored
+(every count is swept) when they differ, or when it lacks one of the GEMMs asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+# Set by apply_cache_env to the entry's shape_sweeps/ directory (cache/env.py).
+ENV_VAR = "WARMGATE_SHAPE_SWEEP_DIR"
+FILE_NAME = "gemm_kernels.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class KernelMap:
+    # The GPU and libraries the map was learned on (name -> version).
+    identity: dict[str, str]
+    # GEMM key (warmup.gemm_shapes.gemm_key) -> the token counts that pick distinct kernels.
+    sizes: dict[str, list[int]]
+
+
+def kernel_map_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The entry's shape_sweeps/ directory, or None without a compile cache."""
+    value = (os.environ if environ is None else environ).get(ENV_VAR)
+    return Path(value) if value else None
+
+
+def load_kernel_map(directory: Path, identity: Mapping[str, str], keys: list[str]
+                    ) -> tuple[KernelMap | None, str]:
+    """(the map, "") when it is there, readable, of this identity and holds every key;
+    else (None, why not)."""
+    path = directory / FILE_NAME
+    if not path.exists():
+        return None, f"no {path} yet"
+    try:
+        data = json.loads(path.read_text())
+        found = KernelMap(identity=dict(data["identity"]),
+                          sizes={k: [int(m) for m in v] for k, v in data["sizes"].items()})
+        version = data["version"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return None, f"{path} is unreadable ({type(exc).__name__}: {exc})"
+    if version != FORMAT_VERSION:
+        return None, f"{path} has format {version}, this build reads {FORMAT_VERSION}"
+    if found.identity != dict(identity):
+        return None, f"{path} was learned on {found.identity}, this is {dict(identity)}"
+    missing = [k for k in keys if k not in found.sizes]
+    if missing:
+        return None, f"{path} lacks the GEMM {missing[0]}"
+    return found, ""
+
+
+def save_kernel_map(directory: Path, kernel_map: KernelMap) -> Path:
+    """Write the map (atomically: a reader never sees half a file); returns its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / FILE_NAME
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"version": FORMAT_VERSION, "identity": kernel_map.identity,
+                               "sizes": kernel_map.sizes}, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,155 @@
+"""Check a weights directory against a ModelConfig from the safetensors headers alone.
+
+Names and shapes are read without loading tensor data, so start-up can refuse a directory it
+could never load (missing, misshapen or unexpected tensors, a config.json that disagrees)
+before any memory is allocated; `runner.weights.load_weights` runs the same checks before it
+copies. The headers are parsed here in plain Python (8-byte length, then JSON, as the format
+defines them): no torch import, so the start-up checks run while torch is still loading in
+the background and the health port binds without waiting for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from warmgate.server.config.hf_config import (
+    ModelLoadError,
+    max_position_embeddings,
+    model_config_from_hf,
+)
+from warmgate.server.config.runner_config import ModelConfig
+
+# Fields that decide tensor shapes or the numbers computed from them; a config that disagrees
+# on one would load garbage or fail half-way, so loading refuses up front.
+MATCH_FIELDS = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads",
+                "num_kv_heads", "head_dim", "intermediate_size", "tie_word_embeddings", "rope",
+                "rms_norm_eps", "sliding_window")
+
+# Tensors some checkpoints carry that are not parameters of the reference model either.
+_NON_PARAMETER_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of a safetensors header; begin/end are absolute offsets in the file."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def read_header(path: Path) -> dict[str, TensorEntry]:
+    """The tensors of one safetensors file, from its header; ModelLoadError naming the file
+    for one that is unreadable or shorter than its header says."""
+    try:
+        size = os.stat(path).st_size
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > size - 8:
+                raise ValueError(f"a {length}-byte header in a {size}-byte file")
+            header = json.loads(f.read(length))
+        header.pop("__metadata__", None)
+        base = 8 + length
+        entries = {name: TensorEntry(name, info["dtype"], tuple(info["shape"]),
+                                     base + info["data_offsets"][0],
+                                     base + info["data_offsets"][1])
+                   for name, info in header.items()}
+    except (OSError, struct.error, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise ModelLoadError(path, "header", f"not a readable safetensors file: "
+                             f"{type(exc).__name__}: {exc}") from exc
+    for e in entries.values():
+        if e.end > size or e.begin > e.end:
+            raise ModelLoadError(path, e.name, f"bytes {e.begin}..{e.end} of a {size}-byte "
+                                 "file (a truncated file)")
+    return entries
+
+
+def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor an HF checkpoint of this config holds, by name, with its shape."""
+    h, d, inter = config.hidden_size, config.head_dim, config.intermediate_size
+    q, kv = config.num_heads * d, config.num_kv_heads * d
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h),
+                                       "model.norm.weight": (h,)}
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        out.update({
+            p + "input_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        })
+        if config.qkv_bias:
+            out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                        p + "self_attn.v_proj.bias": (kv,)})
+        if config.qk_norm:
+            out.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
+    if not config.is_pooling_model and not config.tie_word_embeddings:
+        out["lm_head.weight"] = (config.vocab_size, h)
+    return out
+
+
+def _ignorable(name: str, config: ModelConfig) -> bool:
+    """Tensors the reference model never reads either: rotary buffers, and a head that tied
+    embeddings replace with embed_tokens (a pooling model has no head at all)."""
+    if name.endswith(_NON_PARAMETER_SUFFIXES):
+        return True
+    return name == "lm_head.weight" and (config.tie_word_embeddings or config.is_pooling_model)
+
+
+def index_weight_files(directory: str | Path, config: ModelConfig) -> dict[str, Path]:
+    """{tensor name: file} for every tensor the config needs; ModelLoadError naming the file
+    and tensor for a duplicate, missing, misshapen or unexpected one."""
+    directory = Path(directory)
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(directory, "*.safetensors", "no weight files in the directory")
+    expected = expected_tensor_shapes(config)
+    where: dict[str, Path] = {}
+    for f in files:
+        for name, entry in read_header(f).items():
+            if name in where:
+                raise ModelLoadError(f, name, f"also in {where[name].name}")
+            where[name] = f
+            if name not in expected:
+                if _ignorable(name, config):
+                    continue
+                raise ModelLoadError(f, name, "the file holds a tensor the config says does "
+                                     f"not exist for {config.architecture} (e.g. a bias or "
+                                     "norm it does not have)")
+            if entry.shape != expected[name]:
+                raise ModelLoadError(f, name, f"shape {entry.shape}, the model expects "
+                                     f"{expected[name]}")
+    missing = [name for name in expected if name not in where]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelLoadError(directory, missing[0], f"missing tensor{more}")
+    return {name: where[name] for name in expected}
+
+
+def check_config_matches(config: ModelConfig, directory: str | Path) -> None:
+    """Raise naming every field where config disagrees with the directory's config.json."""
+    # The directory's own window check is against its max_position_embeddings; the served
+    # length is checked by ModelConfig itself.
+    on_disk = model_config_from_hf(directory, max_model_len=1)
+    path = Path(directory) / "config.json"
+    max_positions = max_position_embeddings(directory)
+    if config.max_model_len > max_positions:
+        raise ModelLoadError(path, "max_model_len", f"{config.max_model_len} exceeds the "
+                             f"file's max_position_embeddings {max_positions}")
+    diffs = [f"{f}: config has {getattr(config, f)}, the file has {getattr(on_disk, f)}"
+             for f in MATCH_FIELDS if getattr(config, f) != getattr(on_disk, f)]
+    if diffs:
+        raise ModelLoadError(path, diffs[0].split(":", 1)[0], "the model config does not match "
+                             "the weights directory (build it with model_config_from_hf): "
+                             + "; ".join(diffs))

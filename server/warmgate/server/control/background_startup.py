@@ -1,0 +1,131 @@
+"""Start-up work that depends on nothing but the configuration, begun before the server binds.
+
+Two things need only the checked configuration, and each costs seconds that the rest of the
+start-up (tokenizer, gRPC servers, compile-cache entry) does not need to wait for:
+
+- the CUDA context: created on a background thread, so the model load on the runner's worker
+  thread finds it ready (torch's lazy init is locked: a load that gets there first waits for
+  it rather than creating a second one);
+- the weight files' pages: `posix_fadvise(WILLNEED)` asks the kernel to read them into the
+  page cache now, so a cold disk is being read while CUDA starts and the servers bind.
+
+Neither changes what the load does: a failure here is logged as such and the load, which does
+the same work again, reports it the usual way (health FAILED with the reason).
+FlashInfer is not imported here: it reads its workspace directory from the environment at
+import, which the compile-cache entry sets later, on the worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from warmgate.server.config.runner_config import RunnerConfig
+
+logger = logging.getLogger(__name__)
+
+
+class BackgroundStartup:
+    """Threads doing the start-up's independent work. A line that is ready before logging is
+    configured waits for `logging_ready`, so none is lost to the unconfigured root logger.
+
+    The threads are not daemons: a start-up that exits early (exit 2 on a busy port) waits
+    for them, rather than tearing the interpreter down under a thread inside a CUDA call.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._logging = False
+        self._held: list[str] = []
+        self._threads: list[threading.Thread] = []
+        # What was started, for the one line that says so.
+        self.started: list[str] = []
+
+    def start(self, name: str, what: str, work: Callable[[], str]) -> None:
+        self.started.append(what)
+
+        def run() -> None:
+            line = work()
+            with self._lock:
+                if not self._logging:
+                    self._held.append(line)
+                    return
+            logger.info("%s", line)
+
+        thread = threading.Thread(target=run, name=f"warmgate-startup-{name}")
+        thread.start()
+        self._threads.append(thread)
+
+    def logging_ready(self) -> None:
+        """Logging is configured: say what runs, then what already finished."""
+        with self._lock:
+            self._logging = True
+            held, self._held = self._held, []
+        logger.info("start-up: in the background: %s",
+                    ", ".join(self.started) or "nothing (no CUDA device, no weight files)")
+        for line in held:
+            logger.info("%s", line)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for every thread (for tests)."""
+        for thread in self._threads:
+            thread.join(timeout)
+
+
+def wants_cuda(device: str) -> bool:
+    """A device the load will put on CUDA (or may: "auto" picks CUDA when there is one)."""
+    return device == "auto" or device.startswith("cuda")
+
+
+def create_cuda_context(device: str) -> str:
+    """Import torch and create the CUDA context on `device`; the log line to write."""
+    start = time.perf_counter()
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return (f"start-up: no CUDA device for --device {device}; no context created in "
+                    "the background")
+        target = torch.device("cuda" if device == "auto" else device)
+        torch.zeros(1, device=target)
+        torch.cuda.synchronize(target)
+    except Exception as exc:  # the load does the same and reports it; this only timed it
+        return (f"start-up: CUDA context on {device} failed in the background after "
+                f"{time.perf_counter() - start:.3f} s ({type(exc).__name__}: {exc}); the "
+                "model load will report it")
+    return (f"start-up: CUDA context on {target} in {time.perf_counter() - start:.3f} s "
+            "(in the background, beside the tokenizer and the servers' start)")
+
+
+def read_ahead(files: list[Path]) -> str:
+    """Ask the kernel to read the files into the page cache; the log line to write."""
+    start = time.perf_counter()
+    size = 0
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size += os.fstat(fd).st_size
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+    return (f"start-up: read-ahead of {len(files)} weight files ({size / 1e9:.2f} GB) "
+            f"requested in {time.perf_counter() - start:.3f} s")
+
+
+def begin_background_startup(config: RunnerConfig) -> BackgroundStartup:
+    """Start the CUDA context and the weights' read-ahead, whichever apply (logged by
+    logging_ready)."""
+    startup = BackgroundStartup()
+    device = config.device.device
+    directory = config.model.weights_path
+    files = sorted(Path(directory).glob("*.safetensors")) if directory else []
+    if wants_cuda(device):
+        startup.start("cuda", f"CUDA context ({device})", lambda: create_cuda_context(device))
+    if files:
+        startup.start("readahead", f"read-ahead of {len(files)} weight files",
+                      lambda: read_ahead(files))
+    return startup

@@ -1,0 +1,109 @@
+"""control/background_startup.py: the CUDA context and the weights' read-ahead begun before
+the servers bind, and a server whose model load is still running answers health NOT_SERVING."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.time_to_ready import write_checkpoint
+from tests.server_process import ServerProcess
+from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.control import background_startup as startup
+from warmgate.server.control.background_startup import BackgroundStartup, begin_background_startup
+
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("tiny")
+    write_checkpoint("tiny", directory, "cpu", "float32")
+    return directory
+
+
+def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == startup.__name__]
+
+
+def _config(model: str, device: str) -> RunnerConfig:
+    from warmgate.server.startup import load_server_config
+
+    return load_server_config(["--model", model, "--device", device]).runner
+
+
+def test_cpu_device_reads_ahead_and_creates_no_context(
+        tiny_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=startup.__name__)
+    background = begin_background_startup(_config(str(tiny_dir), "cpu"))
+    background.logging_ready()
+    background.join(30)
+    lines = _lines(caplog)
+    assert lines[0] == "start-up: in the background: read-ahead of 1 weight files"
+    size = sum(p.stat().st_size for p in tiny_dir.glob("*.safetensors"))
+    assert re.fullmatch(rf"start-up: read-ahead of 1 weight files \({size / 1e9:.2f} GB\) "
+                        r"requested in [\d.]+ s", lines[1])
+
+
+def test_a_preset_on_cpu_starts_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=startup.__name__)
+    background = begin_background_startup(_config("tiny", "cpu"))
+    background.logging_ready()
+    background.join(30)
+    assert _lines(caplog) == ["start-up: in the background: nothing (no CUDA device, no "
+                              "weight files)"]
+
+
+def test_cuda_without_a_gpu_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert startup.create_cuda_context("cuda:0") == (
+        "start-up: no CUDA device for --device cuda:0; no context created in the background")
+    assert startup.wants_cuda("auto") and startup.wants_cuda("cuda:1")
+    assert not startup.wants_cuda("cpu")
+
+
+def test_a_failed_context_is_left_to_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    line = startup.create_cuda_context("cuda:0")  # no CUDA in this build: zeros raises
+    assert line.startswith("start-up: CUDA context on cuda:0 failed in the background after ")
+    assert line.endswith("the model load will report it")
+
+
+def test_lines_wait_for_logging(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=startup.__name__)
+    release = threading.Event()
+    background = BackgroundStartup()
+    background.start("early", "early work", lambda: "early finished")
+    background.start("late", "late work", lambda: (release.wait(10), "late finished")[1])
+    background._threads[0].join(10)
+    assert _lines(caplog) == []  # before basicConfig a line would be lost
+    background.logging_ready()
+    assert _lines(caplog) == ["start-up: in the background: early work, late work",
+                              "early finished"]
+    release.set()
+    background.join(10)
+    assert _lines(caplog)[-1] == "late finished"
+    assert not any(t.daemon for t in background._threads)
+
+
+def test_health_answers_not_serving_while_the_model_loads(tiny_dir: Path) -> None:
+    # The load is held for 60 s: the health port has to answer during it, not after.
+    flags = ["--model", str(tiny_dir), "--health-port", "0"]
+    with ServerProcess(flags, {"WARMGATE_FAULT_INJECT": "load:delay=60"}) as p:
+        with grpc.insecure_channel(f"127.0.0.1:{p.health_port}") as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert reply.status == NOT_SERVING
+        log = p.log()
+        assert "start-up: in the background: read-ahead of 1 weight files" in log
+        assert "weights read:" not in log  # the load had not got there

@@ -1,0 +1,163 @@
+"""The shape sweeps' kernel map: learned once by the full sweep (a fake probe stands in for the
+profiler here), kept in the compile-cache entry, trusted only for the same GPU, libraries and
+GEMMs; anything else sweeps every size again."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.runner_helpers import make_runner
+from warmgate.server.cache import CACHE_ENV_VARS, apply_cache_env
+from warmgate.server.cache.shape_sweeps import ENV_VAR, FILE_NAME, kernel_map_dir
+from warmgate.server.warmup import gemm_shapes
+from warmgate.server.warmup.gemm_kernels import (
+    MARKER,
+    ProbeError,
+    distinct_sizes,
+    split_at_markers,
+)
+from warmgate.server.warmup.gemm_shapes import gemm_key, gemm_plan, sweep_gemm_shapes
+
+# Kernel changes at these Ms (as cuBLAS switches tiles): 1-8 "small", 9-63 "mid", 64+ "big".
+BOUNDARIES = ((64, "big"), (9, "mid"), (1, "small"))
+
+
+def _kernel(m: int) -> str:
+    return next(name for start, name in BOUNDARIES if m >= start)
+
+
+def fake_probe(calls: list[tuple[tuple[int, ...], int]]) -> Callable[[torch.Tensor, int],
+                                                                     list[tuple[str, ...]]]:
+    def probe(weight: torch.Tensor, max_m: int) -> list[tuple[str, ...]]:
+        calls.append((tuple(weight.shape), max_m))
+        return [(f"gemm_{_kernel(m)}_{weight.shape[0]}",) for m in range(1, max_m + 1)]
+    return probe
+
+
+def _no_probe(weight: torch.Tensor, max_m: int) -> list[tuple[str, ...]]:
+    raise AssertionError("a kept kernel map must not be probed again")
+
+
+@pytest.fixture
+def linear_ms(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The M of every GEMM the sweep runs itself."""
+    seen: list[int] = []
+    real = gemm_shapes.F.linear
+
+    def counting(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        seen.append(x.shape[0])
+        return real(x, w)
+
+    monkeypatch.setattr(gemm_shapes.F, "linear", counting)
+    return seen
+
+
+def test_distinct_sizes_keeps_the_first_m_of_each_kernel_and_every_unknown() -> None:
+    signatures = [("a",), ("a",), ("b",), ("a",), (), ("c", "r"), ("c", "r")]
+    assert distinct_sizes(signatures) == [1, 3, 5, 6]
+
+
+def test_split_at_markers_gives_each_m_its_kernels_or_refuses() -> None:
+    names = ["gemm_a", f"{MARKER}(long)", "memset", "gemm_b", f"{MARKER}(long)"]
+    assert split_at_markers(names, 2) == [("gemm_a",), ("memset", "gemm_b")]
+    with pytest.raises(ProbeError):
+        split_at_markers(names, 3)  # a dropped marker would shift every later M
+    with pytest.raises(ProbeError):
+        split_at_markers([*names, "gemm_c"], 2)
+
+
+def test_learn_once_then_sweep_only_distinct_kernels(tmp_path: Path,
+                                                     linear_ms: list[int]) -> None:
+    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
+    plan = gemm_plan(runner)
+    full = sum(m for _, m in plan)
+    probed: list[tuple[tuple[int, ...], int]] = []
+    assert sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=fake_probe(probed)) == full
+    assert len(probed) == len(plan)
+    kept = json.loads((tmp_path / FILE_NAME).read_text())
+    layer_key = gemm_key(*plan[0])
+    assert kept["sizes"][layer_key] == [1, 9, 64]
+    assert plan[-1][1] == 8 and kept["sizes"][gemm_key(*plan[-1])] == [1]  # the head: 8 rows
+    linear_ms.clear()
+    warm = sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=_no_probe)
+    assert warm == sum(len(v) for v in kept["sizes"].values()) < full
+    assert linear_ms == [m for w, mm in plan for m in kept["sizes"][gemm_key(w, mm)]]
+
+
+def _learn(runner: object, directory: Path) -> None:
+    sweep_gemm_shapes(runner, kernel_dir=directory, probe=fake_probe([]))
+
+
+def test_a_map_of_another_gpu_or_torch_is_not_trusted(tmp_path: Path) -> None:
+    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
+    _learn(runner, tmp_path)
+    path = tmp_path / FILE_NAME
+    data = json.loads(path.read_text())
+    data["identity"]["torch"] = "0.0.1"
+    path.write_text(json.dumps(data))
+    probed: list[tuple[tuple[int, ...], int]] = []
+    full = sum(m for _, m in gemm_plan(runner))
+    assert sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=fake_probe(probed)) == full
+    assert probed  # learned again, for this identity
+    assert json.loads(path.read_text())["identity"]["torch"] == torch.__version__
+
+
+def test_a_map_without_this_budget_sweeps_everything(tmp_path: Path) -> None:
+    _learn(make_runner(max_num_seqs=8, max_num_batched_tokens=128), tmp_path)
+    bigger = make_runner(max_num_seqs=8, max_num_batched_tokens=256)
+    full = sum(m for _, m in gemm_plan(bigger))
+    assert sweep_gemm_shapes(bigger, kernel_dir=tmp_path, probe=fake_probe([])) == full
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"version": 99, "identity": {}, '
+                                                  '"sizes": {}}'])
+def test_an_unreadable_map_sweeps_everything(tmp_path: Path, content: str) -> None:
+    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
+    (tmp_path / FILE_NAME).write_text(content)
+    full = sum(m for _, m in gemm_plan(runner))
+    assert sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=fake_probe([])) == full
+
+
+def test_without_a_cache_every_size_runs_and_nothing_is_probed(linear_ms: list[int]) -> None:
+    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
+    plan = gemm_plan(runner)
+    assert sweep_gemm_shapes(runner, probe=_no_probe) == sum(m for _, m in plan)
+    assert linear_ms == [m for _, mm in plan for m in range(1, mm + 1)]
+
+
+def test_a_failed_probe_sweeps_plainly_and_keeps_nothing(tmp_path: Path,
+                                                         linear_ms: list[int]) -> None:
+    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
+    plan = gemm_plan(runner)
+
+    def broken(weight: torch.Tensor, max_m: int) -> list[tuple[str, ...]]:
+        raise ProbeError("the profile holds 3 markers")
+
+    assert sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=broken) == sum(
+        m for _, m in plan)
+    assert linear_ms == [m for _, mm in plan for m in range(1, mm + 1)]
+    assert not (tmp_path / FILE_NAME).exists()
+
+
+def test_a_map_that_cannot_be_written_costs_the_warmup_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
+    blocked = tmp_path / "shape_sweeps"
+    blocked.write_text("a file where the directory should be")
+    caplog.set_level("INFO", logger=gemm_shapes.__name__)
+    full = sum(m for _, m in gemm_plan(runner))
+    assert sweep_gemm_shapes(runner, kernel_dir=blocked, probe=fake_probe([])) == full
+    assert "not kept" in caplog.text and "the next start sweeps every size" in caplog.text
+
+
+def test_the_cache_entry_holds_the_kernel_map(tmp_path: Path) -> None:
+    env: dict[str, str] = {}
+    apply_cache_env(tmp_path / "entry", env)
+    assert CACHE_ENV_VARS[ENV_VAR] == "shape_sweeps"
+    assert kernel_map_dir(env) == tmp_path / "entry" / "shape_sweeps"
+    assert kernel_map_dir({}) is None

@@ -1,0 +1,107 @@
+"""bench/time_to_ready.py end to end on the CPU (tiny, one run), and its log parsing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bench import time_to_ready
+from bench.ready_probe import ReadyRun, run_to_ready
+
+
+def _figures(out: str) -> dict:
+    line = next(x for x in out.splitlines() if x.startswith("json: "))
+    return json.loads(line.removeprefix("json: "))
+
+
+def test_end_to_end_on_the_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model_dir = tmp_path / "tiny"
+    assert time_to_ready.main(["--write-checkpoint", "tiny", "--model-dir", str(model_dir),
+                               "--device", "cpu", "--attention-backend", "torch",
+                               "--runs", "1", "--timeout", "240"]) == 0
+    out = capsys.readouterr().out
+    f = _figures(out)
+    assert (model_dir / "config.json").exists() and f["checkpoint"].startswith("wrote tiny")
+    for key in ("cuda_init_s", "bare_load_s", "floor_s", "cold_ready_s", "warm_ready_s",
+                "ready_over_floor", "warm_over_cold", "cold_warmup_s"):
+        assert f[key] > 0, key
+        assert f"{key}: " in out
+    assert f["floor_s"] == pytest.approx(f["cuda_init_s"] + f["bare_load_s"])
+    assert f["ready_over_floor"] == pytest.approx(f["warm_ready_s"] / f["floor_s"])
+    assert f["warm_over_cold"] == pytest.approx(f["warm_ready_s"] / f["cold_ready_s"])
+    # The CPU torch backend compiles nothing: no ratio rather than a made-up one.
+    assert f["cold_longest_compile_s"] is None and f["cold_over_longest_compile"] is None
+    warm = f["warm_breakdown"]
+    assert warm["ready_s"] == f["warm_ready_s"]
+    assert 0 < warm["imports_and_config_s"] < warm["health_bound_at_s"] < warm["ready_s"]
+    assert warm["weights_s"] > 0 and warm["weights_gb_per_s"] > 0 and warm["kv_cache_s"] >= 0
+    for phase in ("load", "compile", "kernels.prefill", "kernels.decode", "mixed"):
+        assert f"phase.{phase}_s" in warm
+    assert warm["warmup_total_s"] > 0
+
+
+def test_load_only_compares_bare_and_warmgate(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    model_dir = tmp_path / "tiny"
+    time_to_ready.write_checkpoint("tiny", model_dir, "cpu", "bfloat16")
+    assert time_to_ready.main(["--model-dir", str(model_dir), "--device", "cpu", "--runs", "1",
+                               "--load-only", "--cold-page-cache"]) == 0
+    f = _figures(capsys.readouterr().out)
+    for which in ("load_page_cache_warm", "load_page_cache_cold"):
+        load = f[which]
+        assert load["bytes"] == sum(p.stat().st_size for p in model_dir.glob("*.safetensors")
+                                    ) - _header_bytes(model_dir)
+        assert load["bare_gb_per_s"] == pytest.approx(load["bytes"] / 1e9 / load["bare_s"])
+        assert load["warmgate_over_bare_speed"] == pytest.approx(
+            load["bare_s"] / load["warmgate_s"])
+
+
+def _header_bytes(model_dir: Path) -> int:
+    total = 0
+    for p in model_dir.glob("*.safetensors"):
+        total += 8 + int.from_bytes(p.read_bytes()[:8], "little")
+    return total
+
+
+def test_breakdown_and_longest_compile_from_the_log() -> None:
+    log = [
+        (2.5, "2026 INFO warmgate.server.main: config_hash=abc runner={}"),
+        (2.6, "2026 INFO warmgate.server.control.background_startup: start-up: CUDA context "
+              "on cuda:0 in 1.250 s (in the background, beside imports and config)"),
+        (2.7, "2026 INFO warmgate.server.app: serving grpc.health.v1 (plaintext) on "
+              "127.0.0.1:4321"),
+        (3.1, "2026 INFO warmgate.server.runner.weights: weights read: 1 files, 2.470 GB in "
+              "0.300 s (8.23 GB/s), 160 reads by 8 threads, staged"),
+        (3.2, '2026 INFO warmgate.server.report: phase=load status=ran seconds=0.500 reason=- '
+              'shapes={"kv_cache_s":0.02,"weights_s":0.31} num_reqs=0 num_tokens=0 steps=0 '
+              'detail=x'),
+        (3.3, "2026 DEBUG warmgate.server.jit.monitor: jit event: triton _rms_norm compiled "
+              "in 0.700 s, caused by no batch in flight (after_ready=False)"),
+        (3.4, "2026 DEBUG warmgate.server.jit.monitor: jit event: triton _rotary loaded from "
+              "cache in 0.900 s, caused by no batch in flight (after_ready=False)"),
+        (4.0, '2026 INFO warmgate.server.report: phase=flashinfer status=ran seconds=2.000 '
+              'reason=- shapes={"longest_module_s":1.5,"wall_s":1.9} num_reqs=0 '
+              'num_tokens=0 steps=1 detail=y'),
+        (4.5, "2026 INFO warmgate.server.report: warmup outcome=succeeded seconds=3.000 "
+              "phases=8 config_hash=abc"),
+    ]
+    run = ReadyRun(ready_s=4.6, lines=log)
+    b = run.breakdown()
+    assert b["imports_and_config_s"] == 2.5 and b["health_bound_at_s"] == 2.7
+    assert b["cuda_init_s"] == 1.25 and b["weights_s"] == 0.3
+    assert b["weights_gb_per_s"] == 8.23 and b["kv_cache_s"] == 0.02
+    assert b["phase.load_s"] == 0.5 and b["phase.flashinfer_s"] == 2.0
+    assert b["warmup_total_s"] == 3.0
+    # A cache load is no compile; without JIT events, FlashInfer's longer wrapper warmup.
+    assert run.longest_compile_s() == 0.7
+    assert ReadyRun(ready_s=1.0, lines=log[:5] + log[6:]).longest_compile_s() == 1.5
+    assert ReadyRun(ready_s=1.0, lines=log[:5]).longest_compile_s() is None
+
+
+def test_a_server_that_exits_is_reported_with_its_log() -> None:
+    env = {**os.environ, **time_to_ready.ENV}
+    with pytest.raises(RuntimeError, match=r"(?s)exit code 2.*no-such-model"):
+        run_to_ready(["--model", "no-such-model", "--device", "cpu"], env, timeout_s=120)
