@@ -46,7 +46,7 @@ def random_params(rng: random.Random) -> SamplingParams:
 
 def random_features(rng: random.Random, params: SamplingParams, vocab_size: int
                     ) -> SamplingParams:
-    """Each sampling feature (runner/sampling/features.py) on about one request in four, so
+    """Each sampling feature (runner/sampling_features.py) on about one request in four, so
     batches mix requests with and without every option."""
     def on() -> bool:
         return rng.random() < FEATURE_PROBABILITY

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from warmgate.server.runner.sampling.features import SAMPLING_FEATURES
+from warmgate.server.runner.sampling_features import SAMPLING_FEATURES
 from warmgate.server.telemetry.metrics import CACHES, COMPILE_KINDS, Metrics
 from warmgate.server.telemetry.serving_metrics import FINISH_REASONS
 

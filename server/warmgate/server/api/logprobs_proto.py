@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from warmgate.server.runner.sampling.logprobs import TokenLogprobs
+from warmgate.server.runner.scheduler_output import TokenLogprobs
 from warmgate.v1 import generate_pb2 as gen_pb
 
 

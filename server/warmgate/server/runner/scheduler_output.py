@@ -8,11 +8,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the sampling package imports this module
-    from warmgate.server.runner.sampling.logprobs import TokenLogprobs
-    from warmgate.server.runner.sampling.step_logprobs import PromptLogprobs
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """One token's log probability under the model's raw logits, its rank (1 + the number of
+    tokens strictly more likely) and the requested most likely tokens."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    # The num_top most likely (token id, logprob), most likely first.
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """entries[j] is prompt token start + 1 + j given the tokens before it."""
+
+    start: int
+    entries: list[TokenLogprobs]
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from warmgate.server.runner.sampling.logprobs import TokenLogprobs
-from warmgate.server.runner.sampling.step_logprobs import PromptLogprobs
-from warmgate.server.runner.scheduler_output import SamplingParams
+from warmgate.server.runner.scheduler_output import PromptLogprobs, SamplingParams, TokenLogprobs
 from warmgate.server.serving.ngram import NgramIndex
 
 

@@ -21,12 +21,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from warmgate.server.config.runner_config import RunnerConfig, cdiv
-from warmgate.server.runner.sampling.logprobs import TokenLogprobs
 from warmgate.server.runner.scheduler_output import (
     CachedRequestData,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
+    TokenLogprobs,
 )
 from warmgate.server.serving.block_pool import BlockPool
 from warmgate.server.serving.request import (

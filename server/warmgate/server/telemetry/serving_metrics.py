@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from warmgate.server.runner.sampling.features import SAMPLING_FEATURES, sampling_features
+from warmgate.server.runner.sampling_features import SAMPLING_FEATURES, sampling_features
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.loop import Occupancy, StepStats
 from warmgate.server.serving.request import FinishReason, Usage

@@ -7,23 +7,15 @@ vLLM's default logprobs mode; a row's rank is 1 + the number of tokens strictly 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
+from warmgate.server.config.sampling_limits import MAX_LOGPROBS
 from warmgate.server.runner.host_copy import to_device
+from warmgate.server.runner.scheduler_output import TokenLogprobs
 
-# Largest top-n a request may ask for, per generated or prompt token (vLLM's default cap).
-MAX_LOGPROBS = 20
+__all__ = ["MAX_LOGPROBS", "gather_logprobs"]
 
-
-@dataclass(frozen=True)
-class TokenLogprobs:
-    token_id: int
-    logprob: float
-    rank: int
-    # The num_top most likely (token id, logprob), most likely first.
-    top: tuple[tuple[int, float], ...] = ()
 
 
 def gather_logprobs(logits: torch.Tensor, rows: Sequence[int], token_ids: Sequence[int],

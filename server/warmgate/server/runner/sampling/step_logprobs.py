@@ -11,20 +11,12 @@ the warmup's shape sweep ran.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from warmgate.server.runner.request_state import ScheduledRequest
-from warmgate.server.runner.sampling.logprobs import TokenLogprobs, gather_logprobs
-
-
-@dataclass(frozen=True)
-class PromptLogprobs:
-    """entries[j] is prompt token start + 1 + j given the tokens before it."""
-
-    start: int
-    entries: list[TokenLogprobs]
+from warmgate.server.runner.sampling.logprobs import gather_logprobs
+from warmgate.server.runner.scheduler_output import PromptLogprobs, TokenLogprobs
 
 
 def sampled_logprobs(logits: torch.Tensor, sampling: Sequence[ScheduledRequest],
