@@ -1,8 +1,8 @@
 """Time to ready against the floor (issue 20), every figure from a fresh process:
 
-    python -m bench.time_to_ready --write-checkpoint llama-3.2-1b --model-dir /tmp/ckpt-1b \
+    python bench/time_to_ready.py --write-checkpoint llama-3.2-1b --model-dir /tmp/ckpt-1b \
         --attention-backend triton --runs 3            (on the GPU machine, repo root)
-    python -m bench.time_to_ready --model-dir /tmp/ckpt-1b --load-only   (weights only)
+    python bench/time_to_ready.py --model-dir /tmp/ckpt-1b --load-only   (weights only)
 
 The floor: a bare CUDA init (`import torch; torch.zeros(1, device=...)`, process wall) and a
 bare `safetensors.torch.load_file(..., device=...)` of the same checkpoint (page cache warm).
@@ -30,11 +30,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.ready_probe import ReadyRun, run_to_ready
+from ready_probe import run_to_ready
 
-ROOT = Path(__file__).resolve().parents[1]
+from warmgate.server.devtools.ready_log import ReadyRun
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+# The checkout's client and server, and bench/ itself for the snippets that import this file.
 ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "client"), str(ROOT / "server"),
-                                                   str(ROOT), os.environ.get("PYTHONPATH")])),
+                                                   str(BENCH), os.environ.get("PYTHONPATH")])),
        "PYTHONUNBUFFERED": "1"}
 # Set, these would be respected instead of --cache-dir's entry (and a cold run not be cold).
 COMPILER_CACHE_ENV = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
@@ -71,7 +75,7 @@ sync(); print(json.dumps({"seconds": time.perf_counter() - t, "bytes": n}))
 WRITE_CHECKPOINT = """
 import json, sys
 from pathlib import Path
-from bench.time_to_ready import write_checkpoint
+from time_to_ready import write_checkpoint
 preset, directory, device, dtype = sys.argv[1:]
 print(json.dumps({"done": write_checkpoint(preset, Path(directory), device, dtype)}))
 """
