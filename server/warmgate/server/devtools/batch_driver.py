@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
+from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.scheduler_output import (
     ModelRunnerOutput,
     SamplingParams,
@@ -60,7 +60,7 @@ class Work:
 
 
 class BatchDriver:
-    def __init__(self, runner: Any, free_ids: Iterable[int] | None = None) -> None:
+    def __init__(self, runner: ModelRunner, free_ids: Iterable[int] | None = None) -> None:
         """`free_ids`: the KV block ids this driver may hand out, in order (default all)."""
         self.runner = runner
         kv = runner.kv_cache_config
