@@ -68,7 +68,8 @@ class BatchDriver:
         self.pool = BlockPool(kv.num_blocks, free_ids)
         self.reqs: dict[str, DrivenRequest] = {}
         self._finished: set[str] = set()
-        self._last_plan: dict[str, Work] = {}
+        # Each request's work in the last step that scheduled it, for apply_output.
+        self._last_work: dict[str, Work] = {}
 
     def add(self, req: DrivenRequest) -> None:
         self.reqs[req.req_id] = req
@@ -76,6 +77,7 @@ class BatchDriver:
     def finish(self, req_id: str) -> None:
         """Out of the driver; the runner drops its state with the next step (or flush)."""
         req = self.reqs.pop(req_id)
+        self._last_work.pop(req_id, None)
         self.pool.free(req.block_ids)
         if req.in_runner:
             self._finished.add(req_id)
@@ -112,13 +114,13 @@ class BatchDriver:
             [(self.reqs[rid], w.num_tokens, w.drafts) for rid, w in plan.items()],
             self._finished)
         self._finished = set()
-        self._last_plan = dict(plan)
+        self._last_work.update(plan)
         return so
 
     def apply_output(self, out: ModelRunnerOutput) -> None:
         """Follow the runner's output: computed tokens (only accepted drafts count after a
         speculative step) and sampled ones."""
         for rid, tokens in zip(out.req_ids, out.sampled_token_ids, strict=True):
-            req, work = self.reqs[rid], self._last_plan[rid]
+            req, work = self.reqs[rid], self._last_work[rid]
             advance_computed(req, work.num_tokens, len(work.drafts), tokens)
             req.output_token_ids += tokens
