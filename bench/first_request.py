@@ -12,6 +12,7 @@ On a runner in this process (warmgate-server's runner flags, the CPU unless --de
            after the warmup's GEMM sweep (GPU)
   profile  cProfile of each batch class's first step against its steady steps, and GPU busy
            time per step
+
 On Generate over gRPC (time to first token):
   ttft       first request's TTFT after ready / steady median on fresh server processes,
              warmup on vs off; throughput at many streams without and with speculation
