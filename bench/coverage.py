@@ -1,8 +1,8 @@
 """Coverage workload: after the warmup plan marks the runner ready, random batches from
 everything the configuration allows must compile nothing.
 
-    PYTHONPATH=client:server:. python bench/coverage.py --compile --batches 2000
-    PYTHONPATH=client:server:. python bench/coverage.py --device cuda \\
+    python bench/coverage.py --compile --batches 2000
+    python bench/coverage.py --device cuda \\
         --attention-backend flashinfer --num-speculative-steps 3 --batches 2000
 
 Prints the warmup's phase table, every compile after ready (with the batch that caused it),
@@ -19,9 +19,15 @@ from collections import Counter
 
 import torch
 
-from bench.coverage_scheduler import CoverageScheduler
-from bench.inprocess import add_runner_args, build, configure_logging, runner_config, warm
-from bench.random_batches import BatchDrawer, Limits
+from warmgate.server.devtools.batch_driver import BatchDriver
+from warmgate.server.devtools.random_batches import BatchDrawer, Limits
+from warmgate.server.devtools.runner_setup import (
+    add_runner_args,
+    build,
+    configure_logging,
+    runner_config,
+    warm,
+)
 from warmgate.server.jit import JitEvent
 from warmgate.server.warmup.table import format_phase_table
 
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                     max_model_len=cfg.model.max_model_len,
                     num_spec=cfg.speculative.num_speculative_steps,
                     vocab_size=cfg.model.vocab_size)
-    sched = CoverageScheduler(runner)
+    sched = BatchDriver(runner)
     drawer = BatchDrawer(sched, limits, random.Random(args.seed))
     modes: Counter[str] = Counter()
     kinds: Counter[str] = Counter()

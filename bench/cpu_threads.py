@@ -17,15 +17,13 @@ import random
 import shlex
 import sys
 import time
-from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python bench/cpu_threads.py`: make `bench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from first_request_generate import server_process, timed_stream
+from load_gen import positive_int, run_load, typed
 
-from bench.load_gen import positive_int, run_load, typed
-from bench.ttft_first import ServerProcess, timed_stream
-from bench.workload import Stats, build_workload, parse_distribution, summarize
 from warmgate.server.cpu_threads import usable_cpus
+from warmgate.server.devtools.load_stats import Stats, summarize
+from warmgate.server.devtools.workload import build_workload, parse_distribution
 
 
 def sequential_ttft(target: str, n: int, prompt_len: int, vocab: int, gap_s: float) -> Stats:
@@ -45,7 +43,7 @@ def sequential_ttft(target: str, n: int, prompt_len: int, vocab: int, gap_s: flo
 def measure(flags: list[str], args: argparse.Namespace, vocab: int) -> tuple[Stats, float]:
     from warmgate.client.api import WaitResult, WarmgateClient
 
-    with ServerProcess([*flags, "--warmup-on-start"], keep_caches=True) as server:
+    with server_process([*flags, "--warmup-on-start"], keep_caches=True) as server:
         with WarmgateClient(server.target, timeout=300) as client:
             if client.wait_ready(300) is not WaitResult.READY:
                 raise RuntimeError("server not ready:\n" + server.log_tail())

@@ -1,6 +1,6 @@
 """Decode step latency on the GPU: CUDA graphs vs eager, and the attention backends side by side.
 
-    PYTHONPATH=client:server python bench/decode_latency.py [--model llama-3.2-1b]
+    python bench/decode_latency.py [--model llama-3.2-1b]
 
 For every available backend one runner is built, its requests prefilled, decode steps timed
 eagerly, then graphs captured and the same steps timed again. Prints one table of medians and
@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from statistics import median
 
 import torch
 
-from bench.decode_driver import DecodeDriver
 from warmgate.server.config.runner_config import (
     CacheConfig,
     CompilationConfig,
@@ -25,8 +26,10 @@ from warmgate.server.config.runner_config import (
     SchedulerConfig,
     resolve_runner_config,
 )
+from warmgate.server.devtools.batch_driver import BatchDriver, DrivenRequest, Work
 from warmgate.server.runner.attention import backend_available
 from warmgate.server.runner.model_runner import ModelRunner
+from warmgate.server.runner.scheduler_output import GREEDY
 
 SIZES = (1, 8, 64)
 
@@ -46,6 +49,41 @@ def build(model: str, backend: str, prompt_len: int, decode_tokens: int) -> Mode
     return ModelRunner(resolve_runner_config(cfg))
 
 
+def prefill(driver: BatchDriver, num_reqs: int, prompt_len: int, chunk: int
+            ) -> list[DrivenRequest]:
+    """num_reqs greedy requests of prompt_len tokens, prefilled `chunk` requests per step."""
+    reqs = [DrivenRequest(f"bench{i}", [(7 * j + 3) % 1000 for j in range(prompt_len)], GREEDY,
+                          max_new_tokens=10**9) for i in range(num_reqs)]
+    for start in range(0, num_reqs, chunk):
+        for r in reqs[start:start + chunk]:
+            driver.add(r)
+        driver.step({r.req_id: Work(prompt_len) for r in reqs[start:start + chunk]})
+    return reqs
+
+
+def decode_s(driver: BatchDriver, reqs: list[DrivenRequest]) -> float:
+    """One decode step of `reqs` (k dummy drafts each with speculation): the wall seconds of
+    execute_model + sample_tokens, synced; the batch is built before the clock starts."""
+    k = driver.runner.num_speculative_steps
+    so = driver.build_output({r.req_id: Work(1 + k, (1,) * k) for r in reqs})
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = driver.runner.execute_model(so)
+    if out is None:
+        out = driver.runner.sample_tokens(None)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    driver.apply_output(out)
+    return seconds
+
+
+def median_decode_ms(driver: BatchDriver, reqs: list[DrivenRequest], steps: int,
+                     warmup: int = 3) -> float:
+    for _ in range(warmup):
+        decode_s(driver, reqs)
+    return 1000 * median(decode_s(driver, reqs) for _ in range(steps))
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="llama-3.2-1b")
@@ -63,13 +101,13 @@ def main() -> int:
         # Request 0 decodes in every timed step: eager and graphed, every size, warm-ups too.
         decode_steps = 2 * len(SIZES) * (args.steps + 3)
         runner = build(args.model, backend, args.prompt_len, decode_steps)
-        driver = DecodeDriver(runner, max(SIZES), args.prompt_len, decode_steps)
-        driver.prefill(chunk=8)
-        eager = {n: driver.median_decode_ms(n, args.steps) for n in SIZES}
+        driver = BatchDriver(runner)
+        reqs = prefill(driver, max(SIZES), args.prompt_len, chunk=8)
+        eager = {n: median_decode_ms(driver, reqs[:n], args.steps) for n in SIZES}
         runner.capture_cuda_graphs()
-        graph = {n: driver.median_decode_ms(n, args.steps) for n in SIZES}
+        graph = {n: median_decode_ms(driver, reqs[:n], args.steps) for n in SIZES}
         results[backend] = {"eager": eager, "graph": graph}
-        del driver, runner
+        del driver, reqs, runner
         torch.cuda.empty_cache()
 
     print(f"\ndecode step latency, {args.model}, context ~{args.prompt_len} tokens, "

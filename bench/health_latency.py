@@ -1,8 +1,8 @@
 """Health.Check latency while idle vs while kernels warm up (the kubelet's probe timeout is 1 s).
 
-Usage: PYTHONPATH=client:server python bench/health_latency.py [--seconds 5] [--clients 50]
+Usage: python bench/health_latency.py [--seconds 5] [--clients 50]
        [--model tiny] [--device auto] [--interval 0.02] [-- extra warmgate-server flags]
-       PYTHONPATH=client:server python bench/health_latency.py --burst 3000 [--channels 10]
+       python bench/health_latency.py --burst 3000 [--channels 10]
        [--repeats 3]    (simultaneous Checks instead: see bench/health_burst.py)
 
 A real server (the real runner, warmup not on start) runs in this process on a loop thread,
@@ -27,8 +27,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench.health_burst import PROBE_TIMEOUT_S, run_bursts
-from bench.load_gen import InProcessServer
+from health_burst import PROBE_TIMEOUT_S, run_bursts
+from load_gen import InProcessServer
+
 from warmgate.server.core.stats import percentile
 
 GOAL_P99_MS = 50.0

@@ -34,21 +34,14 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as `python bench/load_gen.py`: make `bench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.workload import (
-    RequestResult,
+from warmgate.server.devtools.load_stats import RequestResult, Summary, format_table, summarize
+from warmgate.server.devtools.workload import (
     RequestSpec,
-    Summary,
     build_workload,
-    format_table,
     parse_distribution,
     parse_rate,
-    summarize,
 )
 
 DEFAULT_VOCAB = 512  # the tiny preset's; with --target the bench cannot ask the server

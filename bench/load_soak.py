@@ -1,7 +1,7 @@
 """Load and soak: many concurrent GetStatus and Health.Check calls during forced warmups, then
 a soak; errors (the goal is 0), latency p50/p99/max, and the server's RSS around the soak.
 
-Usage: PYTHONPATH=client:server python bench/load_soak.py [--concurrency 1000]
+Usage: python bench/load_soak.py [--concurrency 1000]
        [--burst-per-client 5] [--soak 10000] [--channels 4] [-- extra warmgate-server flags]
 
 The server is a real `warmgate-server` process (tiny model on the CPU unless flags say
@@ -17,74 +17,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import re
-import subprocess
+import signal
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from warmgate.server.core.stats import percentile
+from warmgate.server.devtools.server_process import ServerProcess
 
-ROOT = Path(__file__).resolve().parents[1]
 CALL_TIMEOUT_S = 10.0
 PHASE_BUDGET_S = 35.0  # per phase; two phases plus start-up stay under 90 s
-MAIN_PORT = re.compile(r"serving warmgate\.v1\.Warmup on 127\.0\.0\.1:(\d+)")
-
-
-# -- the server process ---------------------------------------------------------------------
-
-class ServerProcess:
-    def __init__(self, flags: Sequence[str]) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(ROOT / "client"), str(ROOT / "server")])}
-        argv = [sys.executable, "-m", "warmgate.server.main", "--host", "127.0.0.1",
-                "--port", "0", "--metrics-port", "-1", "--device", "cpu",
-                "--no-warmup-on-start", *flags]
-        self.proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, text=True)
-        self.port = self._read_port()
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _read_port(self) -> int:
-        assert self.proc.stderr is not None  # stderr=PIPE
-        deadline = time.monotonic() + 60
-        seen = []
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            seen.append(line)
-            if (match := MAIN_PORT.search(line)) is not None:
-                return int(match.group(1))
-        self.proc.kill()
-        raise RuntimeError("the server did not start:\n" + "".join(seen))
-
-    def _drain(self) -> None:
-        """Keep reading the log so the server never blocks on a full pipe."""
-        assert self.proc.stderr is not None
-        for _ in self.proc.stderr:
-            pass
-
-    def rss_mib(self) -> float:
-        with open(f"/proc/{self.proc.pid}/status") as status:
-            kib = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
-        return kib / 1024
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
 
 
 # -- the clients ----------------------------------------------------------------------------
@@ -229,13 +176,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.concurrency * args.burst_per_client > 20_000 or args.soak > 50_000:
         parser.error("keep the run bounded: burst <= 20,000 and --soak <= 50,000 requests")
     started = time.monotonic()
-    server = ServerProcess(args.server_flags)
-    try:
+    with ServerProcess(["--no-warmup-on-start", *args.server_flags],
+                       stop_signal=signal.SIGTERM) as server:
         result = asyncio.run(run_load(server, concurrency=args.concurrency,
                                       burst_per_client=args.burst_per_client, soak=args.soak,
                                       channels=args.channels))
-    finally:
-        server.close()
     print(f"load_soak: {args.concurrency} concurrent clients on {args.channels} channels; "
           f"burst {args.concurrency * args.burst_per_client} requests during forced warmups, "
           f"soak {args.soak}; {time.monotonic() - started:.1f} s in all")

@@ -1,8 +1,8 @@
 """Time to ready against the floor (issue 20), every figure from a fresh process:
 
-    python -m bench.time_to_ready --write-checkpoint llama-3.2-1b --model-dir /tmp/ckpt-1b \
+    python bench/time_to_ready.py --write-checkpoint llama-3.2-1b --model-dir /tmp/ckpt-1b \
         --attention-backend triton --runs 3            (on the GPU machine, repo root)
-    python -m bench.time_to_ready --model-dir /tmp/ckpt-1b --load-only   (weights only)
+    python bench/time_to_ready.py --model-dir /tmp/ckpt-1b --load-only   (weights only)
 
 The floor: a bare CUDA init (`import torch; torch.zeros(1, device=...)`, process wall) and a
 bare `safetensors.torch.load_file(..., device=...)` of the same checkpoint (page cache warm).
@@ -30,11 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.ready_probe import ReadyRun, run_to_ready
+from ready_probe import run_to_ready
+
+from warmgate.server.devtools.ready_log import ReadyRun
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "client"), str(ROOT / "server"),
-                                                   str(ROOT), os.environ.get("PYTHONPATH")])),
+                                                   os.environ.get("PYTHONPATH")])),
        "PYTHONUNBUFFERED": "1"}
 # Set, these would be respected instead of --cache-dir's entry (and a cold run not be cold).
 COMPILER_CACHE_ENV = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
@@ -71,7 +73,7 @@ sync(); print(json.dumps({"seconds": time.perf_counter() - t, "bytes": n}))
 WRITE_CHECKPOINT = """
 import json, sys
 from pathlib import Path
-from bench.time_to_ready import write_checkpoint
+from warmgate.server.devtools.checkpoint import write_checkpoint
 preset, directory, device, dtype = sys.argv[1:]
 print(json.dumps({"done": write_checkpoint(preset, Path(directory), device, dtype)}))
 """
@@ -108,28 +110,6 @@ def set_page_cache(files: list[str], *, warm: bool) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-
-
-def write_checkpoint(preset: str, model_dir: Path, device: str, dtype: str) -> str:
-    """A safetensors directory of the preset's shapes, random weights (reused if present)."""
-    if (model_dir / "config.json").exists() and list(model_dir.glob("*.safetensors")):
-        return f"reused {model_dir}"
-    import torch
-
-    from warmgate.server.config.runner_config import ModelConfig
-    from warmgate.server.runner.model import LlamaModel
-    from warmgate.server.runner.ops import TorchOps
-    from warmgate.server.runner.weights import init_random_weights, save_weights
-
-    start = time.monotonic()
-    config = ModelConfig.from_preset(preset)
-    model = LlamaModel(config, TorchOps(), None, torch.device(device), getattr(torch, dtype))
-    init_random_weights(model, seed=0)
-    # Shards of at most 5 GB, as the Hugging Face checkpoints of these models come.
-    files = save_weights(model, config, model_dir, max_shard_bytes=5 * 10**9)
-    size = sum(f.stat().st_size for f in files)
-    return (f"wrote {preset} to {model_dir}: {len(files)} files, {size / 1e9:.2f} GB in "
-            f"{time.monotonic() - start:.1f} s")
 
 
 def _median(values: list[float]) -> float:

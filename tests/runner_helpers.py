@@ -1,7 +1,7 @@
 """Shared by the runner tests (and by anyone driving a real ModelRunner in a test).
 
 `tiny_config` gives a resolved CPU float32 config small enough for milliseconds per step;
-`MiniScheduler` is just enough of a scheduler to drive a runner (bench's CoverageScheduler
+`MiniScheduler` is just enough of a scheduler to drive a runner (devtools' BatchDriver
 with a default policy): it hands out blocks, chunks prompts, attaches drafts, and follows the
 runner's outputs the way a scheduler does (after a speculative step it counts only the
 accepted drafts as computed).
@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import torch
 
-from bench.coverage_scheduler import CoverageScheduler, Request, Work
 from warmgate.server.config.runner_config import (
     CacheConfig,
     DeviceConfig,
@@ -26,6 +25,7 @@ from warmgate.server.config.runner_config import (
     SpeculativeConfig,
     resolve_runner_config,
 )
+from warmgate.server.devtools.batch_driver import BatchDriver, DrivenRequest, Work
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.scheduler_output import (
     GREEDY,
@@ -33,6 +33,7 @@ from warmgate.server.runner.scheduler_output import (
     SamplingParams,
     SchedulerOutput,
 )
+from warmgate.server.serving.block_pool import BlockPool
 
 
 def tiny_config(*, num_spec: int = 0, pooling: bool = False, max_num_seqs: int = 8,
@@ -63,36 +64,37 @@ def prompt(n: int, offset: int = 0, vocab: int = 512) -> list[int]:
 
 
 class MiniScheduler:
-    """bench's CoverageScheduler (blocks, new/cached requests, outputs followed) with a
-    default policy: each step, the rest of every prompt, else one decode token plus drafts."""
+    """devtools' BatchDriver (blocks, new/cached requests, outputs followed) with a default
+    policy: each step, the rest of every prompt, else one decode token plus drafts."""
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
-        self.core = CoverageScheduler(runner)
+        self.core = BatchDriver(runner)
 
     @property
-    def reqs(self) -> dict[str, Request]:
+    def reqs(self) -> dict[str, DrivenRequest]:
         return self.core.reqs
 
     @property
     def free_blocks(self) -> list[int]:
-        return self.core.free_blocks
+        return self.core.pool.free_ids
 
     @free_blocks.setter
     def free_blocks(self, blocks: list[int]) -> None:
-        self.core.free_blocks = blocks
+        """Hand out only these block ids, in this order (before any request holds blocks)."""
+        self.core.pool = BlockPool(self.core.pool.num_blocks, blocks)
 
     def add(self, req_id: str, prompt_token_ids: Sequence[int],
             params: SamplingParams | None = GREEDY) -> None:
         if self.runner.is_pooling_model:
             params = None
-        self.core.add(Request(req_id, list(prompt_token_ids), params, max_new_tokens=0))
+        self.core.add(DrivenRequest(req_id, list(prompt_token_ids), params, max_new_tokens=0))
 
     def finish(self, req_id: str) -> None:
         self.core.finish(req_id)
 
     def tokens(self, req_id: str) -> list[int]:
-        return self.reqs[req_id].output
+        return self.reqs[req_id].output_token_ids
 
     def plan(self, num_tokens: dict[str, int] | None = None,
              drafts: dict[str, list[int]] | None = None) -> dict[str, Work]:

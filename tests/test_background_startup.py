@@ -12,11 +12,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.time_to_ready import write_checkpoint
-from tests.server_process import ServerProcess
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.control import background_startup as startup
 from warmgate.server.control.background_startup import BackgroundStartup, begin_background_startup
+from warmgate.server.devtools.checkpoint import write_checkpoint
+from warmgate.server.devtools.server_process import ServerProcess
 
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-from tests.server_process import ServerProcess
 from warmgate.client import cache_fs, render
 from warmgate.client.api import WaitResult, WarmgateClient
+from warmgate.server.devtools.server_process import ServerProcess
 from warmgate.v1 import warmup_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 import torch
 
-from bench.coverage_scheduler import CoverageScheduler, Request, Work
-from bench.random_batches import BatchDrawer, Limits
 from tests.runner_helpers import MiniScheduler, prompt
 from warmgate.server.config.runner_config import (
     CompilationConfig,
@@ -25,6 +23,8 @@ from warmgate.server.config.runner_config import (
     SchedulerConfig,
     resolve_runner_config,
 )
+from warmgate.server.devtools.batch_driver import BatchDriver, DrivenRequest, Work
+from warmgate.server.devtools.random_batches import BatchDrawer, Limits
 from warmgate.server.jit import JitEvent, JitMonitor
 from warmgate.server.jit.events import DYNAMO
 from warmgate.server.runner.model_runner import ModelRunner
@@ -45,7 +45,7 @@ def compiled_config(compile: bool = True, **model: Any) -> RunnerConfig:
 def run_random_batches(runner: ModelRunner, monitor: JitMonitor, steps: int) -> set[int]:
     """Drive `steps` random batches (seeded) through `runner`; the token counts seen."""
     cfg = runner.config
-    sched = CoverageScheduler(runner)
+    sched = BatchDriver(runner)
     drawer = BatchDrawer(sched, Limits(cfg.scheduler.max_num_seqs,
                                        cfg.scheduler.max_num_batched_tokens,
                                        cfg.model.max_model_len, 0, cfg.model.vocab_size),
@@ -121,8 +121,8 @@ def test_a_bucket_the_warmup_missed_is_counted_after_ready_with_its_batch(
     assert monitor.snapshot().total_after_ready == 0
     late: list[JitEvent] = []
     monitor.add_listener(late.append)
-    sched = CoverageScheduler(runner)
-    sched.add(Request("r", prompt(7), None, 4))
+    sched = BatchDriver(runner)
+    sched.add(DrivenRequest("r", prompt(7), None, 4))
     sched.step({"r": Work(7)})  # 7 tokens pad to bucket 8
     counts = monitor.snapshot()
     assert counts.after_ready == {DYNAMO: 2}  # both halves of the layer

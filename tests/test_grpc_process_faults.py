@@ -11,9 +11,9 @@ from concurrent.futures import Future
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.server_process import ServerProcess
 from warmgate.client.api import WaitResult, WarmgateClient
 from warmgate.client.errors import WarmgateRpcError
+from warmgate.server.devtools.server_process import ServerProcess
 from warmgate.v1 import warmup_pb2 as pb
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -1,28 +1,32 @@
 """bench/load_soak.py, small: 200 concurrent clients during forced warmups, a 1,000-call soak.
 
 No timed assertions (bench prints the latencies); this proves the run is error-free, every
-warmup in the burst succeeded and the server's memory did not run away.
+warmup in the burst succeeded and the server's memory did not run away. It runs the script
+as a user does (tests/bench_harness.py) and reads its table.
 """
 
 from __future__ import annotations
 
-import asyncio
+import re
 import sys
 
 import pytest
 
-from bench.load_soak import ServerProcess, run_load, table
+from tests.bench_harness import run_bench
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/status")
 def test_load_then_soak_has_no_errors() -> None:
-    server = ServerProcess([])
-    try:
-        result = asyncio.run(asyncio.wait_for(run_load(
-            server, concurrency=200, burst_per_client=2, soak=1000, channels=2), 90))
-    finally:
-        server.close()
-    assert result.errors == 0, table(result)
-    assert (result.burst.count, result.soak.count) == (400, 1000)
-    assert set(result.warmups) == {"WARMUP_OUTCOME_SUCCEEDED"}, result.warmups
-    assert result.rss_after_mib - result.rss_before_mib < 64, table(result)
+    proc = run_bench("bench/load_soak.py", ["--concurrency", "200", "--burst-per-client", "2",
+                                            "--soak", "1000", "--channels", "2"], timeout=150)
+    table = proc.stdout + proc.stderr
+    assert proc.returncode == 0, table  # exit 1 when any call failed
+    assert "errors: 0 (none)" in table, table
+    counts = re.search(r"burst [\d.]+ req/s \((\d+) in .*soak [\d.]+ req/s \((\d+) in ", table)
+    assert counts is not None and counts.groups() == ("400", "1000"), table
+    warmups = re.search(r"forced warmups during the burst: (.*)", table)
+    assert warmups is not None, table
+    assert {w.rsplit(" ", 1)[0] for w in warmups.group(1).split(", ")} == {
+        "WARMUP_OUTCOME_SUCCEEDED"}, table
+    rss = re.search(r"server RSS: .*\(([+-][\d.]+) MiB\)", table)
+    assert rss is not None and float(rss.group(1)) < 64, table

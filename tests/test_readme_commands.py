@@ -1,15 +1,19 @@
 """README.md's Quick start and `warmgate` examples, as a newcomer runs them: two commands, one
-torch spec, the one-liner guarded against another server's answers, and every `warmgate`
-invocation shown accepted by the CLI's parser as written."""
+torch spec, the one-liner guarded against another server's answers, every `warmgate`
+invocation shown accepted by the CLI's parser as written, and every bench script it names
+runnable from the repository root."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.bench_harness import user_env
 from warmgate.client.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,3 +88,36 @@ def test_generate_json_after_the_command_as_the_readme_shows() -> None:
     args = build_parser({}).parse_args(["generate", "--prompt-ids", "1,2,3", "--max-tokens",
                                         "16", "--temperature", "0.8", "--seed", "7", "--json"])
     assert args.json and args.prompt_ids == [1, 2, 3]
+
+
+def bench_commands() -> list[list[str]]:
+    """Every bench script README.md names (and bench/gpu_session.sh runs), as `script --help`;
+    a script with modes once more per mode, `script --mode M --help`."""
+    text = README + (ROOT / "bench" / "gpu_session.sh").read_text(encoding="utf-8")
+    scripts = sorted(set(re.findall(r"\bbench/[a-z_]+\.py\b", text)))
+    modes = {m for group in re.findall(r"--mode ([a-z|]+)", text) for m in group.split("|")}
+    commands = [[script, "--help"] for script in scripts]
+    commands += [["bench/first_request.py", "--mode", m, "--help"] for m in sorted(modes)]
+    return commands
+
+
+def test_readme_names_the_bench_scripts_and_modes() -> None:
+    commands = bench_commands()
+    assert ["bench/coverage.py", "--help"] in commands
+    assert {c[2] for c in commands if "--mode" in c} == {
+        "batch", "probe", "touch", "profile", "ttft", "breakdown"}
+
+
+def test_every_bench_command_runs_from_the_repository_root() -> None:
+    """As a user runs them after the Quick start (`python bench/x.py` from the root, the
+    editable install's path and nothing else): all at once, each must print its usage."""
+    commands = bench_commands()
+    procs = [subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=user_env(), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for argv in commands]
+    failed = []
+    for argv, proc in zip(commands, procs, strict=True):
+        out, err = proc.communicate(timeout=240)
+        if proc.returncode != 0 or "usage:" not in out:
+            failed.append(f"python {' '.join(argv)}: exit {proc.returncode}\n{err[-2000:]}")
+    assert not failed, "\n".join(failed)

@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.server_process import ServerProcess
 from warmgate.client.api import WarmgateClient
 from warmgate.client.errors import WarmgateRpcError
+from warmgate.server.devtools.server_process import ServerProcess
 
 STALL = re.compile(r"injecting fault delay in phase kernels\.decode")
 

@@ -1,15 +1,22 @@
-"""bench/time_to_ready.py end to end on the CPU (tiny, one run), and its log parsing."""
+"""bench/time_to_ready.py end to end on the CPU (tiny, one run), run as a user runs it
+(tests/bench_harness.py), and its log parsing (devtools.ready_log)."""
 
 from __future__ import annotations
 
 import json
-import os
+import re
 from pathlib import Path
 
 import pytest
 
-from bench import time_to_ready
-from bench.ready_probe import ReadyRun, run_to_ready
+from tests.bench_harness import run_bench
+from warmgate.server.devtools.ready_log import ReadyRun
+
+
+def time_to_ready(*args: str) -> str:
+    proc = run_bench("bench/time_to_ready.py", args, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
 
 
 def _figures(out: str) -> dict:
@@ -17,12 +24,11 @@ def _figures(out: str) -> dict:
     return json.loads(line.removeprefix("json: "))
 
 
-def test_end_to_end_on_the_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     model_dir = tmp_path / "tiny"
-    assert time_to_ready.main(["--write-checkpoint", "tiny", "--model-dir", str(model_dir),
-                               "--device", "cpu", "--attention-backend", "torch",
-                               "--runs", "1", "--timeout", "240"]) == 0
-    out = capsys.readouterr().out
+    out = time_to_ready("--write-checkpoint", "tiny", "--model-dir", str(model_dir),
+                        "--device", "cpu", "--attention-backend", "torch", "--runs", "1",
+                        "--timeout", "240")
     f = _figures(out)
     assert (model_dir / "config.json").exists() and f["checkpoint"].startswith("wrote tiny")
     for key in ("cuda_init_s", "bare_load_s", "floor_s", "cold_ready_s", "warm_ready_s",
@@ -43,13 +49,11 @@ def test_end_to_end_on_the_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert warm["warmup_total_s"] > 0
 
 
-def test_load_only_compares_bare_and_warmgate(tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_load_only_compares_bare_and_warmgate(tmp_path: Path) -> None:
     model_dir = tmp_path / "tiny"
-    time_to_ready.write_checkpoint("tiny", model_dir, "cpu", "bfloat16")
-    assert time_to_ready.main(["--model-dir", str(model_dir), "--device", "cpu", "--runs", "1",
-                               "--load-only", "--cold-page-cache"]) == 0
-    f = _figures(capsys.readouterr().out)
+    f = _figures(time_to_ready("--write-checkpoint", "tiny", "--model-dir", str(model_dir),
+                               "--device", "cpu", "--runs", "1", "--load-only",
+                               "--cold-page-cache"))
     for which in ("load_page_cache_warm", "load_page_cache_cold"):
         load = f[which]
         assert load["bytes"] == sum(p.stat().st_size for p in model_dir.glob("*.safetensors")
@@ -101,7 +105,12 @@ def test_breakdown_and_longest_compile_from_the_log() -> None:
     assert ReadyRun(ready_s=1.0, lines=log[:5]).longest_compile_s() is None
 
 
-def test_a_server_that_exits_is_reported_with_its_log() -> None:
-    env = {**os.environ, **time_to_ready.ENV}
-    with pytest.raises(RuntimeError, match=r"(?s)exit code 2.*no-such-model"):
-        run_to_ready(["--model", "no-such-model", "--device", "cpu"], env, timeout_s=120)
+def test_a_server_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
+    # The last --model wins: the server refuses it at start-up and exits 2.
+    proc = run_bench("bench/time_to_ready.py", [
+        "--write-checkpoint", "tiny", "--model-dir", str(tmp_path / "tiny"), "--device", "cpu",
+        "--attention-backend", "torch", "--runs", "1", "--timeout", "120",
+        "--server-flag=--model=no-such-model"], timeout=300)
+    assert proc.returncode != 0
+    assert re.search(r"(?s)RuntimeError: server not SERVING \(exit code 2\).*no-such-model",
+                     proc.stderr), proc.stderr[-3000:]

@@ -149,10 +149,10 @@ def test_module_entry_point_takes_the_servers_runner_flags(
         assert f"argument {flag}" in capsys.readouterr().err
 
 
-def test_bench_runner_flags_build_the_servers_runner_config() -> None:
+def test_devtools_runner_flags_build_the_servers_runner_config() -> None:
     import argparse
 
-    from bench.inprocess import add_runner_args, runner_config
+    from warmgate.server.devtools.runner_setup import add_runner_args, runner_config
 
     p = argparse.ArgumentParser()
     add_runner_args(p)

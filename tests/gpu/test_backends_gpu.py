@@ -42,7 +42,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _force_last_token(sched: MiniScheduler, rid: str, token: int) -> None:
     state = sched.runner.input_batch.requests[rid]
     state.output_token_ids[-1] = token
-    sched.reqs[rid].output[-1] = token
+    sched.reqs[rid].output_token_ids[-1] = token
 
 
 class Pair:
@@ -59,8 +59,8 @@ class Pair:
              drafts: dict[str, list[int]] | None = None) -> dict[str, float]:
         ref, test = self.scheds
         for rid, req in ref.reqs.items():  # same decode input on both sides
-            if req.output and (num_tokens is None or rid in num_tokens):
-                _force_last_token(test, rid, req.output[-1])
+            if req.output_token_ids and (num_tokens is None or rid in num_tokens):
+                _force_last_token(test, rid, req.output_token_ids[-1])
         ref.step(num_tokens, drafts)
         test.step(num_tokens, drafts)
         ids = {r for r in ref.runner.last_logits_req_ids}

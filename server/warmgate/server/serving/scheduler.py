@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from warmgate.server.config.runner_config import RunnerConfig, cdiv
 from warmgate.server.runner.scheduler_output import (
-    CachedRequestData,
     ModelRunnerOutput,
-    NewRequestData,
     SchedulerOutput,
     TokenLogprobs,
 )
@@ -34,6 +32,13 @@ from warmgate.server.serving.request import (
     RequestStatus,
     ServingRequest,
     StepEvent,
+)
+from warmgate.server.serving.step_output import (
+    ScheduledWork,
+    StepPlan,
+    advance_computed,
+    blocks_needed,
+    build_scheduler_output,
 )
 
 logger = logging.getLogger(__name__)
@@ -63,25 +68,6 @@ class SchedulerLimits:
     @property
     def max_tokens_in_cache(self) -> int:
         return (self.num_blocks - 1) * self.block_size
-
-
-@dataclass(frozen=True)
-class ScheduledWork:
-    req: ServingRequest
-    num_tokens: int  # drafts included
-    draft_token_ids: tuple[int, ...] = ()
-
-
-@dataclass
-class StepPlan:
-    scheduler_output: SchedulerOutput
-    work: list[ScheduledWork] = field(default_factory=list)
-    # Requests the step could not take at all (their streams end with the error).
-    errors: list[StepEvent] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.work
 
 
 class Scheduler:
@@ -189,12 +175,10 @@ class Scheduler:
             if out is not None and req.req_id in out.prompt_logprobs:
                 req.add_prompt_logprobs(out.prompt_logprobs[req.req_id])
             tokens = produced.get(req.req_id, [])
+            advance_computed(req, w.num_tokens, len(w.draft_token_ids), tokens)
             if not tokens:  # a prefill chunk short of the end of the stream
-                req.num_computed_tokens += w.num_tokens
                 continue
             accepted = len(tokens) - 1
-            # Rejected drafts' KV slots will be overwritten: only accepted ones count.
-            req.num_computed_tokens += w.num_tokens - len(w.draft_token_ids) + accepted
             req.usage.num_draft_tokens += len(w.draft_token_ids)
             req.usage.num_accepted_draft_tokens += accepted
             events.append(self._append(req, tokens, now, len(w.draft_token_ids), accepted,
@@ -241,8 +225,7 @@ class Scheduler:
         True when it has them; False when a request was preempted for them (req itself, if it
         was the newest; otherwise call again); None when even an empty cache cannot hold it.
         """
-        need = (cdiv(req.num_computed_tokens + num_new_tokens, self.limits.block_size)
-                - len(req.block_ids))
+        need = blocks_needed(req, num_new_tokens, self.limits.block_size)
         if need <= 0:
             return True
         blocks = self.pool.allocate(need)
@@ -309,27 +292,7 @@ class Scheduler:
                          prompt_logprobs=req.take_prompt_logprobs())
 
     def _scheduler_output(self, work: list[ScheduledWork]) -> SchedulerOutput:
-        new, cached = [], CachedRequestData()
-        for w in work:
-            req = w.req
-            if not req.in_runner:
-                new.append(NewRequestData(
-                    req_id=req.req_id, prompt_token_ids=list(req.prompt_token_ids),
-                    block_ids=(list(req.block_ids),), num_computed_tokens=0,
-                    sampling_params=req.params, output_token_ids=list(req.output_token_ids)))
-                req.in_runner = True
-            else:
-                fresh = req.block_ids[req.num_blocks_sent:]
-                cached.req_ids.append(req.req_id)
-                cached.new_block_ids.append((fresh,) if fresh else None)
-                cached.num_computed_tokens.append(req.num_computed_tokens)
-            req.num_blocks_sent = len(req.block_ids)
-        scheduled = {w.req.req_id: w.num_tokens for w in work}
-        so = SchedulerOutput(
-            scheduled_new_reqs=new, scheduled_cached_reqs=cached,
-            num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
-            scheduled_spec_decode_tokens={w.req.req_id: list(w.draft_token_ids)
-                                          for w in work if w.draft_token_ids},
-            finished_req_ids=self._drop)
+        so = build_scheduler_output(
+            [(w.req, w.num_tokens, w.draft_token_ids) for w in work], self._drop)
         self._drop = set()
         return so

@@ -3,6 +3,14 @@
 Warmup drives the runner only through `worker_execute_model` / `worker_sample_tokens`, as
 vLLM's MRV2 warmup does, so it works unchanged behind a pipeline-parallel worker and against
 test fakes.
+
+Why not the serving scheduler (or devtools' batch driver, built on its block pool): the plan
+must produce exact shapes (so many requests of so many tokens, drafts on some, a request
+restated to its prompt, one step per kernel class) that a policy would not choose, and it
+writes into a KV cache no scheduler owns while it runs, across every KV cache group. So the
+steps here only spell out SchedulerOutputs the plan has already decided: BlockAllocator hands
+out consecutive ids and never frees (the plan finishes its requests and the cache is the
+scheduler's again afterwards); nothing here picks requests, budgets tokens or preempts.
 """
 
 from __future__ import annotations

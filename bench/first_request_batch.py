@@ -1,7 +1,7 @@
-"""First-batch latency after ready, per batch class, divided by that class's steady-state
-median: with the warmup plan run before ready, and with it disabled.
+"""--mode batch: first-batch latency after ready, per batch class, divided by that class's
+steady-state median: with the warmup plan run before ready, and with it disabled.
 
-    PYTHONPATH=client:server:. python bench/first_batch.py --compile
+    python bench/first_request.py --mode batch --compile
 
 A ratio near 1 means the first request of that shape costs what every later one does; the
 "warmup off" column shows what a request pays when the plan did not run (torch.compile
@@ -13,7 +13,7 @@ order listed, so a later class can find what an earlier one touched, as in a ser
 
 Every timed step (the first included) follows the same idle gap (--gap-s), as requests do in
 a server: a host-bound step right after a pause or after other work runs slower than the same
-step back to back (cold CPU caches and clocks; bench/first_probe.py measures it), so comparing
+step back to back (cold CPU caches and clocks; --mode probe measures it), so comparing
 a first batch that follows the warmup's other work with a steady median taken back to back
 would charge that to the first batch. The back-to-back median is printed beside it.
 """
@@ -28,135 +28,21 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from first_request_steps import CLASSES, Case, pick_classes
 
-from bench.coverage_scheduler import CoverageScheduler, Request, Work
-from bench.inprocess import add_runner_args, build, configure_logging, runner_config, warm
-from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
-from warmgate.server.warmup.kernels import SEEDED, STOCHASTIC
-from warmgate.server.warmup.sampler_rows import TEMPERATURE_ONLY  # no top-k/top-p
-
-# A decode's untimed set-up prefills PROMPT_LEN - 1 = 32 tokens per request: a compile bucket
-# (32, 128) that none of the timed steps (4, 16, 96 tokens) uses, so set-up warms nothing
-# that a timed first batch would otherwise pay for.
-PROMPT_LEN = 33
-NUM_REQS = 4
-
-
-def sync(sched: CoverageScheduler) -> None:
-    if sched.runner.device.type == "cuda":
-        torch.cuda.synchronize(sched.runner.device)
-
-
-class Case:
-    """Builds requests with ids unique per case, so cases can share one scheduler, and
-    times steps, each after `gap_s` of idleness."""
-
-    def __init__(self, sched: CoverageScheduler, name: str, rng: random.Random,
-                 gap_s: float = 0.0) -> None:
-        self.sched, self.name, self.rng, self.gap_s = sched, name, rng, gap_s
-        self._n = 0
-
-    def timed(self, plan: dict[str, Work]) -> float:
-        sync(self.sched)
-        if self.gap_s:
-            time.sleep(self.gap_s)
-        start = time.perf_counter()
-        self.run_step(plan)
-        return time.perf_counter() - start
-
-    def run_step(self, plan: dict[str, Work]) -> None:
-        """The timed part: the step and the sync that ends it (a subclass may wrap it)."""
-        self.sched.step(plan)
-        sync(self.sched)
-
-    def request(self, prompt_len: int, params: SamplingParams) -> Request:
-        self._n += 1
-        vocab = self.sched.runner.config.model.vocab_size
-        req = Request(f"{self.name}{self._n}",
-                      [self.rng.randrange(vocab) for _ in range(prompt_len)], params, 10**6)
-        self.sched.add(req)
-        return req
-
-    def drafts(self, k: int) -> tuple[int, ...]:
-        vocab = self.sched.runner.config.model.vocab_size
-        return tuple(self.rng.randrange(vocab) for _ in range(k))
-
-
-def prefill(case: Case, repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats + 1):
-        reqs = [case.request(24, STOCHASTIC) for _ in range(NUM_REQS)]
-        times.append(case.timed({r.req_id: Work(24) for r in reqs}))
-        for r in reqs:
-            case.sched.finish(r.req_id)
-    return times
-
-
-def decode(params: SamplingParams, k: int) -> Callable[[Case, int], list[float]]:
-    """Untimed: each prompt but its last token, so nothing is sampled before the timed steps;
-    timed: the last prompt token (+ k drafts) - a uniform decode that samples - then more."""
-
-    def run(case: Case, repeats: int) -> list[float]:
-        reqs = [case.request(PROMPT_LEN, params) for _ in range(NUM_REQS)]
-        case.sched.step({r.req_id: Work(PROMPT_LEN - 1) for r in reqs})
-        times = [case.timed({r.req_id: Work(1 + k, case.drafts(k)) for r in reqs})
-                 for _ in range(repeats + 1)]
-        for r in reqs:
-            case.sched.finish(r.req_id)
-        return times
-
-    return run
-
-
-def mixed(case: Case, repeats: int) -> list[float]:
-    """One request decoding beside a new 15-token prefill, as the warmup's mixed step."""
-    decoding = case.request(PROMPT_LEN, STOCHASTIC)
-    case.sched.step({decoding.req_id: Work(PROMPT_LEN - 1)})
-    times = []
-    for _ in range(repeats + 1):
-        fresh = case.request(15, STOCHASTIC)
-        times.append(case.timed({decoding.req_id: Work(1), fresh.req_id: Work(15)}))
-        case.sched.finish(fresh.req_id)
-    case.sched.finish(decoding.req_id)
-    return times
-
-
-@dataclass(frozen=True)
-class BatchClass:
-    name: str
-    num_spec: int  # the runner it needs
-    run: Callable[[Case, int], list[float]]
-
-
-CLASSES = (
-    BatchClass("prefill", 0, prefill),
-    BatchClass("decode k=0", 0, decode(STOCHASTIC, 0)),
-    BatchClass("mixed", 0, mixed),
-    BatchClass("sampler greedy", 0, decode(GREEDY, 0)),
-    BatchClass("sampler temperature", 0, decode(TEMPERATURE_ONLY, 0)),
-    BatchClass("sampler seeded", 0, decode(SEEDED, 0)),
-    BatchClass("decode k=3", 3, decode(STOCHASTIC, 3)),
+from warmgate.server.devtools.batch_driver import BatchDriver
+from warmgate.server.devtools.runner_setup import (
+    add_runner_args,
+    build,
+    configure_logging,
+    runner_config,
+    warm,
 )
 
-
 Timings = tuple[float, float, float]  # first s, steady median s, back-to-back median s
-
-
-def selected(args: argparse.Namespace) -> tuple[BatchClass, ...]:
-    """The classes --classes names (all by default)."""
-    if not args.classes:
-        return CLASSES
-    names = [n.strip() for n in args.classes.split(",")]
-    unknown = [n for n in names if n not in {c.name for c in CLASSES}]
-    if unknown:
-        raise SystemExit(f"--classes: {unknown} are not batch classes; choose from "
-                         f"{[c.name for c in CLASSES]}")
-    return tuple(c for c in CLASSES if c.name in names)
 
 
 def measure(args: argparse.Namespace, warmup: bool, num_spec: int
@@ -170,9 +56,9 @@ def measure(args: argparse.Namespace, warmup: bool, num_spec: int
         if not report.succeeded:
             raise SystemExit(f"warmup failed: {report.to_dict()}")
         warm_s = report.total_duration_s
-    sched = CoverageScheduler(runner)
+    sched = BatchDriver(runner)
     rng = random.Random(args.seed)
-    classes = [c for c in selected(args) if c.num_spec == num_spec]
+    classes = [c for c in pick_classes(args.classes) if c.num_spec == num_spec]
     gapped = {c.name: c.run(Case(sched, c.name.replace(" ", "_"), rng, args.gap_s),
                             args.repeats) for c in classes}
     # Then every class again without gaps (all of it steady by now), for the other median.
@@ -191,17 +77,15 @@ def measure_in_subprocess(argv: list[str], warmup: bool, num_spec: int
     algorithm choices, loaded kernels, graph uploads) can make this one's first batch look
     cheaper than on a new pod."""
     one = f"{'on' if warmup else 'off'}:{num_spec}"
-    # The child imports bench.* as this process does, whatever PYTHONPATH it was given.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, __file__, *argv, "--one", one], check=True,
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
+    entry = str(Path(__file__).with_name("first_request.py"))
+    proc = subprocess.run([sys.executable, entry, "--mode", "batch", *argv, "--one", one],
+                          check=True, capture_output=True, text=True)
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     return {k: (v[0], v[1], v[2]) for k, v in data["results"].items()}, data["warm_s"]
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _parser(prog: str | None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     add_runner_args(p)
     p.add_argument("--repeats", type=int, default=15, help="steady-state steps per class")
     p.add_argument("--seed", type=int, default=0)
@@ -226,8 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str], prog: str | None = None) -> int:
+    args = _parser(prog).parse_args(argv)
     configure_logging(args.verbose)
     if not args.keep_caches:
         fresh = tempfile.mkdtemp(prefix="warmgate-first-batch-")
@@ -241,9 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         results, warm_s = measure(args, mode == "on", int(k))
         print(json.dumps({"results": results, "warm_s": warm_s}))
         return 0
-    argv = sys.argv[1:] if argv is None else argv
     # mode -> class -> [timings], one per trial (fresh process each).
-    classes = selected(args)
+    classes = pick_classes(args.classes)
     modes = ("on",) if args.skip_off else ("off", "on")
     runs: dict[str, dict[str, list[Timings]]] = {"on": {}, "off": {}}
     warm_s: list[float] = []
@@ -278,6 +161,3 @@ def main(argv: list[str] | None = None) -> int:
           "(the first batch over it includes the host's warm-up from idle)")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,14 +1,14 @@
-"""Diagnostic: where a step's host time goes, the first batch of a class after ready against
+"""--mode profile: where a step's host time goes, the first batch of a class after ready against
 its steady steps, function by function (cProfile), and how much of a steady step the GPU is
 busy (torch.profiler).
 
-    PYTHONPATH=client:server:. python bench/step_profile.py --device cuda \
+    python bench/first_request.py --mode profile --device cuda \
         --model llama-3.2-1b --attention-backend triton --num-speculative-steps 3
 
-Classes and their steps are bench/first_batch.py's (same requests, same idle gap before every
-timed step), so a function that costs more in the first batch here is a candidate for that
-benchmark's ratio. cProfile slows Python-heavy code, so read the columns against each other,
-not against first_batch.py's milliseconds.
+Classes and their steps are --mode batch's (same requests, same idle gap before every timed
+step), so a function that costs more in the first batch here is a candidate for that mode's
+ratio. cProfile slows Python-heavy code, so read the columns against each other, not against
+--mode batch's milliseconds.
 """
 
 from __future__ import annotations
@@ -18,15 +18,20 @@ import cProfile
 import pstats
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
 import torch
+from first_request_steps import CLASSES, Case, pick_classes
 
-from bench.coverage_scheduler import CoverageScheduler, Work
-from bench.first_batch import CLASSES, BatchClass, Case
-from bench.inprocess import add_runner_args, build, configure_logging, runner_config, warm
+from warmgate.server.devtools.batch_driver import BatchDriver, Work
+from warmgate.server.devtools.runner_setup import (
+    add_runner_args,
+    build,
+    configure_logging,
+    runner_config,
+    warm,
+)
 
 # pstats' key for a function: (file, line, name).
 FuncKey = tuple[str, int, str]
@@ -40,9 +45,9 @@ def label(key: FuncKey) -> str:
 
 
 class ProfiledCase(Case):
-    """first_batch's Case with every timed step run under its own cProfile."""
+    """The batch mode's Case with every timed step run under its own cProfile."""
 
-    def __init__(self, sched: CoverageScheduler, title: str, rng: random.Random,
+    def __init__(self, sched: BatchDriver, title: str, rng: random.Random,
                  gap_s: float) -> None:
         super().__init__(sched, title.replace(" ", "_"), rng, gap_s)
         self.title = title
@@ -91,7 +96,7 @@ def compare(case: ProfiledCase, top: int) -> None:
         print(f"    {label(key)[:64]:<64} {med[key] * 1e3:>8.3f}")
 
 
-def gpu_busy(sched: CoverageScheduler, run: Callable[[Case, int], list[float]],
+def gpu_busy(sched: BatchDriver, run: Callable[[Case, int], list[float]],
              name: str, rng: random.Random, gap_s: float, repeats: int) -> None:
     """Kernel time and launches per step of the class, under torch.profiler, against the
     steps' wall time: a ratio far below 1 means the step waits on the host."""
@@ -108,27 +113,21 @@ def gpu_busy(sched: CoverageScheduler, run: Callable[[Case, int], list[float]],
           f"(under torch.profiler); busy / wall {busy_s / sum(walls):.2f}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str], prog: str | None = None) -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     add_runner_args(p)
     p.add_argument("--classes", default=None,
-                   help="comma-separated first_batch classes (default: every class this "
-                        "runner's --num-speculative-steps serves)")
+                   help="comma-separated batch classes (default: every class this runner's "
+                        "--num-speculative-steps serves)")
     p.add_argument("--repeats", type=int, default=10, help="steady steps per class")
     p.add_argument("--gap-s", type=float, default=0.05, help="idle before every timed step")
     p.add_argument("--top", type=int, default=15, help="rows per table")
     args = p.parse_args(argv)
     configure_logging(False)
     k = args.num_speculative_steps
-    served = [c for c in CLASSES if c.num_spec == k]
-    wanted: list[BatchClass] = served
-    if args.classes:
-        names = [n.strip() for n in args.classes.split(",")]
-        unknown = [n for n in names if n not in {c.name for c in served}]
-        if unknown:
-            p.error(f"--classes: {unknown} not among {[c.name for c in served]} (the classes "
-                    f"of --num-speculative-steps {k})")
-        wanted = [c for c in served if c.name in names]
+    served = tuple(c for c in CLASSES if c.num_spec == k)
+    wanted = pick_classes(args.classes, served,
+                          f" (the classes of --num-speculative-steps {k})")
     runner, load_phase, monitor = build(runner_config(args))
     start = time.perf_counter()
     report = warm(runner, load_phase, monitor)
@@ -136,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"warmup failed: {report.to_dict()}")
     print(f"warmup {time.perf_counter() - start:.1f} s ({args.model}, {args.device}, "
           f"{args.attention_backend}, k={k}); {args.gap_s:g} s idle before every timed step")
-    sched = CoverageScheduler(runner)
+    sched = BatchDriver(runner)
     rng = random.Random(0)
     cases = []
     for cls in wanted:
@@ -151,6 +150,3 @@ def main(argv: list[str] | None = None) -> int:
     monitor.close()
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

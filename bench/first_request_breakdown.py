@@ -1,7 +1,7 @@
-"""Diagnostic: where the first Generate after ready spends its time to first token, against
+"""--mode breakdown: where the first Generate after ready spends its time to first token, against
 the steady requests, in one process (client and server share the clock).
 
-    PYTHONPATH=client:server:. python bench/ttft_breakdown.py [--gap-s 0.25 --repeats 20] \
+    python bench/first_request.py --mode breakdown [--gap-s 0.25 --repeats 20] \
         --model llama-3.2-1b --device cuda --num-speculative-steps 3   (server flags)
 
 Every request follows --gap-s of idleness; a first request faster than the steady median
@@ -16,7 +16,6 @@ import contextlib
 import functools
 import random
 import statistics
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -107,10 +106,11 @@ async def body(flags: Sequence[str], gap: float, repeats: int, prompt_len: int) 
         f"{statistics.median(r.get(k, 0) for r in rows[1:]) * 1e3:.2f}" for k in keys))))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: list[str], prog: str | None = None) -> int:
     """argv: server flags, after optional --gap-s S --repeats N --prompt-len L."""
     # No abbreviations: every other flag is the server's, passed through whole.
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)
     p.add_argument("--gap-s", type=float, default=0.25)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--prompt-len", type=int, default=128)
@@ -119,6 +119,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(body(flags, args.gap_s, args.repeats, args.prompt_len))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

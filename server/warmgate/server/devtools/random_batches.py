@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
-from bench.coverage_scheduler import CoverageScheduler, Request, Work
+from warmgate.server.devtools.batch_driver import BatchDriver, DrivenRequest, Work
 from warmgate.server.runner.sampling import MAX_LOGPROBS
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
 
@@ -68,14 +68,14 @@ def random_features(rng: random.Random, params: SamplingParams, vocab_size: int
 
 
 class BatchDrawer:
-    def __init__(self, sched: CoverageScheduler, limits: Limits, rng: random.Random) -> None:
+    def __init__(self, sched: BatchDriver, limits: Limits, rng: random.Random) -> None:
         self.sched = sched
         self.limits = limits
         self.rng = rng
         self._next_id = 0
 
     # -- requests -----------------------------------------------------------------------
-    def _new_request(self) -> Request:
+    def _new_request(self) -> DrivenRequest:
         lim, rng = self.limits, self.rng
         room = lim.max_model_len - 1 - lim.num_spec  # at least one decode step fits
         # Mostly short prompts, some past the token budget (chunked prefill).
@@ -85,22 +85,22 @@ class BatchDrawer:
         prompt = [rng.randrange(lim.vocab_size) for _ in range(prompt_len)]
         self._next_id += 1
         params = random_features(rng, random_params(rng), lim.vocab_size)
-        req = Request(f"cov{self._next_id}", prompt, params, max_new)
+        req = DrivenRequest(f"cov{self._next_id}", prompt, params, max_new)
         self.sched.add(req)
         return req
 
     def _retire(self) -> None:
         lim = self.limits
         for rid, req in list(self.sched.reqs.items()):
-            full = req.num_computed + 1 + lim.num_spec > lim.max_model_len
+            full = req.num_computed_tokens + 1 + lim.num_spec > lim.max_model_len
             if req.done or (not req.prefilling and full) or \
                     self.rng.random() < ABORT_PROBABILITY:
                 self.sched.finish(rid)
 
-    def _decoders(self) -> list[Request]:
+    def _decoders(self) -> list[DrivenRequest]:
         return [r for r in self.sched.reqs.values() if not r.prefilling]
 
-    def _prefillers(self, want: int) -> list[Request]:
+    def _prefillers(self, want: int) -> list[DrivenRequest]:
         waiting = [r for r in self.sched.reqs.values() if r.prefilling]
         while len(waiting) < want and len(self.sched.reqs) < 3 * self.limits.max_num_seqs:
             waiting.append(self._new_request())
@@ -125,16 +125,16 @@ class BatchDrawer:
     def _drafts(self, k: int) -> tuple[int, ...]:
         return tuple(self.rng.randrange(self.limits.vocab_size) for _ in range(k))
 
-    def _add(self, plan: dict[str, Work], budget: list[int], req: Request,
+    def _add(self, plan: dict[str, Work], budget: list[int], req: DrivenRequest,
              work: Work) -> bool:
         """Add work if the batch's requests, tokens and the free KV blocks allow it."""
         lim, sched = self.limits, self.sched
         if len(plan) >= lim.max_num_seqs or work.num_tokens > budget[0]:
             return False
-        if req.num_computed + work.num_tokens > lim.max_model_len:
+        if req.num_computed_tokens + work.num_tokens > lim.max_model_len:
             return False
         reserved = sum(sched.blocks_needed(sched.reqs[r], w.num_tokens) for r, w in plan.items())
-        if sched.blocks_needed(req, work.num_tokens) > len(sched.free_blocks) - reserved:
+        if sched.blocks_needed(req, work.num_tokens) > sched.pool.num_free - reserved:
             return False
         plan[req.req_id] = work
         budget[0] -= work.num_tokens

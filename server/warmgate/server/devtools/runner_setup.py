@@ -1,5 +1,5 @@
-"""Build a runner in this process and warm it the way the server does (shared by the
-coverage workload and the first-batch benchmark)."""
+"""A runner built in this process from the server's own flags and warmed the way the server
+warms it, for tools that time or probe it directly."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from warmgate.server.warmup.plan import load_runner, run_warmup_plan
 
 def add_runner_args(p: argparse.ArgumentParser) -> None:
     """The server's runner flags (same names and parsing), on the CPU unless told; the
-    WARMGATE_ environment is not read, so a benchmark runs what its command line says."""
+    WARMGATE_ environment is not read, so a tool runs what its command line says."""
     add_options(p, RUNNER_FLAGS, environ={}, defaults={"--device": "cpu"})
 
 
@@ -40,6 +40,15 @@ def warm(runner: Any, load_phase: PhaseResult, monitor: JitMonitor) -> WarmupRep
     if report.succeeded:
         monitor.mark_ready()
     return report
+
+
+def build_and_warm(config: RunnerConfig) -> tuple[Any, WarmupReport, JitMonitor]:
+    """build() then warm(); exits naming the report when the plan fails."""
+    runner, load_phase, monitor = build(config)
+    report = warm(runner, load_phase, monitor)
+    if not report.succeeded:
+        raise SystemExit(f"warmup failed: {report.to_dict()}")
+    return runner, report, monitor
 
 
 def configure_logging(verbose: bool) -> None:

@@ -1,5 +1,6 @@
-"""bench/workload.py: distributions (and their error messages), the seeded workload,
-percentiles and the summary's arithmetic. Pure Python: no server, no torch."""
+"""devtools.workload and devtools.load_stats, the load benches' pure parts: distributions (and
+their error messages), the seeded workload, percentiles and the summary's arithmetic. Pure
+Python: no server, no torch."""
 
 from __future__ import annotations
 
@@ -11,19 +12,21 @@ from typing import Any
 
 import pytest
 
-from bench.workload import (
-    Distribution,
+from warmgate.server.devtools.load_stats import (
     RequestResult,
-    RequestSpec,
     Stats,
-    build_workload,
     format_table,
+    percentile,
+    summarize,
+)
+from warmgate.server.devtools.workload import (
+    Distribution,
+    RequestSpec,
+    build_workload,
     make_prompt,
     parse_distribution,
     parse_rate,
-    percentile,
     poisson_arrivals,
-    summarize,
 )
 
 # -- parsing --------------------------------------------------------------------------------

@@ -1,0 +1,30 @@
+"""A checkpoint directory of a preset's shapes with random weights (safetensors, HF layout),
+so start-up and load can be measured and tested without a model hub: bench/time_to_ready.py
+and the start-up tests write one."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def write_checkpoint(preset: str, model_dir: Path, device: str, dtype: str) -> str:
+    """A safetensors directory of the preset's shapes, random weights (reused if present)."""
+    if (model_dir / "config.json").exists() and list(model_dir.glob("*.safetensors")):
+        return f"reused {model_dir}"
+    import torch
+
+    from warmgate.server.config.runner_config import ModelConfig
+    from warmgate.server.runner.model import LlamaModel
+    from warmgate.server.runner.ops import TorchOps
+    from warmgate.server.runner.weights import init_random_weights, save_weights
+
+    start = time.monotonic()
+    config = ModelConfig.from_preset(preset)
+    model = LlamaModel(config, TorchOps(), None, torch.device(device), getattr(torch, dtype))
+    init_random_weights(model, seed=0)
+    # Shards of at most 5 GB, as the Hugging Face checkpoints of these models come.
+    files = save_weights(model, config, model_dir, max_shard_bytes=5 * 10**9)
+    size = sum(f.stat().st_size for f in files)
+    return (f"wrote {preset} to {model_dir}: {len(files)} files, {size / 1e9:.2f} GB in "
+            f"{time.monotonic() - start:.1f} s")

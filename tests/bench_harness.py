@@ -1,0 +1,29 @@
+"""Run a bench script as a user runs it: `python bench/x.py ...` from the repository root in
+a subprocess, with the import path a `pip install -e` checkout gives (client/ and server/,
+never the repository root), so a script that needs more than the installed package fails
+here as it would for them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def user_env() -> dict[str, str]:
+    """The environment after the Quick start's editable install: its .pth puts client/ and
+    server/ on sys.path, nothing else of the checkout."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "client"), str(ROOT / "server")])
+    return env
+
+
+def run_bench(script: str, args: Sequence[str] = (), timeout: float = 240.0
+              ) -> subprocess.CompletedProcess[str]:
+    """`python <script> <args>` from the repository root; stdout and stderr captured."""
+    return subprocess.run([sys.executable, script, *args], cwd=ROOT, env=user_env(),
+                          capture_output=True, text=True, timeout=timeout, check=False)
