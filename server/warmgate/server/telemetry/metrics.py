@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from warmgate.server.config.listen_address import address_family, bare_host, is_ipv6
-from warmgate.server.core.phases import LOAD, PLAN_PHASES
+from warmgate.server.core.phases import LOAD, TP_PLAN_PHASES
 from warmgate.server.core.results import PhaseStatus, SkipReason, WarmupReport
 from warmgate.server.jit.events import CACHED_KINDS, CUDA_GRAPH_MISS, JitEvent
 from warmgate.server.telemetry.serving_metrics import FINISH_REASONS, ServingMetrics
@@ -128,7 +128,7 @@ class Metrics:
         if cache:
             self.cache_degraded.set(1 if cache.get("degraded") else 0)
         for p in report.phases:
-            phase = _label(p.name, PLAN_PHASES)
+            phase = _label(p.name, TP_PLAN_PHASES)  # every phase of either plan
             if phase == LOAD and self._load_observed:
                 continue  # the first plan's report repeats the load the controller observed
             self._load_observed = self._load_observed or phase == LOAD
