@@ -192,7 +192,9 @@ class CompilationConfig:
 class ParallelConfig:
     # Ranks the model is sharded over (Megatron tensor parallel, warmgate.server.distributed);
     # 1 is the single-process runner, unchanged.
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = field(default=1, metadata=flag(
+        "--tensor-parallel-size", "GPUs (CPU processes on a CPU device) the model is sharded "
+        "over; the server starts a worker process per extra rank"))
     # This process's rank: 0 is the server, 1..N-1 the workers it starts. Part of the config
     # (and so of config_hash and the compile cache key): each rank compiles its own shard.
     rank: int = 0

@@ -36,9 +36,9 @@ class WorkerLost(RuntimeError):
 class WorkerGroup:
     def __init__(self, processes: list[subprocess.Popen[bytes]]) -> None:
         self.processes = processes
-        # Set by the server (control.engine) before the model loads; called once, from the
-        # watchdog thread, with a WorkerLost.
-        self.on_lost: Callable[[BaseException], None] | None = None
+        # Set through watch() by the server (control.engine); called once, from the watchdog
+        # thread (or from watch() when a worker was already gone), with a WorkerLost.
+        self._on_lost: Callable[[BaseException], None] | None = None
         self._closed = threading.Event()
         self._lost: WorkerLost | None = None
         self._watchdog = threading.Thread(target=self._watch, name="tp-watchdog", daemon=True)
@@ -66,6 +66,12 @@ class WorkerGroup:
     def lost(self) -> WorkerLost | None:
         return self._lost
 
+    def watch(self, on_lost: Callable[[BaseException], None]) -> None:
+        """Call on_lost with a WorkerLost when a worker exits (at once if one already has)."""
+        self._on_lost = on_lost
+        if self._lost is not None:
+            on_lost(self._lost)
+
     def _write(self, proc: subprocess.Popen[bytes], data: bytes) -> None:
         assert proc.stdin is not None  # opened with stdin=PIPE
         try:
@@ -91,8 +97,8 @@ class WorkerGroup:
                 self._lost = WorkerLost(f"tensor-parallel rank {rank} (pid {proc.pid}) exited "
                                         f"with code {code}")
                 logger.critical("%s: the model cannot run without it", self._lost)
-                if self.on_lost is not None:
-                    self.on_lost(self._lost)
+                if self._on_lost is not None:
+                    self._on_lost(self._lost)
                 return
 
     def close(self) -> None:
