@@ -12,12 +12,12 @@ import torch
 
 from tests.runner_helpers import tiny_config
 from warmgate.server.config.runner_config import ConfigError, ModelConfig
-from warmgate.server.startup import load_server_config
 from warmgate.server.distributed.layout import ShardLayout, check_divisible
 from warmgate.server.distributed.tensor_parallel import TensorParallel
 from warmgate.server.runner.model import LlamaModel
 from warmgate.server.runner.ops import TorchOps
 from warmgate.server.runner.weights import init_random_weights, load_weights, save_weights
+from warmgate.server.startup import load_server_config
 
 SMOLLM2_LIKE = dict(num_heads=9, num_kv_heads=3, head_dim=8, hidden_size=72,
                     intermediate_size=96, vocab_size=101)
