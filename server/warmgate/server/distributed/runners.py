@@ -80,7 +80,12 @@ class TensorParallelRunner(ModelRunner):
         plan = collective_plan(self)
         self._send("warm_collectives", plan)
         assert self.tensor_parallel is not None  # set by the constructor; narrows the type
-        return plan, warm_collectives(self.tensor_parallel, self, plan)
+        seconds = warm_collectives(self.tensor_parallel, self, plan)
+        if self.device.type == "cuda" and self.config.compilation.shape_sweeps:
+            # The compile phase sweeps rank 0's GEMM shapes; the workers sweep theirs now,
+            # beside it (no collective in a sweep), so no rank meets a new shape after ready.
+            self._send("sweep_gemm_shapes")
+        return plan, seconds
 
 
 class WorkerRunner(ModelRunner):
@@ -107,5 +112,9 @@ class WorkerRunner(ModelRunner):
         elif method == "warm_collectives":
             assert self.tensor_parallel is not None
             warm_collectives(self.tensor_parallel, self, *args)
+        elif method == "sweep_gemm_shapes":
+            from warmgate.server.warmup.gemm_shapes import sweep_gemm_shapes  # CUDA only
+
+            sweep_gemm_shapes(self)
         else:
             raise ValueError(f"rank {self.config.parallel.rank}: unknown call {method!r}")
