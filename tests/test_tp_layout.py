@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -137,11 +138,21 @@ def test_loaded_shards_are_slices_read_as_slices(tmp_path: Path,
     full = _model(config)
     init_random_weights(full, seed=3)
     save_weights(full, config, tmp_path)
-    whole_reads: list[str] = []
+    streamed: list[int] = []  # bytes each load streamed from the file
+    sliced: list[str] = []  # tensors read as a safetensors slice
+    whole: list[str] = []  # tensors read whole (none may be)
     from safetensors import safe_open
 
+    from warmgate.server.runner import weights
+
+    stream_into = weights.stream_into
+
+    def recording_stream(copies: list[Any], device: Any, **kwargs: Any) -> Any:
+        streamed.append(sum(entry.end - entry.begin for _, entry, _ in copies))
+        return stream_into(copies, device, **kwargs)
+
     class Recording:
-        def __init__(self, *args: object, **kwargs: object) -> None:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             self._inner = safe_open(*args, **kwargs)
 
         def __enter__(self) -> Recording:
@@ -152,13 +163,15 @@ def test_loaded_shards_are_slices_read_as_slices(tmp_path: Path,
             self._inner.__exit__(*exc)
 
         def get_tensor(self, name: str) -> torch.Tensor:
-            whole_reads.append(name)
+            whole.append(name)
             return self._handle.get_tensor(name)
 
-        def get_slice(self, name: str) -> object:
+        def get_slice(self, name: str) -> Any:
+            sliced.append(name)
             return self._handle.get_slice(name)
 
-    monkeypatch.setattr("warmgate.server.runner.weights.safe_open", Recording)
+    monkeypatch.setattr(weights, "stream_into", recording_stream)
+    monkeypatch.setattr("warmgate.server.distributed.tensor_parallel.safe_open", Recording)
     for rank in range(3):
         layout = ShardLayout.of(config, rank, 3)
         shard = _model(dataclasses.replace(config, weights_path=str(tmp_path)),
@@ -169,5 +182,9 @@ def test_loaded_shards_are_slices_read_as_slices(tmp_path: Path,
             assert torch.equal(params[name], expected), (rank, name)
         q_bias = full.layers[0].qkv_bias[:config.num_heads * config.head_dim][layout.q_rows]
         assert torch.equal(params["layers.0.qkv_bias"][:q_bias.shape[0]], q_bias)
-    # Only the replicated norms are read whole; every projection and the vocabulary by slice.
-    assert whole_reads and all("norm" in n for n in whole_reads), whole_reads
+    # The column blocks (o_proj, down_proj) by slice, nothing whole; the rest streamed as row
+    # ranges: each rank streams about a third of what a TP=1 load streams.
+    assert whole == [] and sliced and all("o_proj" in n or "down_proj" in n for n in sliced)
+    load_weights(tmp_path, _model(dataclasses.replace(config, weights_path=str(tmp_path))))
+    *ranks, tp1 = streamed
+    assert all(r < 0.45 * tp1 for r in ranks), streamed
