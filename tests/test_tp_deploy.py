@@ -40,3 +40,23 @@ def test_tensor_parallel_pods(size: str, gpus: int, medium: str | None,
     assert len(problems) == len(expected), problems
     for problem, want in zip(problems, expected, strict=True):
         assert want in problem
+
+
+def test_each_ranks_distributed_seconds_is_a_metric() -> None:
+    from warmgate.server.core.results import (
+        PhaseResult,
+        PhaseStatus,
+        WarmupOutcome,
+        WarmupReport,
+    )
+    from warmgate.server.telemetry.metrics import Metrics
+
+    metrics = Metrics()
+    phase = PhaseResult(name="distributed", status=PhaseStatus.RAN, duration_s=0.5,
+                        shapes={"rank_seconds": [0.25, 0.5]})
+    metrics.observe_report(WarmupReport(WarmupOutcome.SUCCEEDED, [phase], 0.5, "hash"))
+    registry = metrics.registry
+    assert [registry.get_sample_value("warmgate_distributed_rank_seconds", {"rank": r})
+            for r in ("0", "1")] == [0.25, 0.5]
+    assert registry.get_sample_value("warmgate_phase_duration_seconds_sum",
+                                     {"phase": "distributed"}) == 0.5
