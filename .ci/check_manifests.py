@@ -11,7 +11,8 @@ the objects fit together and fit the server:
   - the ConfigMap's WARMGATE_* keys are flags warmgate-server knows, with values it accepts
     (parsed by the server's own load_server_config, without resolving the device);
   - service links are off (a Service named "warmgate" would inject WARMGATE_PORT=tcp://...);
-  - a pod that asks for CUDA requests a GPU, and one that does not, doesn't;
+  - a pod that asks for CUDA requests a GPU, and one that does not, doesn't; a tensor-parallel
+    one requests one GPU per rank and mounts a memory-backed /dev/shm;
   - and check_rollout.py's: namespaces created, startup probe timing against
     --cache-lock-timeout, one GPU product for the Deployment and the pre-warm Job, a PDB.
 Usage: python .ci/check_manifests.py NAME RENDERED.yaml [BUILTIN.yaml]
@@ -73,6 +74,25 @@ def check_config(name: str, data: dict[str, str], problems: list[str]) -> None:
         problems.append(f"ConfigMap/{name}: warmgate-server rejects it: {lines[-1]}")
 
 
+def check_tensor_parallel(where: str, config: dict[str, str], limits: dict[str, Any],
+                          spec: dict[str, Any], problems: list[str]) -> None:
+    """A pod serving tensor-parallel on CUDA gets one GPU per rank, and NCCL a memory-backed
+    /dev/shm (a container's default 64 MiB is too small for its shared-memory transport)."""
+    size = int(config.get("WARMGATE_TENSOR_PARALLEL_SIZE", "1"))
+    if size == 1 or not config.get("WARMGATE_DEVICE", "auto").startswith("cuda"):
+        return
+    if int(limits.get(GPU, 0)) != size:
+        problems.append(f"{where}: WARMGATE_TENSOR_PARALLEL_SIZE={size} but {GPU} limit "
+                        f"{limits.get(GPU, 0)}: one GPU per rank")
+    memory_volumes = {v["name"] for v in spec.get("volumes", [])
+                      if (v.get("emptyDir") or {}).get("medium") == "Memory"}
+    mounts = {m["mountPath"]: m["name"] for c in spec["containers"]
+              for m in c.get("volumeMounts", [])}
+    if mounts.get("/dev/shm") not in memory_volumes:
+        problems.append(f"{where}: WARMGATE_TENSOR_PARALLEL_SIZE={size} needs /dev/shm on an "
+                        "emptyDir with medium Memory (NCCL's shared-memory transport)")
+
+
 def check(objs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     notes: list[str] = []
@@ -129,6 +149,8 @@ def check(objs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
                     problems.append(f"{where}: WARMGATE_DEVICE={device} but no {GPU} limit")
                 if device == "cpu" and GPU in limits:
                     problems.append(f"{where}: a CPU pod requests a GPU")
+                config = by_kind.get("ConfigMap", {}).get(ref, {}).get("data", {})
+                check_tensor_parallel(where, config, limits, spec, problems)
         for v in spec.get("volumes", []):
             claim = v.get("persistentVolumeClaim", {}).get("claimName")
             if claim and claim not in by_kind.get("PersistentVolumeClaim", {}):

@@ -6,6 +6,7 @@ from main.serve(), which adds signals and logging.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -158,6 +159,10 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
                                    metrics.serving, text)
     generate_pb2_grpc.add_GenerationServicer_to_server(generation, server)
     controller.add_ready_listener(generation.prepare)
+    if isinstance(engine, PlanEngine):  # a dead tensor-parallel worker ends the process
+        loop = asyncio.get_running_loop()
+        engine.on_fatal = lambda exc: asyncio.run_coroutine_threadsafe(
+            controller.device_lost(exc), loop).result()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((
         warmup_pb2.DESCRIPTOR.services_by_name["Warmup"].full_name,

@@ -24,6 +24,7 @@ from warmgate.server.config.server_config import (
     server_config_from_args,
 )
 from warmgate.server.config.startup_checks import check_attention_backend
+from warmgate.server.distributed.startup_check import check_tensor_parallel
 
 
 def check_model_files(runner: RunnerConfig) -> None:
@@ -57,6 +58,7 @@ def check_can_warm_up(runner: RunnerConfig, mixed_num_tokens: int | None,
     from warmgate.server.warmup.shapes import check_config_capacity  # imports the runner
 
     check_attention_backend(runner, environ)
+    check_tensor_parallel(runner)
     check_config_capacity(runner, mixed_num_tokens)
 
 

@@ -189,6 +189,25 @@ class CompilationConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    # Ranks the model is sharded over (Megatron tensor parallel, warmgate.server.distributed);
+    # 1 is the single-process runner, unchanged.
+    tensor_parallel_size: int = field(default=1, metadata=flag(
+        "--tensor-parallel-size", "GPUs (CPU processes on a CPU device) the model is sharded "
+        "over; the server starts a worker process per extra rank"))
+    # This process's rank: 0 is the server, 1..N-1 the workers it starts. Part of the config
+    # (and so of config_hash and the compile cache key): each rank compiles its own shard.
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.tensor_parallel_size >= 1, "parallel.tensor_parallel_size",
+                 "must be >= 1")
+        _require(0 <= self.rank < self.tensor_parallel_size, "parallel.rank",
+                 f"must be between 0 and tensor_parallel_size - 1 "
+                 f"({self.tensor_parallel_size - 1})")
+
+
+@dataclass(frozen=True)
 class RunnerConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -196,6 +215,7 @@ class RunnerConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     compilation: CompilationConfig = field(default_factory=CompilationConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     @property
     def decode_query_len(self) -> int:

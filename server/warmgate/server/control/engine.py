@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from warmgate.server.cache.session import open_compile_cache, run_plan_with_cache
@@ -70,6 +71,9 @@ class PlanEngine:
         self._runner: Any = None
         # Reported once, at the head of the first plan's report, then dropped.
         self._load_phase: PhaseResult | None = None
+        # Told (from another thread) when the runner can never run again although no step
+        # raised: a tensor-parallel worker process died. The server sets it (app.py).
+        self.on_fatal: Callable[[FatalDeviceError], None] | None = None
 
     @property
     def loaded(self) -> bool:
@@ -92,6 +96,10 @@ class PlanEngine:
             self._runner, phase = plan.load_runner(self._config, jit_monitor=self.jit_monitor)
             if self._faults is not None:
                 self._faults.wrap_runner(self._runner)
+            workers = getattr(self._runner, "workers", None)  # tensor parallel only
+            if workers is not None and self.on_fatal is not None:
+                on_fatal = self.on_fatal
+                workers.watch(lambda exc: on_fatal(FatalDeviceError("distributed", exc)))
         except Exception as exc:  # a load failure is reported and turns health FAILED
             if is_fatal_device_error(exc):
                 raise FatalDeviceError(LOAD, exc) from exc

@@ -18,6 +18,10 @@ CUDA_GRAPHS = "cuda_graphs"
 
 # A whole plan (WarmupKernels, start-up), in order.
 PLAN_PHASES = (LOAD, FLASHINFER, COMPILE, PREFILL, DECODE, SAMPLER, MIXED, CUDA_GRAPHS)
+# Only a tensor-parallel runner (warmgate.server.distributed) runs this one, right after load
+# (every collective at every size class, on every rank); a TP=1 plan is PLAN_PHASES.
+DISTRIBUTED = "distributed"
+TP_PLAN_PHASES = (LOAD, DISTRIBUTED, *PLAN_PHASES[1:])
 # A MixedWarmup call runs only this one.
 MIXED_PHASES = (MIXED,)
 # The phases whose work goes through the runner's two callbacks (execute_model and

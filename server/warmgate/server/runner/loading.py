@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from warmgate.server.runner.kv_cache import (
 from warmgate.server.runner.model import LlamaModel
 from warmgate.server.runner.ops import TorchOps
 from warmgate.server.runner.weights import init_random_weights, load_weights
+
+if TYPE_CHECKING:
+    from warmgate.server.distributed.tensor_parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
 
@@ -61,12 +65,13 @@ def _sync(device: torch.device) -> None:
 
 
 def load_model(config: RunnerConfig, ops: TorchOps, device: torch.device,
-               dtype: torch.dtype) -> LoadedModel:
+               dtype: torch.dtype, tp: TensorParallel | None = None) -> LoadedModel:
     """Build the model without an attention backend (the runner attaches one once the KV cache
-    exists) and fill it from the weights directory, or with seeded random weights."""
+    exists) and fill it from the weights directory, or with seeded random weights; with `tp`,
+    this rank's shard of it."""
     mc = config.model
     start = time.perf_counter()
-    model = LlamaModel(mc, ops, None, device, dtype)
+    model = LlamaModel(mc, ops, None, device, dtype, tp)
     if mc.weights_path is not None:
         num_bytes = load_weights(mc.weights_path, model)
     else:
@@ -79,13 +84,15 @@ def load_model(config: RunnerConfig, ops: TorchOps, device: torch.device,
     return LoadedModel(model, seconds, num_bytes)
 
 
-def allocate_kv(config: RunnerConfig, device: torch.device,
-                dtype: torch.dtype) -> AllocatedKVCache:
-    """One paged KV tensor per layer, config.cache.num_blocks blocks each."""
+def allocate_kv(config: RunnerConfig, device: torch.device, dtype: torch.dtype,
+                num_kv_heads: int | None = None) -> AllocatedKVCache:
+    """One paged KV tensor per layer, config.cache.num_blocks blocks each, of num_kv_heads
+    heads (default: the model's; a tensor-parallel rank holds fewer)."""
     mc, num_blocks = config.model, config.cache.num_blocks
     assert num_blocks is not None  # guaranteed by is_resolved; narrows the type
     start = time.perf_counter()
-    spec = FullAttentionSpec(block_size=config.cache.block_size, num_kv_heads=mc.num_kv_heads,
+    heads = mc.num_kv_heads if num_kv_heads is None else num_kv_heads
+    spec = FullAttentionSpec(block_size=config.cache.block_size, num_kv_heads=heads,
                              head_size=mc.head_dim, dtype=dtype)
     kv_caches, kv_cache_config = allocate_kv_cache(mc.num_layers, num_blocks, spec, device)
     _sync(device)

@@ -9,9 +9,15 @@ another); `weights.py` splits and fuses to and from Hugging Face tensor names. A
 delegated to the backend, which owns the paged KV cache layout. Parameters are allocated with
 `torch.empty` on the target device and filled by `weights.py`: no default init runs, which
 matters for an 8B shape.
+
+Tensor parallel (`tp`, None at TP=1, where nothing below changes): each rank holds its heads'
+rows of q/k/v, its block of gate/up rows (column-parallel) and the matching columns of o and
+down (row-parallel, each ending in one all-reduce), and a block of the vocabulary.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +26,9 @@ from torch import nn
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.runner.attention.base import AttentionBackend, AttentionMetadata
 from warmgate.server.runner.ops import TorchOps, build_cos_sin_cache
+
+if TYPE_CHECKING:  # only a tensor-parallel runner builds one (warmgate.server.distributed)
+    from warmgate.server.distributed.tensor_parallel import TensorParallel
 
 
 def _param(*shape: int, device: torch.device, dtype: torch.dtype) -> nn.Parameter:
@@ -36,17 +45,20 @@ def _per_head_rms_norm(ops: TorchOps, x: torch.Tensor, weight: torch.Tensor,
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int, ops: TorchOps,
-                 device: torch.device, dtype: torch.dtype) -> None:
+                 device: torch.device, dtype: torch.dtype,
+                 tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.ops = ops
+        self.tp = tp
         self.eps = config.rms_norm_eps
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
+        shard = tp.layout if tp is not None else config  # this rank's heads and MLP rows
+        self.num_heads = shard.num_heads
+        self.num_kv_heads = shard.num_kv_heads
         self.head_dim = config.head_dim
-        self.q_size = config.num_heads * config.head_dim
-        self.kv_size = config.num_kv_heads * config.head_dim
-        h, inter = config.hidden_size, config.intermediate_size
+        self.q_size = self.num_heads * config.head_dim
+        self.kv_size = self.num_kv_heads * config.head_dim
+        h, inter = config.hidden_size, shard.intermediate_size
         kw = dict(device=device, dtype=dtype)
         self.input_layernorm = _param(h, **kw)  # [H]
         self.qkv_proj = _param(self.q_size + 2 * self.kv_size, h, **kw)  # [(Hq + 2Hk) D, H]
@@ -96,28 +108,36 @@ class DecoderLayer(nn.Module):
         SwiGLU MLP."""
         ops = self.ops if ops is None else ops
         x = F.linear(attn, self.o_proj)
+        if self.tp is not None:
+            x = self.tp.all_reduce(x)
         x, residual = ops.rms_norm(x, self.post_attention_layernorm, self.eps, residual)
         x = ops.silu_and_mul(F.linear(x, self.gate_up_proj))  # [T, I]
-        return F.linear(x, self.down_proj), residual
+        x = F.linear(x, self.down_proj)
+        if self.tp is not None:
+            x = self.tp.all_reduce(x)
+        return x, residual
 
 
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, ops: TorchOps, backend: AttentionBackend | None,
-                 device: torch.device, dtype: torch.dtype) -> None:
+                 device: torch.device, dtype: torch.dtype,
+                 tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.config = config
         self.ops = ops
+        self.tp = tp
+        vocab_rows = config.vocab_size if tp is None else tp.layout.vocab_rows
         # Attached after construction when the backend needs the KV cache's sizes first.
         self.backend = backend
         kw = dict(device=device, dtype=dtype)
-        self.embed_tokens = _param(config.vocab_size, config.hidden_size, **kw)  # [V, H]
+        self.embed_tokens = _param(vocab_rows, config.hidden_size, **kw)  # [V, H]
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, ops, device, dtype) for i in range(config.num_layers))
+            DecoderLayer(config, i, ops, device, dtype, tp) for i in range(config.num_layers))
         self.norm = _param(config.hidden_size, **kw)  # [H]
         # A pooling model never projects to the vocabulary; a tied head reads embed_tokens.
         self.lm_head: nn.Parameter | None = None
         if not config.is_pooling_model and not config.tie_word_embeddings:
-            self.lm_head = _param(config.vocab_size, config.hidden_size, **kw)  # [V, H]
+            self.lm_head = _param(vocab_rows, config.hidden_size, **kw)  # [V, H]
         self.register_buffer(  # [max_model_len, D] float32
             "cos_sin_cache",
             build_cos_sin_cache(config.max_model_len, config.head_dim, config.rope, device),
@@ -136,7 +156,8 @@ class LlamaModel(nn.Module):
         """input_ids, positions: [T] int64 -> hidden states [T, H] after the final norm."""
         if self.backend is None:
             raise RuntimeError("LlamaModel.forward: no attention backend attached")
-        hidden = F.embedding(input_ids, self.embed_tokens)  # [T, H]
+        hidden = (F.embedding(input_ids, self.embed_tokens) if self.tp is None
+                  else self.tp.embed(input_ids, self.embed_tokens))  # [T, H]
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(hidden, residual, positions, self.cos_sin_cache, kv_cache,
@@ -149,4 +170,5 @@ class LlamaModel(nn.Module):
         if self.config.is_pooling_model:
             raise RuntimeError("compute_logits: a pooling model has no language-model head")
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, head).float()
+        logits = F.linear(hidden, head).float()
+        return logits if self.tp is None else self.tp.gather_logits(logits)

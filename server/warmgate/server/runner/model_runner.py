@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,9 @@ from warmgate.server.runner.scheduler_output import (
     SchedulerOutput,
 )
 from warmgate.server.runner.validation import StepLimits, validate_scheduler_output
+
+if TYPE_CHECKING:
+    from warmgate.server.distributed.tensor_parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
 
@@ -75,13 +79,17 @@ def _require_resolved(config: RunnerConfig) -> None:
 
 class ModelRunner:
     def __init__(self, config: RunnerConfig, ops: TorchOps | None = None,
-                 jit_monitor: JitMonitor | None = None) -> None:
+                 jit_monitor: JitMonitor | None = None,
+                 tensor_parallel: TensorParallel | None = None) -> None:
         _require_resolved(config)
         self._read_config(config)
         self.ops = ops if ops is not None else default_ops(config)
-        loaded = load_model(config, self.ops, self.device, self.dtype)
+        # Under tensor parallel (warmgate.server.distributed) this rank's shard of the model,
+        # its KV heads in the cache and its heads in the attention backend.
+        self.tensor_parallel = tensor_parallel
+        loaded = load_model(config, self.ops, self.device, self.dtype, tensor_parallel)
         self.model = loaded.model
-        kv = allocate_kv(config, self.device, self.dtype)
+        kv = allocate_kv(config, self.device, self.dtype, self.model.layers[0].num_kv_heads)
         self.kv_caches, self.kv_cache_config = kv.kv_caches, kv.kv_cache_config
         self._attach_attention_backend()
         # The owner installs the compiler hooks (they are process-wide); the runner only tells
@@ -113,9 +121,9 @@ class ModelRunner:
         self.is_pooling_model = config.model.is_pooling_model
 
     def _attach_attention_backend(self) -> None:
-        mc = self.config.model
+        mc, layer = self.config.model, self.model.layers[0]  # the layer has this rank's heads
         self.attention_spec = AttentionSpec(
-            num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
+            num_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads, head_dim=mc.head_dim,
             block_size=self.config.cache.block_size, num_blocks=self.kv_cache_config.num_blocks,
             max_blocks_per_req=self.config.max_blocks_per_req, max_num_reqs=self.max_num_reqs,
             max_num_tokens=self.max_num_tokens, dtype=self.dtype, device=self.device,

@@ -11,6 +11,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
@@ -30,6 +31,9 @@ from warmgate.server.config.weight_files import (
 from warmgate.server.runner.model import LlamaModel
 from warmgate.server.runner.weight_stream import stream_into
 
+if TYPE_CHECKING:
+    from warmgate.server.distributed.tensor_parallel import TensorParallel
+
 logger = logging.getLogger(__name__)
 
 # One exception type for every model-load failure (config.json or tensors); the old name stays.
@@ -39,49 +43,81 @@ __all__ = ["MATCH_FIELDS", "ModelLoadError", "WeightsError", "check_config_match
            "model_config_from_hf", "save_weights"]
 
 
+def _normal(gen: torch.Generator, std: float, param: torch.Tensor, full_shape: tuple[int, ...],
+            parts: list[tuple[str, int, torch.Tensor]], tp: TensorParallel | None) -> None:
+    """Fill param from gen. Under tensor parallel every rank draws the full-size tensor (the
+    same numbers TP=1 draws) and keeps its shard of each HF-named part (name, full rows along
+    dim 0, the local view it lands in), so a sharded model equals the unsharded one."""
+    if tp is None:
+        param.normal_(0.0, std, generator=gen)
+        return
+    full = torch.empty(full_shape, device=param.device, dtype=param.dtype)
+    full.normal_(0.0, std, generator=gen)
+    pieces = full.split([rows for _, rows, _ in parts])
+    for (name, _, view), piece in zip(parts, pieces, strict=True):
+        tp.copy_take(name, piece, view)
+
+
 @torch.no_grad()
 def init_random_weights(model: LlamaModel, seed: int) -> None:
     """Fill every parameter from one generator on the model's device (no host round trip).
 
-    The same seed gives the same weights on the same device type. Standard deviations keep
-    activations near unit scale at any width: fan_in^-0.5 for projections, with the two that
-    write into the residual stream further divided by sqrt(2 * num_layers) so the stream does
-    not grow with depth, which keeps logits O(1) and sampling distributions non-degenerate.
+    The same seed gives the same weights on the same device type (and, sharded, the same
+    shards of them at any tensor-parallel size). Standard deviations keep activations near
+    unit scale at any width: fan_in^-0.5 for projections, with the two that write into the
+    residual stream further divided by sqrt(2 * num_layers) so the stream does not grow with
+    depth, which keeps logits O(1) and sampling distributions non-degenerate.
     """
-    cfg = model.config
+    cfg, tp = model.config, model.tp
     gen = torch.Generator(device=model.device)
     gen.manual_seed(seed)
     residual_scale = 1.0 / math.sqrt(2 * cfg.num_layers)
+    h, inter, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    q_full, kv_full = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     # A tied head reads the embedding as its projection, so it needs the head's scale.
-    embed_std = cfg.hidden_size ** -0.5 if cfg.tie_word_embeddings else 1.0
-    model.embed_tokens.normal_(0.0, embed_std, generator=gen)
-    for layer in model.layers:
+    embed_std = h ** -0.5 if cfg.tie_word_embeddings else 1.0
+    _normal(gen, embed_std, model.embed_tokens, (v, h),
+            [("model.embed_tokens.weight", v, model.embed_tokens)], tp)
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
         layer.input_layernorm.fill_(1.0)
         layer.post_attention_layernorm.fill_(1.0)
-        layer.qkv_proj.normal_(0.0, cfg.hidden_size ** -0.5, generator=gen)
+        qkv = zip(("q", "k", "v"), (q_full, kv_full, kv_full),
+                  layer.qkv_proj.split([layer.q_size, layer.kv_size, layer.kv_size]), strict=True)
+        _normal(gen, h ** -0.5, layer.qkv_proj, (q_full + 2 * kv_full, h),
+                [(f"{p}self_attn.{n}_proj.weight", rows, view) for n, rows, view in qkv], tp)
         if layer.qkv_bias is not None:
-            layer.qkv_bias.normal_(0.0, 0.1, generator=gen)
+            biases = zip(("q", "k", "v"), (q_full, kv_full, kv_full),
+                         layer.qkv_bias.split([layer.q_size, layer.kv_size, layer.kv_size]),
+                         strict=True)
+            _normal(gen, 0.1, layer.qkv_bias, (q_full + 2 * kv_full,),
+                    [(f"{p}self_attn.{n}_proj.bias", rows, view) for n, rows, view in biases],
+                    tp)
         for norm in (layer.q_norm, layer.k_norm):
             if norm is not None:
                 norm.fill_(1.0)
-        layer.o_proj.normal_(0.0, layer.q_size ** -0.5 * residual_scale, generator=gen)
-        layer.gate_up_proj.normal_(0.0, cfg.hidden_size ** -0.5, generator=gen)
-        layer.down_proj.normal_(0.0, cfg.intermediate_size ** -0.5 * residual_scale,
-                                generator=gen)
+        _normal(gen, q_full ** -0.5 * residual_scale, layer.o_proj, (h, q_full),
+                [(p + "self_attn.o_proj.weight", h, layer.o_proj)], tp)
+        gate, up = layer.gate_up_proj.split(layer.gate_up_proj.shape[0] // 2)
+        _normal(gen, h ** -0.5, layer.gate_up_proj, (2 * inter, h),
+                [(p + "mlp.gate_proj.weight", inter, gate), (p + "mlp.up_proj.weight", inter, up)],
+                tp)
+        _normal(gen, inter ** -0.5 * residual_scale, layer.down_proj, (h, inter),
+                [(p + "mlp.down_proj.weight", h, layer.down_proj)], tp)
     model.norm.fill_(1.0)
     if model.lm_head is not None:
-        model.lm_head.normal_(0.0, cfg.hidden_size ** -0.5, generator=gen)
+        _normal(gen, h ** -0.5, model.lm_head, (v, h), [("lm_head.weight", v, model.lm_head)],
+                tp)
 
 
 def _hf_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
     """The model's weights under HF names, q/k/v and gate/up split back apart (views)."""
-    cfg = model.config
     out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": model.embed_tokens,
                                     "model.norm.weight": model.norm}
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         q, k, v = layer.qkv_proj.split([layer.q_size, layer.kv_size, layer.kv_size])
-        gate, up = layer.gate_up_proj.split(cfg.intermediate_size)
+        gate, up = layer.gate_up_proj.split(layer.gate_up_proj.shape[0] // 2)
         out.update({
             p + "input_layernorm.weight": layer.input_layernorm,
             p + "self_attn.q_proj.weight": q,
@@ -158,9 +194,15 @@ def load_weights(directory: str | Path, model: LlamaModel) -> int:
     # Each target is a view into its fused parameter, so landing the bytes there is the fusion.
     copies = [(where[name], headers[where[name]][name], target)
               for name, target in _hf_tensors(model).items()]
+    column_blocks: list[tuple[Path, str, torch.Tensor]] = []
+    if model.tp is not None:  # this rank's rows only; its column blocks by safetensors slice
+        copies, column_blocks = model.tp.shard_copies(copies)
     stats = stream_into(copies, model.device)
+    if column_blocks:
+        model.tp.read_column_blocks(column_blocks)
     seconds = time.perf_counter() - start
     copied = sum(t.numel() * t.element_size() for _, _, t in copies)
+    copied += sum(t.numel() * t.element_size() for _, _, t in column_blocks)
     logger.info("weights read: %d files, %.3f GB in %.3f s (%.2f GB/s), %d reads by %d "
                 "threads, %s", len(headers), stats.bytes_read / 1e9, seconds,
                 stats.bytes_read / 1e9 / max(seconds, 1e-9), stats.num_reads, stats.num_readers,

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from warmgate.server.config.listen_address import address_family, bare_host, is_ipv6
-from warmgate.server.core.phases import LOAD, PLAN_PHASES
+from warmgate.server.core.phases import DISTRIBUTED, LOAD, TP_PLAN_PHASES
 from warmgate.server.core.results import PhaseStatus, SkipReason, WarmupReport
 from warmgate.server.jit.events import CACHED_KINDS, CUDA_GRAPH_MISS, JitEvent
 from warmgate.server.telemetry.serving_metrics import FINISH_REASONS, ServingMetrics
@@ -71,6 +71,11 @@ class Metrics:
             ["state"], registry=r)
         self.ready = Gauge("warmgate_ready", "1 once the configured warmup succeeded.",
                            registry=r)
+        # Tensor parallel only: the distributed phase's seconds on each rank (the phase's
+        # duration is the slowest rank's).
+        self.rank_warmup = Gauge(
+            "warmgate_distributed_rank_seconds", "Seconds each tensor-parallel rank spent in "
+            "the distributed warmup phase.", ["rank"], registry=r)
         # Incremented by observe_jit, a JitMonitor listener.
         self.jit_compiles = Counter(
             "warmgate_jit_compiles_total", "JIT compilations, by kind and whether health "
@@ -128,10 +133,13 @@ class Metrics:
         if cache:
             self.cache_degraded.set(1 if cache.get("degraded") else 0)
         for p in report.phases:
-            phase = _label(p.name, PLAN_PHASES)
+            phase = _label(p.name, TP_PLAN_PHASES)  # every phase of either plan
             if phase == LOAD and self._load_observed:
                 continue  # the first plan's report repeats the load the controller observed
             self._load_observed = self._load_observed or phase == LOAD
+            if phase == DISTRIBUTED:
+                for rank, seconds in enumerate(p.shapes.get("rank_seconds", [])):
+                    self.rank_warmup.labels(rank=str(rank)).set(seconds)
             if p.status is PhaseStatus.SKIPPED:
                 reason = p.skip_reason.value.lower() if p.skip_reason else OTHER
                 self.phase_skipped.labels(phase=phase, reason=_label(reason, SKIP_REASONS)).inc()

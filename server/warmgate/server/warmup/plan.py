@@ -28,12 +28,14 @@ from warmgate.server.core.phases import (
     COMPILE,
     CUDA_GRAPHS,
     DECODE,
+    DISTRIBUTED,
     FLASHINFER,
     LOAD,
     MIXED,
     PLAN_PHASES,
     PREFILL,
     SAMPLER,
+    TP_PLAN_PHASES,
 )
 from warmgate.server.core.progress import PhaseProgress, ProgressCallback, ProgressEvent
 from warmgate.server.core.results import (
@@ -70,7 +72,12 @@ def load_runner(config: RunnerConfig, *, jit_monitor: JitMonitor | None = None
     start = time.perf_counter()
     resolved = resolve_runner_config(config)
     observers = install_observers(jit_monitor, resolved) if jit_monitor is not None else []
-    runner = ModelRunner(resolved, jit_monitor=jit_monitor)
+    if resolved.parallel.tensor_parallel_size > 1:
+        from warmgate.server.distributed.build import build_tensor_parallel_runner
+
+        runner = build_tensor_parallel_runner(resolved, jit_monitor)
+    else:
+        runner = ModelRunner(resolved, jit_monitor=jit_monitor)
     seconds = time.perf_counter() - start
     stats = dataclasses.asdict(runner.load_stats)
     shapes = {"num_blocks": runner.kv_cache_config.num_blocks, **stats,
@@ -268,8 +275,14 @@ def run_warmup_plan(runner: Any, *, load_phase: PhaseResult | None = None,
         ((MIXED,), mixed),
         ((CUDA_GRAPHS,), lambda _: [_cuda_graphs_phase(runner, force)]),
     ]
+    names = PHASES
+    if getattr(runner, "tensor_parallel", None) is not None:
+        from warmgate.server.distributed.phase import distributed_phase
+
+        steps.insert(0, ((DISTRIBUTED,), lambda _: [distributed_phase(runner)]))
+        names = TP_PLAN_PHASES
     phases = [load_phase] if load_phase is not None else []
-    phases += _run_phases(steps, progress, PHASES, getattr(runner, "jit_monitor", None))
+    phases += _run_phases(steps, progress, names, getattr(runner, "jit_monitor", None))
     return _report(runner, phases, time.perf_counter() - start
                    + (load_phase.duration_s if load_phase else 0.0))
 
