@@ -1,6 +1,6 @@
 """Greedy tokens at tensor-parallel size N against TP=1, prompt by prompt (issue 23).
 
-    python -m bench.tp_greedy --model llama-3.1-8b --device cuda --dtype bfloat16 \
+    python bench/tp_greedy.py --model llama-3.1-8b --device cuda --dtype bfloat16 \
         --attention-backend flashinfer --tensor-parallel-size 2 --prompts 20 --tokens 16
 
 Both runners warm up first (the plan, CUDA graphs included), then each of --prompts seeded
@@ -19,25 +19,28 @@ from typing import Any
 
 import torch
 
-from bench.coverage_scheduler import CoverageScheduler, Request, Work
 from warmgate.server.config.server_config import RUNNER_FLAGS, add_options
+from warmgate.server.devtools.batch_driver import BatchDriver, DrivenRequest, Work
 from warmgate.server.runner.scheduler_output import GREEDY
 from warmgate.server.startup import checked_runner_config
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
 
 
 def greedy(runner: Any, prompt: list[int], tokens: int) -> tuple[list[int], list[torch.Tensor]]:
-    """One request alone: the prompt in one step, then one token a step; each step's logits."""
-    sched = CoverageScheduler(runner)
-    sched.add(Request("p", list(prompt), GREEDY, max_new_tokens=tokens))
+    """One request alone: the prompt in steps of the token budget, then one token a step;
+    each step's logits."""
+    sched = BatchDriver(runner)
+    sched.add(DrivenRequest("p", list(prompt), GREEDY, max_new_tokens=tokens))
     logits: list[torch.Tensor] = []
     while not sched.reqs["p"].done:
         req = sched.reqs["p"]
-        sched.step({"p": Work(req.remaining_prompt if req.prefilling else 1)})
-        logits.append(runner.last_logits[-1].float().cpu())
-    out = list(sched.reqs["p"].output)
+        budget = runner.config.scheduler.max_num_batched_tokens
+        sched.step({"p": Work(min(req.remaining_prompt, budget) if req.prefilling else 1)})
+        if len(runner.last_logits):  # a chunk that ends before the prompt does samples nothing
+            logits.append(runner.last_logits[-1].float().cpu())
+    out = list(sched.reqs["p"].output_token_ids)
     sched.finish("p")
-    sched.step({})  # the finish reaches the runner
+    sched.flush()  # the finish reaches the runner
     return out, logits
 
 
