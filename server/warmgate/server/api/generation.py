@@ -20,18 +20,18 @@ from typing import Any
 
 import grpc
 
-from warmgate.server.api.errors import (
+from warmgate.server.api.generate_request import parse_generate_request
+from warmgate.server.api.logprobs_proto import token_logprobs_to_proto
+from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.config.serving_config import ServingConfig
+from warmgate.server.control.controller import WarmupController
+from warmgate.server.core.errors import (
     FailedPrecondition,
     ResourceExhausted,
     ShuttingDown,
     Unavailable,
     WarmgateError,
 )
-from warmgate.server.api.generate_request import parse_generate_request
-from warmgate.server.api.logprobs_proto import token_logprobs_to_proto
-from warmgate.server.config.runner_config import RunnerConfig
-from warmgate.server.config.serving_config import ServingConfig
-from warmgate.server.control.controller import WarmupController
 from warmgate.server.core.failures import describe_failure, is_out_of_memory
 from warmgate.server.serving.loop import ServingLoop
 from warmgate.server.serving.ngram import NgramIndex

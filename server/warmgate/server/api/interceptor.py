@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 
 from warmgate.server.api import errors
+from warmgate.server.core.errors import FieldViolation, InvalidArgument
 from warmgate.server.core.failures import is_fatal_device_error
 from warmgate.server.telemetry.metrics import Metrics
 
@@ -34,7 +35,7 @@ class _Undecodable:
     """What the handler gets in place of a request whose bytes did not parse."""
 
     def __init__(self, type_name: str, error: Exception) -> None:
-        self.violation = errors.FieldViolation(
+        self.violation = FieldViolation(
             REQUEST_FIELD, f"not a valid {type_name}: {type(error).__name__}: {error}")
 
 
@@ -56,7 +57,7 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
 
 def _check(request: Any) -> Any:
     if isinstance(request, _Undecodable):
-        raise errors.InvalidArgument(request.violation)
+        raise InvalidArgument(request.violation)
     return request
 
 

@@ -21,12 +21,6 @@ from typing import Any, TypeVar
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from warmgate.server.api.errors import (
-    FailedPrecondition,
-    FieldViolation,
-    InvalidArgument,
-    ShuttingDown,
-)
 from warmgate.server.control.engine import WarmupEngine
 from warmgate.server.control.singleflight import Shared, SingleFlight
 from warmgate.server.control.status import (
@@ -36,6 +30,12 @@ from warmgate.server.control.status import (
     WarmupState,
     not_ready_sentence,
     with_readiness,
+)
+from warmgate.server.core.errors import (
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    ShuttingDown,
 )
 from warmgate.server.core.failures import FatalDeviceError, describe_fatal
 from warmgate.server.core.phases import MIXED_PHASES, PLAN_PHASES
