@@ -25,6 +25,7 @@ from warmgate.server.api.logprobs_proto import token_logprobs_to_proto
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.config.serving_config import ServingConfig
 from warmgate.server.control.controller import WarmupController
+from warmgate.server.control.engine import WarmupEngine
 from warmgate.server.core.errors import (
     FailedPrecondition,
     ResourceExhausted,
@@ -87,7 +88,8 @@ def _usage_to_proto(req: ServingRequest, usage: Usage, completion: int) -> gen_p
 
 
 class GenerationService(gen_grpc.GenerationServicer):
-    def __init__(self, controller: WarmupController, engine: Any, runner_config: RunnerConfig,
+    def __init__(self, controller: WarmupController, engine: WarmupEngine,
+                 runner_config: RunnerConfig,
                  serving_config: ServingConfig, metrics: ServingMetrics | None = None,
                  text: ModelText | None = None) -> None:
         self._controller = controller
@@ -175,11 +177,11 @@ class GenerationService(gen_grpc.GenerationServicer):
             raise Unavailable(f"{self._controller.not_ready_reason()}; Generate is answered "
                               "once health is SERVING (or start the server with "
                               "--serve-before-ready)")
-        runner = getattr(self._engine, "runner", None)
+        runner = self._engine.runner
         if runner is None:
-            raise Unavailable("the model is still loading; Generate is taken once it is "
-                              "loaded" if hasattr(self._engine, "runner")
-                              else "this server's engine has no model runner")
+            raise Unavailable("this server's engine has no model runner" if self._engine.loaded
+                              else "the model is still loading; Generate is taken once it is "
+                              "loaded")
         limit = self._limits.max_num_seqs + self._config.max_waiting_requests
         if len(self._streams) >= limit:
             raise ResourceExhausted(f"{len(self._streams)} requests are running or queued "
@@ -192,7 +194,7 @@ class GenerationService(gen_grpc.GenerationServicer):
         """Build the serving loop now if the model is loaded (the controller calls this just
         before health turns SERVING): its block pool holds one entry per KV block, about a
         millisecond at a large GPU's 30k+ blocks, which the first request would pay for."""
-        runner = getattr(self._engine, "runner", None)
+        runner = self._engine.runner
         if runner is not None:
             self._build_loop(runner)
 
