@@ -8,11 +8,11 @@ turns them into statuses with this module.
 from __future__ import annotations
 
 import logging
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import any_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from warmgate.server.core.errors import (
@@ -82,12 +82,13 @@ def to_grpc_status(exc: BaseException) -> grpc.Status:
         logger.error("unhandled %s in an RPC", type(exc).__name__, exc_info=exc)
         code, message, details = (grpc.StatusCode.INTERNAL,
                                   f"internal error: {type(exc).__name__}: {exc}", [])
-    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message,
-                               details=details)
+    # grpc.StatusCode's number is google.rpc.Code's: the same table (status.proto).
+    status = status_pb2.Status(code=code.value[0], message=message, details=details)
     return rpc_status.to_status(status)
 
 
-async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
+async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
+    """End the call with the status `exc` maps to (any RPC: its messages do not matter)."""
     status = to_grpc_status(exc)
     await context.abort(status.code, status.details, trailing_metadata=status.trailing_metadata)
     raise AssertionError("unreachable: context.abort raises")  # for type checkers

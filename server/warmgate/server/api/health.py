@@ -38,8 +38,11 @@ class WarmgateHealth(health_aio.HealthServicer):
         """A snapshot of every registered service's status."""
         return dict(self._server_status)
 
-    async def List(self, request: health_pb2.HealthListRequest,
-                   context: grpc.aio.ServicerContext) -> health_pb2.HealthListResponse:
+    async def List(
+            self, request: health_pb2.HealthListRequest,
+            context: grpc.aio.ServicerContext[health_pb2.HealthListRequest,
+                                              health_pb2.HealthListResponse],
+    ) -> health_pb2.HealthListResponse:
         return health_pb2.HealthListResponse(statuses={
             name: health_pb2.HealthCheckResponse(status=status)
             for name, status in self.statuses().items()})

@@ -10,6 +10,7 @@ that) is listed as unreachable: no real batch can reach it either.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -59,12 +60,13 @@ def plan_batches(buckets: Sequence[int], *, max_num_seqs: int, max_model_len: in
                  block_sizes: Sequence[int], free_blocks: int,
                  ) -> tuple[list[tuple[int, list[int]]], list[int]]:
     """[(bucket, prompt lengths)] for the buckets a batch can reach, and those it cannot."""
-    limits = dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                  block_sizes=block_sizes, free_blocks=free_blocks)
+    fit = functools.partial(prompt_layout, max_num_seqs=max_num_seqs,
+                            max_model_len=max_model_len, block_sizes=block_sizes,
+                            free_blocks=free_blocks)
     batches, unreachable = [], []
     previous = 0
     for bucket in sorted(buckets):
-        layout = prompt_layout(bucket, **limits) or prompt_layout(previous + 1, **limits)
+        layout = fit(bucket) or fit(previous + 1)
         if layout is None:
             unreachable.append(bucket)
         else:
