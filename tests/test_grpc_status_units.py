@@ -177,3 +177,16 @@ def test_each_domain_error_maps_to_its_status_and_details() -> None:
     rich.details[0].Unpack(failure)
     assert (failure.violations[0].type, failure.violations[0].subject,
             failure.violations[0].description) == ("STATE", "model", "gone")
+
+
+def test_an_undecodable_request_is_invalid_argument_naming_its_message_type() -> None:
+    from warmgate.server.api.interceptor import REQUEST_FIELD, _check, _tolerant
+
+    deserialize = _tolerant(pb.WarmupKernelsRequest.FromString)
+    assert deserialize is not None
+    assert deserialize(b"\x08\x01") == pb.WarmupKernelsRequest(force=True)
+    with pytest.raises(InvalidArgument) as info:
+        _check(deserialize(b"\x08"))  # a truncated varint
+    (violation,) = info.value.violations
+    assert violation.field == REQUEST_FIELD
+    assert violation.description.startswith("not a valid warmgate.v1.WarmupKernelsRequest: ")

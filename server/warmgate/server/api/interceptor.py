@@ -46,9 +46,11 @@ class _Undecodable:
 def _message_name(deserializer: Callable[[bytes], Any]) -> str:
     """The request type's full name, when the deserializer is its Message.FromString (as
     generated code registers it), for the violation's text."""
-    owner = deserializer.__self__ if inspect.ismethod(deserializer) else None
-    if isinstance(owner, type) and issubclass(owner, Message):
-        return owner.DESCRIPTOR.full_name
+    # upb binds FromString as a builtin method, the pure-Python runtime as a classmethod.
+    if inspect.isbuiltin(deserializer) or inspect.ismethod(deserializer):
+        owner = deserializer.__self__
+        if isinstance(owner, type) and issubclass(owner, Message):
+            return owner.DESCRIPTOR.full_name
     return "request message"
 
 
