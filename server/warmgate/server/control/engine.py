@@ -1,9 +1,9 @@
 """The blocking runner work the controller hands to its worker thread.
 
-`WarmupEngine` is the seam between the asyncio side (controller, RPCs) and the model: every
-method blocks for as long as the GPU/CPU work takes and is only ever called from the one
-worker thread. `PlanEngine` drives the real runner through the warmup plan; tests can pass a
-fake with the same methods.
+`WarmupEngine` is the seam between the asyncio side (controller, RPCs) and the model: its
+load and warmup methods block for as long as the GPU/CPU work takes and are only ever called
+from the one worker thread. `PlanEngine` drives the real runner through the warmup plan;
+tests can pass a fake with the same methods.
 """
 
 from __future__ import annotations
@@ -137,8 +137,9 @@ class PlanEngine:
         if self._faults is not None:
             self._faults.start_run()
             progress = self._faults.watching(progress)
+        runner = self._loaded_runner()
         return run_plan_with_cache(self._cache, lambda: plan.run_warmup_plan(
-            self._runner, load_phase=load_phase, mixed_num_tokens=mixed_num_tokens,
+            runner, load_phase=load_phase, mixed_num_tokens=mixed_num_tokens,
             progress=progress, force=force))
 
     def compile_cache_info(self) -> dict[str, Any] | None:
@@ -151,4 +152,9 @@ class PlanEngine:
         if self._faults is not None:
             self._faults.start_run(MIXED_PHASES)
             progress = self._faults.watching(progress)
-        return plan.run_mixed_warmup(self._runner, num_tokens, progress=progress)
+        return plan.run_mixed_warmup(self._loaded_runner(), num_tokens, progress=progress)
+
+    def _loaded_runner(self) -> WarmupRunner:
+        if self._runner is None:  # the controller runs warmups only once loaded
+            raise RuntimeError("PlanEngine: a warmup ran before the model was loaded")
+        return self._runner

@@ -18,9 +18,9 @@ if TYPE_CHECKING:  # the torch-heavy runner types, for the checker only
     from warmgate.server.jit import JitMonitor
     from warmgate.server.runner.attention.base import AttentionBackend
     from warmgate.server.runner.kv_cache import KVCacheConfig
+    from warmgate.server.runner.loading import LoadStats
     from warmgate.server.runner.model import LlamaModel
-    from warmgate.server.runner.model_runner import LoadStats
-    from warmgate.server.runner.sampler import Sampler
+    from warmgate.server.runner.sampling import Sampler
     from warmgate.server.runner.scheduler_output import (
         GrammarOutput,
         ModelRunnerOutput,
