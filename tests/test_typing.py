@@ -1,5 +1,6 @@
-"""The typed layers (warmup, control, api: pyproject's [tool.mypy]) pass `mypy --strict`, so a
-broken seam shows up in the test run like any other failure."""
+"""The typed packages (pyproject's [tool.mypy] files: core, config, telemetry, warmup, control,
+api, startup, main) pass `mypy --strict`, so a broken seam shows up in the test run like any
+other failure."""
 
 from __future__ import annotations
 
