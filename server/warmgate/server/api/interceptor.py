@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias
 
 import grpc
@@ -141,7 +141,8 @@ def _wrap_stream(behavior: Callable[..., Any], metrics: Metrics | None,
 
     async def handler(request: Any, context: Context) -> AsyncIterator[Any]:
         outcome = _Outcome(metrics, method)
-        stream: AsyncIterator[Any] | None = None
+        # An async generator: only those get here (isasyncgenfunction above).
+        stream: AsyncGenerator[Any, None] | None = None
         try:
             stream = behavior(_check(request), context)
             async for message in stream:
@@ -152,7 +153,7 @@ def _wrap_stream(behavior: Callable[..., Any], metrics: Metrics | None,
             # Close the handler's generator now, not whenever it is collected: its own
             # clean-up (a cancelled Generate freeing its KV blocks) must run at the cancel.
             if stream is not None:
-                await stream.aclose()  # type: ignore[attr-defined]
+                await stream.aclose()
             outcome.record()
 
     return handler
