@@ -30,10 +30,9 @@ from typing import Any
 import yaml
 from check_rollout import check_rollout
 
-from warmgate.server.app import LIVENESS_SERVICE
+from warmgate.server.api.health import LIVENESS_SERVICE, READINESS_SERVICES
 from warmgate.server.config.flags import ENV_PREFIX
 from warmgate.server.config.server_config import build_parser
-from warmgate.server.control.controller import SERVICE_NAMES
 from warmgate.server.startup import load_server_config
 
 # CRDs that kubernetes-validate has no schema for; checked here by reference instead.
@@ -128,7 +127,7 @@ def check(objs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
                     problems.append(f"{where}: {probe} port {grpc['port']} is not a container "
                                     "port")
                 service = grpc.get("service", "")
-                want = (LIVENESS_SERVICE,) if probe == "livenessProbe" else SERVICE_NAMES
+                want = (LIVENESS_SERVICE,) if probe == "livenessProbe" else READINESS_SERVICES
                 if service not in want:
                     problems.append(f"{where}: {probe} asks health service {service!r}; the "
                                     f"server answers {' or '.join(map(repr, want))} for it")

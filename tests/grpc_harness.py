@@ -82,6 +82,13 @@ class FakeEngine:
     def loaded(self) -> bool:
         return self._loaded
 
+    # No runner to serve, no compiles to count, no --cache-dir entry: warmups only.
+    runner = None
+    jit_monitor = None
+
+    def compile_cache_info(self) -> None:
+        return None
+
     def load(self) -> PhaseResult:
         if self.load_fails:
             return PhaseResult("load", PhaseStatus.FAILED, detail="weights not found")

@@ -17,8 +17,8 @@ from tests.test_grpc_generate import collect
 from warmgate.client import cli
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.errors import WarmgateRpcError
-from warmgate.server.api.errors import InvalidArgument
 from warmgate.server.api.generate_request import parse_generate_request
+from warmgate.server.core.errors import InvalidArgument
 from warmgate.server.runner.sampling_features import SAMPLING_FEATURES
 from warmgate.v1 import generate_pb2 as gen_pb
 

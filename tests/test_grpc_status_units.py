@@ -11,10 +11,19 @@ from hypothesis import strategies as st
 
 from tests.grpc_harness import run
 from warmgate.server.api.convert import skip_reason_to_proto, status_to_proto
-from warmgate.server.api.errors import FieldViolation, InvalidArgument, to_grpc_status
+from warmgate.server.api.errors import to_grpc_status
 from warmgate.server.control.eta import estimate_remaining
 from warmgate.server.control.singleflight import SingleFlight
 from warmgate.server.control.status import Identity, StatusTracker, WarmupState
+from warmgate.server.core.errors import (
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    ResourceExhausted,
+    ShuttingDown,
+    Unavailable,
+    WarmgateError,
+)
 from warmgate.server.core.progress import ProgressEvent
 from warmgate.server.core.results import (
     PhaseResult,
@@ -141,3 +150,43 @@ def test_error_mapping() -> None:
     internal = to_grpc_status(ZeroDivisionError("division by zero"))
     assert internal.code is grpc.StatusCode.INTERNAL
     assert "ZeroDivisionError" in internal.details
+
+
+def test_each_domain_error_maps_to_its_status_and_details() -> None:
+    from google.rpc import error_details_pb2, status_pb2
+
+    def decoded(exc: BaseException) -> tuple[grpc.StatusCode, str, list[str]]:
+        status = to_grpc_status(exc)
+        rich = status_pb2.Status.FromString(status.trailing_metadata[0][1])
+        return status.code, status.details, [d.type_url.rsplit(".", 1)[-1] for d in rich.details]
+
+    assert decoded(ShuttingDown()) == (grpc.StatusCode.UNAVAILABLE,
+                                       "the server is shutting down", [])
+    assert decoded(Unavailable("not ready")) == (grpc.StatusCode.UNAVAILABLE, "not ready", [])
+    assert decoded(ResourceExhausted("queue full")) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full", [])
+    assert decoded(FailedPrecondition("model", "failed to load")) == (
+        grpc.StatusCode.FAILED_PRECONDITION, "model: failed to load", ["PreconditionFailure"])
+    assert decoded(InvalidArgument(FieldViolation("a", "x"), FieldViolation("b", "y")))[2] == \
+        ["BadRequest"]
+    assert decoded(WarmgateError("a kind with no status of its own"))[0] is \
+        grpc.StatusCode.UNKNOWN
+    failure = error_details_pb2.PreconditionFailure()
+    rich = status_pb2.Status.FromString(
+        to_grpc_status(FailedPrecondition("model", "gone")).trailing_metadata[0][1])
+    rich.details[0].Unpack(failure)
+    assert (failure.violations[0].type, failure.violations[0].subject,
+            failure.violations[0].description) == ("STATE", "model", "gone")
+
+
+def test_an_undecodable_request_is_invalid_argument_naming_its_message_type() -> None:
+    from warmgate.server.api.interceptor import REQUEST_FIELD, _check, _tolerant
+
+    deserialize = _tolerant(pb.WarmupKernelsRequest.FromString)
+    assert deserialize is not None
+    assert deserialize(b"\x08\x01") == pb.WarmupKernelsRequest(force=True)
+    with pytest.raises(InvalidArgument) as info:
+        _check(deserialize(b"\x08"))  # a truncated varint
+    (violation,) = info.value.violations
+    assert violation.field == REQUEST_FIELD
+    assert violation.description.startswith("not a valid warmgate.v1.WarmupKernelsRequest: ")

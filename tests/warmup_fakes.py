@@ -5,6 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
 from warmgate.server.runner.scheduler_output import SchedulerOutput
 
 
@@ -13,6 +15,7 @@ def fake_runner(*, num_spec: int = 0, max_num_seqs: int = 8, max_num_batched_tok
                 is_pooling: bool = False, max_model_len: int = 2048) -> SimpleNamespace:
     spec = SimpleNamespace(block_size=block_size)
     return SimpleNamespace(
+        device=torch.device("cpu"),  # the timers synchronize only a CUDA device
         num_speculative_steps=num_spec,
         decode_query_len=1 + num_spec,
         max_num_reqs=max_num_seqs,

@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from warmgate.server.api.auth import AuthInterceptor
 from warmgate.server.api.generation import GenerationService
-from warmgate.server.api.health import LIVENESS_SERVICE, WarmgateHealth
+from warmgate.server.api.health import LIVENESS_SERVICE, HealthListener, WarmgateHealth
 from warmgate.server.api.interceptor import ErrorInterceptor
 from warmgate.server.api.security import server_credentials
 from warmgate.server.api.service import WarmupService
@@ -32,6 +32,7 @@ from warmgate.server.control.faults import FaultInjector
 from warmgate.server.control.status import Identity
 from warmgate.server.jit import JitMonitor
 from warmgate.server.telemetry.metrics import Metrics, MetricsEndpoint
+from warmgate.server.telemetry.ready_gauge import ReadyGauge
 from warmgate.server.text.model_text import ModelText, load_model_text
 from warmgate.v1 import generate_pb2, generate_pb2_grpc, warmup_pb2, warmup_pb2_grpc
 
@@ -142,11 +143,14 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     health = WarmgateHealth()
     engine = engine if engine is not None else _default_engine(config)
     # Fakes in tests have none; the real engine's counts every compile of its runner.
-    jit_monitor: JitMonitor | None = getattr(engine, "jit_monitor", None)
+    jit_monitor = engine.jit_monitor
+    if jit_monitor is not None:
+        jit_monitor.add_listener(metrics.observe_jit)
     controller = WarmupController(
         engine, identity_of(config.runner),
         max_num_batched_tokens=config.runner.scheduler.max_num_batched_tokens,
-        default_mixed_num_tokens=config.mixed_num_tokens, health=health, metrics=metrics,
+        default_mixed_num_tokens=config.mixed_num_tokens,
+        listeners=(HealthListener(health), ReadyGauge(metrics)), metrics=metrics,
         jit_monitor=jit_monitor, strict_jit=config.strict_jit)
     # Error first, so it also counts (and maps) what the auth interceptor refuses.
     interceptors: list[grpc.aio.ServerInterceptor] = [

@@ -9,10 +9,14 @@ which only read.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeAlias
 
 import grpc
+
+# An interceptor sees every method, whatever its messages: they stay opaque here.
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 OPEN_METHODS = frozenset({"/warmgate.v1.Warmup/GetStatus", "/warmgate.v1.Warmup/WatchStatus"})
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
@@ -47,11 +51,11 @@ def token_matches(presented: bytes | None, accepted: Sequence[bytes]) -> bool:
     return match
 
 
-async def _deny_unary(request: Any, context: grpc.aio.ServicerContext) -> None:
+async def _deny_unary(request: object, context: Context) -> None:
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, MESSAGE)
 
 
-async def _deny_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+async def _deny_stream(request: object, context: Context) -> AsyncIterator[None]:
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, MESSAGE)
     yield  # an async generator, so the streaming wrappers treat it as one
 
@@ -61,17 +65,16 @@ def _unread(data: bytes) -> None:
     that would answer before UNAUTHENTICATED does."""
 
 
-def _denied(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def _denied(handler: Handler) -> Handler:
     """A handler of the same shape as `handler` that only refuses."""
-    codec = {"request_deserializer": _unread,
-             "response_serializer": handler.response_serializer}
+    out = handler.response_serializer
     if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(_deny_unary, **codec)
+        return grpc.unary_unary_rpc_method_handler(_deny_unary, _unread, out)
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(_deny_stream, **codec)
+        return grpc.unary_stream_rpc_method_handler(_deny_stream, _unread, out)
     if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(_deny_unary, **codec)
-    return grpc.stream_stream_rpc_method_handler(_deny_stream, **codec)
+        return grpc.stream_unary_rpc_method_handler(_deny_unary, _unread, out)
+    return grpc.stream_stream_rpc_method_handler(_deny_stream, _unread, out)
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
@@ -81,10 +84,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self._tokens = tuple(tokens)
 
     async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails],
-                                     Awaitable[grpc.RpcMethodHandler]],
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> Handler | None:
         handler = await continuation(handler_call_details)
         if handler is None or is_open(handler_call_details.method):
             return handler

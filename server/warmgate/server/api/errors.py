@@ -1,93 +1,60 @@
 """The one place that maps exceptions to gRPC status codes and rich error details.
 
-Handlers and the controller raise the domain errors below; `ErrorInterceptor` (interceptor.py)
-turns them into statuses with this module. Validation is never an `assert`: asserts vanish
-under `python -O`, and a bad request must be an INVALID_ARGUMENT, not a crash.
+Handlers, the controller and the serving driver raise the domain errors of
+warmgate.server.core.errors, which know nothing of gRPC; `ErrorInterceptor` (interceptor.py)
+turns them into statuses with this module.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import any_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from warmgate.server.core.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+    WarmgateError,
+)
 from warmgate.server.core.failures import is_fatal_device_error
 
 logger = logging.getLogger(__name__)
 
 
-class WarmgateError(Exception):
-    """A failure the client can act on; `code` is the gRPC status it maps to."""
-
-    code = grpc.StatusCode.UNKNOWN
-
-    def details(self) -> list[any_pb2.Any]:
-        return []
-
-
-@dataclass(frozen=True)
-class FieldViolation:
-    field: str  # the request field, as the proto spells it
-    description: str
+# Each domain error's status, most specific first: a subclass takes its listed base's.
+_CODES: dict[type[WarmgateError], grpc.StatusCode] = {
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    WarmgateError: grpc.StatusCode.UNKNOWN,
+}
 
 
-class InvalidArgument(WarmgateError):
-    """The request itself is wrong; retrying it unchanged will fail again."""
+def status_code_of(exc: WarmgateError) -> grpc.StatusCode:
+    """The status a domain error maps to: the first entry of _CODES it is an instance of."""
+    return next(code for cls, code in _CODES.items() if isinstance(exc, cls))
 
-    code = grpc.StatusCode.INVALID_ARGUMENT
 
-    def __init__(self, *violations: FieldViolation) -> None:
-        super().__init__("; ".join(f"{v.field}: {v.description}" for v in violations))
-        self.violations = violations
-
-    def details(self) -> list[any_pb2.Any]:
+def details_of(exc: WarmgateError) -> list[any_pb2.Any]:
+    """The google.rpc detail messages that let a client act on `exc` without parsing text."""
+    if isinstance(exc, InvalidArgument):
         bad = error_details_pb2.BadRequest(field_violations=[
             error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-            for v in self.violations])
+            for v in exc.violations])
         return [_pack(bad)]
-
-
-class FailedPrecondition(WarmgateError):
-    """The server's state forbids the call (e.g. the model failed to load)."""
-
-    code = grpc.StatusCode.FAILED_PRECONDITION
-
-    def __init__(self, subject: str, reason: str) -> None:
-        super().__init__(f"{subject}: {reason}")
-        self.subject = subject
-        self.reason = reason
-
-    def details(self) -> list[any_pb2.Any]:
+    if isinstance(exc, FailedPrecondition):
         failure = error_details_pb2.PreconditionFailure(violations=[
             error_details_pb2.PreconditionFailure.Violation(
-                type="STATE", subject=self.subject, description=self.reason)])
+                type="STATE", subject=exc.subject, description=exc.reason)])
         return [_pack(failure)]
-
-
-class ShuttingDown(WarmgateError):
-    """The server is stopping; another replica should take the call."""
-
-    code = grpc.StatusCode.UNAVAILABLE
-
-    def __init__(self) -> None:
-        super().__init__("the server is shutting down")
-
-
-class Unavailable(WarmgateError):
-    """Not now, try again (here once ready, or on another replica): the message says why."""
-
-    code = grpc.StatusCode.UNAVAILABLE
-
-
-class ResourceExhausted(WarmgateError):
-    """Out of a resource (device memory, queue room); the message names the setting."""
-
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    return []
 
 
 def _pack(message: error_details_pb2.BadRequest | error_details_pb2.PreconditionFailure
@@ -105,7 +72,7 @@ def to_grpc_status(exc: BaseException) -> grpc.Status:
     fatal device error, which is UNAVAILABLE: not a bug, and not this replica's to answer.
     """
     if isinstance(exc, WarmgateError):
-        code, message, details = exc.code, str(exc), exc.details()
+        code, message, details = status_code_of(exc), str(exc), details_of(exc)
     elif is_fatal_device_error(exc):
         # The process is about to exit (main restarts it): another replica can take the call.
         code, message, details = (grpc.StatusCode.UNAVAILABLE,
@@ -115,12 +82,13 @@ def to_grpc_status(exc: BaseException) -> grpc.Status:
         logger.error("unhandled %s in an RPC", type(exc).__name__, exc_info=exc)
         code, message, details = (grpc.StatusCode.INTERNAL,
                                   f"internal error: {type(exc).__name__}: {exc}", [])
-    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message,
-                               details=details)
+    # grpc.StatusCode's number is google.rpc.Code's: the same table (status.proto).
+    status = status_pb2.Status(code=code.value[0], message=message, details=details)
     return rpc_status.to_status(status)
 
 
-async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
+async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
+    """End the call with the status `exc` maps to (any RPC: its messages do not matter)."""
     status = to_grpc_status(exc)
     await context.abort(status.code, status.details, trailing_metadata=status.trailing_metadata)
     raise AssertionError("unreachable: context.abort raises")  # for type checkers

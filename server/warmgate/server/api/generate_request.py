@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from warmgate.server.api.errors import FieldViolation, InvalidArgument
 from warmgate.server.api.sampling_options import sampling_options
 from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.core.errors import FieldViolation, InvalidArgument
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.scheduler import SchedulerLimits
 from warmgate.server.text.errors import PromptError

@@ -1,4 +1,5 @@
-"""grpc.health.v1 as warmgate serves it: gRPC's asyncio HealthServicer plus List and a drain.
+"""grpc.health.v1 as warmgate serves it: gRPC's asyncio HealthServicer plus List and a drain,
+and HealthListener, which makes health follow the controller's readiness.
 
 - List: the stock servicer leaves it to the generated base class, which raises
   NotImplementedError; the error interceptor then answered INTERNAL with a traceback on every
@@ -21,6 +22,8 @@ from grpc_health.v1.health import aio as health_aio
 logger = logging.getLogger(__name__)
 
 LIVENESS_SERVICE = "liveness"
+# The services readiness moves: "" is the whole server, as probes ask by default.
+READINESS_SERVICES = ("", "warmgate.v1.Warmup")
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -35,8 +38,11 @@ class WarmgateHealth(health_aio.HealthServicer):
         """A snapshot of every registered service's status."""
         return dict(self._server_status)
 
-    async def List(self, request: health_pb2.HealthListRequest,
-                   context: grpc.aio.ServicerContext) -> health_pb2.HealthListResponse:
+    async def List(
+            self, request: health_pb2.HealthListRequest,
+            context: grpc.aio.ServicerContext[health_pb2.HealthListRequest,
+                                              health_pb2.HealthListResponse],
+    ) -> health_pb2.HealthListResponse:
         return health_pb2.HealthListResponse(statuses={
             name: health_pb2.HealthCheckResponse(status=status)
             for name, status in self.statuses().items()})
@@ -60,3 +66,22 @@ class WarmgateHealth(health_aio.HealthServicer):
                     "until the process exits", len(stopped),
                     ", ".join(repr(n) for n in stopped),
                     ", ".join(sorted(self._live_through_drain)))
+
+
+class HealthListener:
+    """gRPC health as a readiness listener (warmgate.server.control.readiness): the
+    readiness services follow SERVING/NOT_SERVING, and a lost device ends every service."""
+
+    def __init__(self, health: WarmgateHealth,
+                 services: Iterable[str] = READINESS_SERVICES) -> None:
+        self._health = health
+        self._services = tuple(services)
+
+    async def serving_changed(self, serving: bool) -> None:
+        status = SERVING if serving else NOT_SERVING
+        for name in self._services:
+            await self._health.set(name, status)  # a coroutine: un-awaited it does nothing
+
+    async def device_lost(self) -> None:
+        # After enter_graceful_shutdown no set() turns a service back, liveness included.
+        await self._health.enter_graceful_shutdown()

@@ -17,16 +17,21 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, TypeAlias
 
 import grpc
+from google.protobuf.message import Message
 
 from warmgate.server.api import errors
+from warmgate.server.core.errors import FieldViolation, InvalidArgument
 from warmgate.server.core.failures import is_fatal_device_error
 from warmgate.server.telemetry.metrics import Metrics
 
 OnFatal = Callable[[BaseException], Awaitable[None]]
+# The interceptor wraps every method, whatever its messages: they stay opaque here.
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 REQUEST_FIELD = "request"  # the BadRequest field named when the whole message does not parse
 
 
@@ -34,16 +39,25 @@ class _Undecodable:
     """What the handler gets in place of a request whose bytes did not parse."""
 
     def __init__(self, type_name: str, error: Exception) -> None:
-        self.violation = errors.FieldViolation(
+        self.violation = FieldViolation(
             REQUEST_FIELD, f"not a valid {type_name}: {type(error).__name__}: {error}")
+
+
+def _message_name(deserializer: Callable[[bytes], Any]) -> str:
+    """The request type's full name, when the deserializer is its Message.FromString (as
+    generated code registers it), for the violation's text."""
+    # upb binds FromString as a builtin method, the pure-Python runtime as a classmethod.
+    if inspect.isbuiltin(deserializer) or inspect.ismethod(deserializer):
+        owner = deserializer.__self__
+        if isinstance(owner, type) and issubclass(owner, Message):
+            return owner.DESCRIPTOR.full_name
+    return "request message"
 
 
 def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
     if deserializer is None:
         return None
-    message_type = getattr(deserializer, "__self__", None)  # Message.FromString's class
-    descriptor = getattr(message_type, "DESCRIPTOR", None)
-    type_name = getattr(descriptor, "full_name", "request message")
+    type_name = _message_name(deserializer)
 
     def deserialize(data: bytes) -> Any:
         try:
@@ -56,11 +70,11 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
 
 def _check(request: Any) -> Any:
     if isinstance(request, _Undecodable):
-        raise errors.InvalidArgument(request.violation)
+        raise InvalidArgument(request.violation)
     return request
 
 
-def _code_name(context: grpc.aio.ServicerContext) -> str:
+def _code_name(context: Context) -> str:
     code = context.code()
     if code is None:
         return grpc.StatusCode.OK.name
@@ -86,7 +100,7 @@ class _Outcome:
             self._metrics.observe_rpc(self._method, self.code, time.perf_counter() - self._start)
 
 
-async def _on_error(exc: BaseException, context: grpc.aio.ServicerContext,
+async def _on_error(exc: BaseException, context: Context,
                     outcome: _Outcome, on_fatal: OnFatal | None) -> None:
     """Re-raise exc as the status it maps to; record the code."""
     if isinstance(exc, asyncio.CancelledError | GeneratorExit):
@@ -105,7 +119,7 @@ async def _on_error(exc: BaseException, context: grpc.aio.ServicerContext,
 
 def _wrap_unary(behavior: Callable[..., Awaitable[Any]], metrics: Metrics | None,
                 method: str, on_fatal: OnFatal | None) -> Callable[..., Awaitable[Any]]:
-    async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def handler(request: Any, context: Context) -> Any:
         outcome = _Outcome(metrics, method)
         try:
             return await behavior(_check(request), context)
@@ -125,9 +139,10 @@ def _wrap_stream(behavior: Callable[..., Any], metrics: Metrics | None,
         # A coroutine handler that writes with context.write (the health Watch).
         return _wrap_unary(behavior, metrics, method, on_fatal)
 
-    async def handler(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def handler(request: Any, context: Context) -> AsyncIterator[Any]:
         outcome = _Outcome(metrics, method)
-        stream: AsyncIterator[Any] | None = None
+        # An async generator: only those get here (isasyncgenfunction above).
+        stream: AsyncGenerator[Any, None] | None = None
         try:
             stream = behavior(_check(request), context)
             async for message in stream:
@@ -138,7 +153,7 @@ def _wrap_stream(behavior: Callable[..., Any], metrics: Metrics | None,
             # Close the handler's generator now, not whenever it is collected: its own
             # clean-up (a cancelled Generate freeing its KV blocks) must run at the cancel.
             if stream is not None:
-                await stream.aclose()  # type: ignore[attr-defined]
+                await stream.aclose()
             outcome.record()
 
     return handler
@@ -148,7 +163,7 @@ def _wrap_bidi(behavior: Callable[..., Any], metrics: Metrics | None, method: st
                on_fatal: OnFatal | None) -> Callable[..., Any]:
     """Stream-stream (reflection): every incoming message is checked as it is read."""
 
-    async def handler(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    async def handler(requests: AsyncIterator[Any], context: Context
                       ) -> AsyncIterator[Any]:
         async def checked() -> AsyncIterator[Any]:
             async for request in requests:
@@ -174,13 +189,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         # method -> (the registered handler, its wrapped twin): wrapping builds closures and
         # a new method handler, work a burst of thousands of health checks would repeat.
         # Only registered methods get here (an unknown one's handler is None), so it is small.
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped: dict[str, tuple[Handler, Handler]] = {}
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails],
-                                     Awaitable[grpc.RpcMethodHandler]],
+                                     Awaitable[Handler | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> Handler | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
@@ -192,7 +207,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
-    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    def _wrap(self, handler: Handler, method: str) -> Handler:
         wrap = (self._metrics, method, self._on_fatal)
         codec = {"request_deserializer": _tolerant(handler.request_deserializer),
                  "response_serializer": handler.response_serializer}

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from warmgate.server.api.errors import FieldViolation
 from warmgate.server.config.sampling_limits import MAX_LOGPROBS
+from warmgate.server.core.errors import FieldViolation
 from warmgate.v1 import generate_pb2 as gen_pb
 
 # OpenAI's range for presence_penalty and frequency_penalty.

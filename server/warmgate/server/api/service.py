@@ -19,23 +19,31 @@ class WarmupService(pb_grpc.WarmupServicer):
     def __init__(self, controller: WarmupController) -> None:
         self._controller = controller
 
-    async def WarmupKernels(self, request: pb.WarmupKernelsRequest,
-                            context: grpc.aio.ServicerContext) -> pb.WarmupReport:
+    async def WarmupKernels(
+            self, request: pb.WarmupKernelsRequest,
+            context: grpc.aio.ServicerContext[pb.WarmupKernelsRequest, pb.WarmupReport],
+    ) -> pb.WarmupReport:
         mixed = request.mixed_num_tokens if request.HasField("mixed_num_tokens") else None
         shared = await self._controller.warmup_kernels(force=request.force,
                                                        mixed_num_tokens=mixed)
         return shared_report_to_proto(shared)
 
-    async def MixedWarmup(self, request: pb.MixedWarmupRequest,
-                          context: grpc.aio.ServicerContext) -> pb.WarmupReport:
+    async def MixedWarmup(
+            self, request: pb.MixedWarmupRequest,
+            context: grpc.aio.ServicerContext[pb.MixedWarmupRequest, pb.WarmupReport],
+    ) -> pb.WarmupReport:
         shared = await self._controller.mixed_warmup(request.num_tokens, force=request.force)
         return shared_report_to_proto(shared)
 
-    async def GetStatus(self, request: pb.GetStatusRequest,
-                        context: grpc.aio.ServicerContext) -> pb.WarmupStatus:
+    async def GetStatus(
+            self, request: pb.GetStatusRequest,
+            context: grpc.aio.ServicerContext[pb.GetStatusRequest, pb.WarmupStatus],
+    ) -> pb.WarmupStatus:
         return status_to_proto(self._controller.status())
 
-    async def WatchStatus(self, request: pb.WatchStatusRequest,
-                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WarmupStatus]:
+    async def WatchStatus(
+            self, request: pb.WatchStatusRequest,
+            context: grpc.aio.ServicerContext[pb.WatchStatusRequest, pb.WarmupStatus],
+    ) -> AsyncIterator[pb.WarmupStatus]:
         async for snapshot in self._controller.watch(follow=request.follow):
             yield status_to_proto(snapshot)

@@ -1,9 +1,9 @@
 """The blocking runner work the controller hands to its worker thread.
 
-`WarmupEngine` is the seam between the asyncio side (controller, RPCs) and the model: every
-method blocks for as long as the GPU/CPU work takes and is only ever called from the one
-worker thread. `PlanEngine` drives the real runner through the warmup plan; tests can pass a
-fake with the same methods.
+`WarmupEngine` is the seam between the asyncio side (controller, RPCs) and the model: its
+load and warmup methods block for as long as the GPU/CPU work takes and are only ever called
+from the one worker thread. `PlanEngine` drives the real runner through the warmup plan;
+tests can pass a fake with the same methods.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from warmgate.server.cache.session import open_compile_cache, run_plan_with_cache
 from warmgate.server.cache.store import CompileCache
@@ -28,13 +28,31 @@ from warmgate.server.core.results import PhaseResult, PhaseStatus, WarmupReport
 from warmgate.server.jit import JitMonitor
 from warmgate.server.telemetry.report_log import log_phase
 
+if TYPE_CHECKING:  # warmup's package imports the torch-heavy plan; the checker only needs this
+    from warmgate.server.warmup.runner_contract import WarmupRunner
+
 logger = logging.getLogger(__name__)
 
 
 
 class WarmupEngine(Protocol):
+    """What the controller needs from the model side; every method but the properties
+    blocks and runs on the worker thread."""
+
     @property
     def loaded(self) -> bool: ...
+
+    @property
+    def runner(self) -> WarmupRunner | None:
+        """The runner the serving loop drives once loaded; None before, or when the engine
+        has none (a test fake that only plays warmups)."""
+
+    @property
+    def jit_monitor(self) -> JitMonitor | None:
+        """Counts the runner's compiles (None: nothing to count, as in a test fake)."""
+
+    def compile_cache_info(self) -> dict[str, Any] | None:
+        """The --cache-dir entry for GetStatus (None without one); cheap, called per status."""
 
     def load(self) -> PhaseResult:
         """Build the runner; a failure comes back as a FAILED phase.
@@ -68,7 +86,7 @@ class PlanEngine:
         self._cache = cache
         # Counts the runner's JIT compiles; the controller marks it ready and listens to it.
         self.jit_monitor = JitMonitor()
-        self._runner: Any = None
+        self._runner: WarmupRunner | None = None
         # Reported once, at the head of the first plan's report, then dropped.
         self._load_phase: PhaseResult | None = None
         # Told (from another thread) when the runner can never run again although no step
@@ -80,7 +98,7 @@ class PlanEngine:
         return self._runner is not None
 
     @property
-    def runner(self) -> Any:
+    def runner(self) -> WarmupRunner | None:
         """The ModelRunner once loaded (None before): the serving loop drives it, on the
         same worker thread as everything else here."""
         return self._runner
@@ -119,8 +137,9 @@ class PlanEngine:
         if self._faults is not None:
             self._faults.start_run()
             progress = self._faults.watching(progress)
+        runner = self._loaded_runner()
         return run_plan_with_cache(self._cache, lambda: plan.run_warmup_plan(
-            self._runner, load_phase=load_phase, mixed_num_tokens=mixed_num_tokens,
+            runner, load_phase=load_phase, mixed_num_tokens=mixed_num_tokens,
             progress=progress, force=force))
 
     def compile_cache_info(self) -> dict[str, Any] | None:
@@ -133,4 +152,9 @@ class PlanEngine:
         if self._faults is not None:
             self._faults.start_run(MIXED_PHASES)
             progress = self._faults.watching(progress)
-        return plan.run_mixed_warmup(self._runner, num_tokens, progress=progress)
+        return plan.run_mixed_warmup(self._loaded_runner(), num_tokens, progress=progress)
+
+    def _loaded_runner(self) -> WarmupRunner:
+        if self._runner is None:  # the controller runs warmups only once loaded
+            raise RuntimeError("PlanEngine: a warmup ran before the model was loaded")
+        return self._runner

@@ -6,11 +6,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from warmgate.server.config.faults import Fault
 from warmgate.server.core.phases import RUNNER_CALL_PHASES
 from warmgate.server.core.progress import ProgressCallback, ProgressEvent
+from warmgate.server.runner.scheduler_output import SchedulerOutput
+
+if TYPE_CHECKING:  # warmup's package imports the torch-heavy plan; the checker only needs this
+    from warmgate.server.warmup.runner_contract import WarmupRunner
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +46,9 @@ class FaultInjector:
 
         return observe
 
-    def wrap_runner(self, runner: Any) -> None:
-        """Route the runner's two callbacks (what every warmup step calls) through `enter`."""
+    def wrap_runner(self, runner: WarmupRunner) -> None:
+        """Route the runner's two callbacks (what every warmup step calls) through `enter`:
+        instance attributes of the same names shadow the methods."""
         for name in ("execute_model", "sample_tokens"):
             setattr(runner, name, self._guarded(getattr(runner, name)))
 
@@ -58,8 +66,8 @@ class FaultInjector:
             self._armed.remove(fault)
             raise fault.exception()
 
-    def _guarded(self, call: Callable[..., Any]) -> Callable[..., Any]:
-        def guarded(*args: Any, **kwargs: Any) -> Any:
+    def _guarded(self, call: Callable[P, R]) -> Callable[P, R]:
+        def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
             # The phase running now: the first of the run's phases that has not finished.
             current = next((p for p in self._run_phases if p not in self._finished), None)
             # A step that schedules nothing only frees the last phase's requests (its
@@ -72,7 +80,8 @@ class FaultInjector:
         return guarded
 
 
-def _frees_only(args: tuple[Any, ...]) -> bool:
-    scheduler_output = args[0] if args else None
-    return getattr(scheduler_output, "total_num_scheduled_tokens", None) == 0 and \
-        bool(getattr(scheduler_output, "finished_req_ids", None))
+def _frees_only(args: tuple[object, ...]) -> bool:
+    """The call is an execute_model step that schedules nothing and only frees requests."""
+    step = args[0] if args else None
+    return (isinstance(step, SchedulerOutput) and step.total_num_scheduled_tokens == 0
+            and bool(step.finished_req_ids))

@@ -10,15 +10,16 @@ that) is listed as unreachable: no real batch can reach it either.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from warmgate.server.config.runner_config import cdiv
 from warmgate.server.core.phases import COMPILE
 from warmgate.server.core.progress import PhaseProgress, ProgressCallback
 from warmgate.server.core.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
 from warmgate.server.runner.scheduler_output import GREEDY
+from warmgate.server.warmup.runner_contract import WarmupRunner
 from warmgate.server.warmup.steps import (
     BlockAllocator,
     ExecuteModel,
@@ -35,10 +36,10 @@ from warmgate.server.warmup.steps import (
 logger = logging.getLogger(__name__)
 
 
-def buckets_to_warm(model_runner: Any) -> tuple[int, ...]:
+def buckets_to_warm(model_runner: WarmupRunner) -> tuple[int, ...]:
     """The buckets the phase compiles: all of the runner's (a seam for tests that leave one
     out on purpose)."""
-    return tuple(getattr(model_runner, "compile_buckets", ()) or ())
+    return tuple(model_runner.compile_buckets)
 
 
 def prompt_layout(num_tokens: int, *, max_num_seqs: int, max_model_len: int,
@@ -59,12 +60,13 @@ def plan_batches(buckets: Sequence[int], *, max_num_seqs: int, max_model_len: in
                  block_sizes: Sequence[int], free_blocks: int,
                  ) -> tuple[list[tuple[int, list[int]]], list[int]]:
     """[(bucket, prompt lengths)] for the buckets a batch can reach, and those it cannot."""
-    limits = dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                  block_sizes=block_sizes, free_blocks=free_blocks)
+    fit = functools.partial(prompt_layout, max_num_seqs=max_num_seqs,
+                            max_model_len=max_model_len, block_sizes=block_sizes,
+                            free_blocks=free_blocks)
     batches, unreachable = [], []
     previous = 0
     for bucket in sorted(buckets):
-        layout = prompt_layout(bucket, **limits) or prompt_layout(previous + 1, **limits)
+        layout = fit(bucket) or fit(previous + 1)
         if layout is None:
             unreachable.append(bucket)
         else:
@@ -73,7 +75,7 @@ def plan_batches(buckets: Sequence[int], *, max_num_seqs: int, max_model_len: in
     return batches, unreachable
 
 
-def run_compile_warmup(model_runner: Any, worker_execute_model: ExecuteModel,
+def run_compile_warmup(model_runner: WarmupRunner, worker_execute_model: ExecuteModel,
                        worker_sample_tokens: SampleTokens, *,
                        progress: ProgressCallback | None = None,
                        req_id_prefix: str = "_warmup_compile") -> WarmupResult:
@@ -127,14 +129,12 @@ def run_compile_warmup(model_runner: Any, worker_execute_model: ExecuteModel,
     return WarmupResult(ran=True, phases=[phase])
 
 
-def _runs_shape_sweeps(model_runner: Any) -> bool:
-    config = getattr(model_runner, "config", None)
-    device = getattr(model_runner, "device", None)
-    return (config is not None and getattr(device, "type", None) == "cuda"
-            and config.compilation.shape_sweeps)
+def _runs_shape_sweeps(model_runner: WarmupRunner) -> bool:
+    return (model_runner.device.type == "cuda"
+            and model_runner.config.compilation.shape_sweeps)
 
 
-def _sweep(model_runner: Any, tracker: PhaseProgress | None = None) -> int:
+def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None) -> int:
     """Dense GEMMs at every token count (or, with the compile cache's kernel map, at the
     counts that pick distinct kernels), then (generative models) the sampler at every row
     count; returns the calls made."""
@@ -148,7 +148,7 @@ def _sweep(model_runner: Any, tracker: PhaseProgress | None = None) -> int:
     return calls
 
 
-def _gemm_only_phase(model_runner: Any, progress: ProgressCallback | None) -> WarmupResult:
+def _gemm_only_phase(model_runner: WarmupRunner, progress: ProgressCallback | None) -> WarmupResult:
     from warmgate.server.warmup.gemm_shapes import gemm_plan
 
     plan = gemm_plan(model_runner)

@@ -31,6 +31,7 @@ from warmgate.server.warmup.gemm_kernels import (
     kernel_identity,
     profile_kernels,
 )
+from warmgate.server.warmup.runner_contract import WarmupRunner
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ def layer_weights(model: Any) -> list[torch.Tensor]:
     return list(seen.values())
 
 
-def gemm_plan(model_runner: Any) -> list[tuple[torch.Tensor, int]]:
+def gemm_plan(model_runner: WarmupRunner) -> list[tuple[torch.Tensor, int]]:
     """[(weight, largest M)]: layer projections up to the token budget, the vocabulary head
     up to the most logits rows a step can ask for (every request's 1 + k query rows)."""
     model = model_runner.model
@@ -72,7 +73,7 @@ def _run(weight: torch.Tensor, sizes: Sequence[int]) -> int:
 
 
 @torch.inference_mode()
-def sweep_gemm_shapes(model_runner: Any, tracker: PhaseProgress | None = None, *,
+def sweep_gemm_shapes(model_runner: WarmupRunner, tracker: PhaseProgress | None = None, *,
                       kernel_dir: Path | None = None, probe: KernelProbe | None = None) -> int:
     """Every (weight, M) of gemm_plan once, or, with a kernel map in kernel_dir learned on this
     GPU and these libraries, only the Ms that pick distinct kernels. Without a map the full

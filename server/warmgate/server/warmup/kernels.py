@@ -19,6 +19,7 @@ from warmgate.server.core.phases import DECODE, PREFILL, SAMPLER
 from warmgate.server.core.progress import PhaseProgress, ProgressCallback
 from warmgate.server.core.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
 from warmgate.server.runner.scheduler_output import SamplingParams
+from warmgate.server.warmup.runner_contract import WarmupRunner
 from warmgate.server.warmup.sampler_paths import (
     FEATURE_VARIANTS,
     NOT_APPLICABLE,
@@ -51,7 +52,7 @@ __all__ = ["DECODE", "PREFILL", "SAMPLER", "SAMPLER_VARIANTS", "SEEDED", "STOCHA
 PhaseDone = Callable[[PhaseResult], None]
 
 
-def warmup_shapes(model_runner: Any) -> dict[str, int]:
+def warmup_shapes(model_runner: WarmupRunner) -> dict[str, int]:
     """The shapes warmup_kernels will use: prompt_len, decode_query_len, num_reqs and caps."""
     sched = model_runner.scheduler_config
     return kernel_shapes(num_spec_steps=model_runner.num_speculative_steps,
@@ -78,7 +79,7 @@ def decode_plan(num_reqs: int, num_spec_steps: int) -> list[list[tuple[int, bool
     return steps
 
 
-def _precheck(model_runner: Any, shapes: dict[str, int]) -> WarmupResult | None:
+def _precheck(model_runner: WarmupRunner, shapes: dict[str, int]) -> WarmupResult | None:
     short = kernel_shortfall(shapes, model_runner.scheduler_config.max_num_batched_tokens)
     if short is None:
         return None
@@ -139,7 +140,7 @@ def _phase(name: str, seconds: float, num_reqs: int, num_tokens: int, steps: int
                        num_tokens=num_tokens, num_steps=steps, shapes=dict(shapes), detail=detail)
 
 
-def warmup_kernels(model_runner: Any, worker_execute_model: ExecuteModel,
+def warmup_kernels(model_runner: WarmupRunner, worker_execute_model: ExecuteModel,
                    worker_sample_tokens: SampleTokens, *,
                    progress: ProgressCallback | None = None,
                    req_id_prefix: str = "_warmup",
@@ -187,7 +188,7 @@ def warmup_kernels(model_runner: Any, worker_execute_model: ExecuteModel,
     return WarmupResult(ran=True, phases=phases)
 
 
-def _warmup_prefill(model_runner: Any, execute: ExecuteModel, sample: SampleTokens,
+def _warmup_prefill(model_runner: WarmupRunner, execute: ExecuteModel, sample: SampleTokens,
                     reqs: Sequence[WarmupRequest], alloc: BlockAllocator,
                     block_sizes: list[int], shapes: dict[str, int],
                     progress: ProgressCallback | None) -> PhaseResult:
@@ -202,7 +203,7 @@ def _warmup_prefill(model_runner: Any, execute: ExecuteModel, sample: SampleToke
                   f"{num_reqs} requests x {prompt_len} prompt tokens")
 
 
-def _warmup_decode(model_runner: Any, execute: ExecuteModel, sample: SampleTokens,
+def _warmup_decode(model_runner: WarmupRunner, execute: ExecuteModel, sample: SampleTokens,
                    reqs: Sequence[WarmupRequest], alloc: BlockAllocator,
                    block_sizes: list[int], shapes: dict[str, int],
                    progress: ProgressCallback | None) -> PhaseResult:
@@ -224,7 +225,7 @@ def _warmup_decode(model_runner: Any, execute: ExecuteModel, sample: SampleToken
                   f"stay within {shapes['tokens_per_req']} tokens")
 
 
-def _warmup_sampler(model_runner: Any, execute: ExecuteModel, sample: SampleTokens,
+def _warmup_sampler(model_runner: WarmupRunner, execute: ExecuteModel, sample: SampleTokens,
                     shapes: dict[str, int], block_sizes: list[int],
                     progress: ProgressCallback | None, req_id_prefix: str) -> PhaseResult:
     """Every batch of sampler_batches: a prefill, then its decode steps (sampler_paths.py

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
 
 from warmgate.server.core.phases import MIXED
 from warmgate.server.core.progress import PhaseProgress, ProgressCallback
 from warmgate.server.core.results import PhaseResult, PhaseStatus, SkipReason, WarmupResult
 from warmgate.server.runner.scheduler_output import GREEDY
+from warmgate.server.warmup.runner_contract import WarmupRunner
 from warmgate.server.warmup.shapes import MIXED_DECODE_PROMPT_LEN, mixed_blocks_needed
 from warmgate.server.warmup.steps import (
     BlockAllocator,
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 DECODE_PROMPT_LEN = MIXED_DECODE_PROMPT_LEN
 
 
-def _gate(model_runner: Any, num_tokens: int) -> WarmupResult | None:
+def _gate(model_runner: WarmupRunner, num_tokens: int) -> WarmupResult | None:
     """The cheap preconditions, in vLLM's order; reads nothing beyond what each needs."""
     if model_runner.is_pooling_model:
         return WarmupResult.skipped(MIXED, SkipReason.POOLING_MODEL,
@@ -54,7 +54,7 @@ def _gate(model_runner: Any, num_tokens: int) -> WarmupResult | None:
 
 
 def run_mixed_prefill_decode_warmup(
-    model_runner: Any,
+    model_runner: WarmupRunner,
     worker_execute_model: ExecuteModel,
     worker_sample_tokens: SampleTokens,
     num_tokens: int,
@@ -107,7 +107,7 @@ def run_mixed_prefill_decode_warmup(
     return WarmupResult(ran=True, phases=[phase])
 
 
-def _check_capacity(model_runner: Any, num_tokens: int) -> WarmupResult | None:
+def _check_capacity(model_runner: WarmupRunner, num_tokens: int) -> WarmupResult | None:
     """Budget checks that need the scheduler and KV cache configs (read only past the gates)."""
     budget = model_runner.scheduler_config.max_num_batched_tokens
     if num_tokens > budget:

@@ -16,7 +16,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from warmgate.server.config.runner_config import RunnerConfig, resolve_runner_config
 from warmgate.server.core.failures import (
@@ -51,6 +50,7 @@ from warmgate.server.warmup.compile_ledger import PhaseLedger
 from warmgate.server.warmup.compile_phase import run_compile_warmup
 from warmgate.server.warmup.kernels import warmup_kernels
 from warmgate.server.warmup.mixed import run_mixed_prefill_decode_warmup
+from warmgate.server.warmup.runner_contract import WarmupRunner
 from warmgate.server.warmup.shapes import RESOURCE_SKIPS, default_mixed_num_tokens
 from warmgate.server.warmup.steps import synced_timer
 
@@ -60,7 +60,7 @@ PHASES = PLAN_PHASES  # warmgate.server.warmup.PHASES, as the tests and tools na
 
 
 def load_runner(config: RunnerConfig, *, jit_monitor: JitMonitor | None = None
-                ) -> tuple[Any, PhaseResult]:
+                ) -> tuple[WarmupRunner, PhaseResult]:
     """Resolve the config, build the runner (weights, KV cache, backend) and time it.
 
     With a monitor, the compiler hooks this configuration needs are installed first, so
@@ -75,7 +75,7 @@ def load_runner(config: RunnerConfig, *, jit_monitor: JitMonitor | None = None
     if resolved.parallel.tensor_parallel_size > 1:
         from warmgate.server.distributed.build import build_tensor_parallel_runner
 
-        runner = build_tensor_parallel_runner(resolved, jit_monitor)
+        runner: WarmupRunner = build_tensor_parallel_runner(resolved, jit_monitor)
     else:
         runner = ModelRunner(resolved, jit_monitor=jit_monitor)
     seconds = time.perf_counter() - start
@@ -90,19 +90,20 @@ def load_runner(config: RunnerConfig, *, jit_monitor: JitMonitor | None = None
     return runner, phase
 
 
-def _flashinfer_phase(runner: Any) -> PhaseResult:
+def _flashinfer_phase(runner: WarmupRunner) -> PhaseResult:
     backend = runner.config.device.attention_backend
     if backend != "flashinfer":
         return PhaseResult.skipped(FLASHINFER, SkipReason.BACKEND_NOT_SELECTED,
                                    f"attention backend is {backend}, not flashinfer")
     with synced_timer(runner) as t:
         info = runner.attention_backend.jit_warmup() or {}
+    steps = info.get("num_steps", 1)
     return PhaseResult(name=FLASHINFER, status=PhaseStatus.RAN, duration_s=t[0],
-                       num_steps=int(info.get("num_steps", 1)), shapes=info,
+                       num_steps=steps if isinstance(steps, int) else 1, shapes=info,
                        detail="planned and JIT-compiled the prefill and decode wrappers")
 
 
-def _cuda_graphs_phase(runner: Any, force: bool) -> PhaseResult:
+def _cuda_graphs_phase(runner: WarmupRunner, force: bool) -> PhaseResult:
     cfg = runner.config
     if runner.device.type != "cuda":
         return PhaseResult.skipped(CUDA_GRAPHS, SkipReason.NO_CUDA,
@@ -117,17 +118,22 @@ def _cuda_graphs_phase(runner: Any, force: bool) -> PhaseResult:
     if not cfg.compilation.cuda_graph_sizes:
         return PhaseResult.skipped(CUDA_GRAPHS, SkipReason.NO_CAPTURE_SIZES,
                                    "no capture sizes are configured")
-    if getattr(runner, "cuda_graphs_captured", False) and not force:
+    if runner.cuda_graphs_captured and not force:
         return PhaseResult.skipped(CUDA_GRAPHS, SkipReason.ALREADY_CAPTURED,
                                    "graphs were captured by an earlier warmup; set force")
     with synced_timer(runner) as t:
         info = runner.capture_cuda_graphs()
-    sizes, buckets = info.get("sizes", []), info.get("ragged_buckets", [])
+    sizes, buckets = _ints(info.get("sizes")), _ints(info.get("ragged_buckets"))
     ragged = (f" and {len(buckets)} ragged-batch graphs (token buckets {buckets})" if buckets
               else "")
     return PhaseResult(name=CUDA_GRAPHS, status=PhaseStatus.RAN, duration_s=t[0],
                        num_steps=len(sizes) + len(buckets), num_reqs=max(sizes, default=0),
                        shapes=info, detail=f"captured {len(sizes)} uniform-decode graphs{ragged}")
+
+
+def _ints(value: object) -> list[int]:
+    """A list of ints from the capture's report (empty when it has none)."""
+    return [v for v in value if isinstance(v, int)] if isinstance(value, list) else []
 
 
 class _PlanProgress:
@@ -239,7 +245,7 @@ def _require_resources(phases: list[PhaseResult]) -> list[PhaseResult]:
     return out
 
 
-def run_warmup_plan(runner: Any, *, load_phase: PhaseResult | None = None,
+def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = None,
                     mixed_num_tokens: int | None = None,
                     progress: ProgressCallback | None = None,
                     force: bool = False) -> WarmupReport:
@@ -275,14 +281,14 @@ def run_warmup_plan(runner: Any, *, load_phase: PhaseResult | None = None,
         ((MIXED,), mixed),
         ((CUDA_GRAPHS,), lambda _: [_cuda_graphs_phase(runner, force)]),
     ]
-    names = PHASES
+    names: tuple[str, ...] = PHASES
     if getattr(runner, "tensor_parallel", None) is not None:
         from warmgate.server.distributed.phase import distributed_phase
 
         steps.insert(0, ((DISTRIBUTED,), lambda _: [distributed_phase(runner)]))
         names = TP_PLAN_PHASES
     phases = [load_phase] if load_phase is not None else []
-    phases += _run_phases(steps, progress, names, getattr(runner, "jit_monitor", None))
+    phases += _run_phases(steps, progress, names, runner.jit_monitor)
     return _report(runner, phases, time.perf_counter() - start
                    + (load_phase.duration_s if load_phase else 0.0))
 
@@ -298,17 +304,17 @@ def _with_skipped_tail(phases: list[PhaseResult]) -> list[PhaseResult]:
     return out
 
 
-def run_mixed_warmup(runner: Any, num_tokens: int, *,
+def run_mixed_warmup(runner: WarmupRunner, num_tokens: int, *,
                      progress: ProgressCallback | None = None) -> WarmupReport:
     """The MixedWarmup RPC's work: a report with the one `mixed` phase."""
     start = time.perf_counter()
     phases = _run_phases([((MIXED,), lambda report: run_mixed_prefill_decode_warmup(
         runner, runner.execute_model, runner.sample_tokens, num_tokens,
-        progress=report).phases)], progress, (MIXED,), getattr(runner, "jit_monitor", None))
+        progress=report).phases)], progress, (MIXED,), runner.jit_monitor)
     return _report(runner, phases, time.perf_counter() - start)
 
 
-def _report(runner: Any, phases: list[PhaseResult], seconds: float) -> WarmupReport:
+def _report(runner: WarmupRunner, phases: list[PhaseResult], seconds: float) -> WarmupReport:
     failed = any(p.status is PhaseStatus.FAILED for p in phases)
     cfg = runner.config
     report = WarmupReport(

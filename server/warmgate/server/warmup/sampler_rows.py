@@ -13,7 +13,6 @@ none. CUDA only.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import torch
 
@@ -21,6 +20,7 @@ from warmgate.server.runner.sampling import MAX_LOGPROBS, SeededStream, TokenHis
 from warmgate.server.runner.sampling.logprobs import gather_logprobs
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
 from warmgate.server.warmup.kernels import SEEDED, STOCHASTIC
+from warmgate.server.warmup.runner_contract import WarmupRunner
 
 TEMPERATURE_ONLY = SamplingParams(temperature=0.8)  # the stochastic path without top-k/p
 # Every logits processor and min_p at once (each processor's own kernels at this row count).
@@ -45,7 +45,7 @@ def _streams(params: list[SamplingParams]) -> list[SeededStream | None]:
 
 
 @torch.inference_mode()
-def sweep_sampler_rows(model_runner: Any) -> int:
+def sweep_sampler_rows(model_runner: WarmupRunner) -> int:
     """sample() (and verify() with k drafts each) for 1..max_num_seqs requests per variant,
     then the logprobs gather for every logits row count; returns the number of calls."""
     device = model_runner.device

@@ -19,25 +19,28 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from warmgate.server.runner.scheduler_output import (
     CachedRequestData,
     GrammarOutput,
+    ModelRunnerOutput,
     NewRequestData,
     SamplingParams,
     SchedulerOutput,
 )
+from warmgate.server.warmup.runner_contract import WarmupRunner
 from warmgate.server.warmup.shapes import blocks_for
 
 __all__ = ["BlockAllocator", "WarmupRequest", "blocks_for", "finish", "kv_block_sizes",
            "new_request", "run_step", "scheduler_output", "synced_timer"]
 
-ExecuteModel = Callable[[SchedulerOutput], Any]
-SampleTokens = Callable[[GrammarOutput | None], Any]
+# The two callbacks warmup drives the runner through (WarmupRunner.execute_model and
+# .sample_tokens, or a pipeline-parallel worker's equivalents).
+ExecuteModel = Callable[[SchedulerOutput], ModelRunnerOutput | None]
+SampleTokens = Callable[[GrammarOutput | None], ModelRunnerOutput | None]
 
 
-def kv_block_sizes(model_runner: Any) -> list[int]:
+def kv_block_sizes(model_runner: WarmupRunner) -> list[int]:
     return [g.kv_cache_spec.block_size for g in model_runner.kv_cache_config.kv_cache_groups]
 
 
@@ -107,17 +110,17 @@ def finish(execute: ExecuteModel, req_ids: Sequence[str]) -> None:
         execute(scheduler_output(finished=set(req_ids)))
 
 
-def synchronize(model_runner: Any) -> None:
+def synchronize(model_runner: WarmupRunner) -> None:
     """Wait for queued device work, so a timer read afterwards measures it."""
-    device = getattr(model_runner, "device", None)
-    if device is not None and getattr(device, "type", None) == "cuda":
+    device = model_runner.device
+    if device.type == "cuda":
         import torch
 
         torch.cuda.synchronize(device)
 
 
 @contextmanager
-def synced_timer(model_runner: Any) -> Iterator[list[float]]:
+def synced_timer(model_runner: WarmupRunner) -> Iterator[list[float]]:
     """Yields a one-element list that holds the elapsed seconds once the block exits."""
     synchronize(model_runner)
     box = [0.0]
