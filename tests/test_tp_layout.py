@@ -13,10 +13,10 @@ import torch
 
 from tests.runner_helpers import tiny_config
 from warmgate.server.config.runner_config import ConfigError, ModelConfig
-from warmgate.server.distributed.layout import ShardLayout, check_divisible
-from warmgate.server.distributed.tensor_parallel import TensorParallel
 from warmgate.server.runner.model import LlamaModel
 from warmgate.server.runner.ops import TorchOps
+from warmgate.server.runner.shard_layout import ShardLayout, check_divisible
+from warmgate.server.runner.tensor_parallel import TensorParallel
 from warmgate.server.runner.weights import init_random_weights, load_weights, save_weights
 from warmgate.server.startup import load_server_config
 
@@ -171,7 +171,7 @@ def test_loaded_shards_are_slices_read_as_slices(tmp_path: Path,
             return self._handle.get_slice(name)
 
     monkeypatch.setattr(weights, "stream_into", recording_stream)
-    monkeypatch.setattr("warmgate.server.distributed.tensor_parallel.safe_open", Recording)
+    monkeypatch.setattr("warmgate.server.runner.tensor_parallel.safe_open", Recording)
     for rank in range(3):
         layout = ShardLayout.of(config, rank, 3)
         shard = _model(dataclasses.replace(config, weights_path=str(tmp_path)),

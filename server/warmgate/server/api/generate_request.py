@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from warmgate.server.api.prompt import prompt_token_ids
 from warmgate.server.api.sampling_options import sampling_options
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.core.errors import FieldViolation, InvalidArgument
@@ -13,7 +14,6 @@ from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.scheduler import SchedulerLimits
 from warmgate.server.text.errors import PromptError
 from warmgate.server.text.model_text import ModelText
-from warmgate.server.text.prompt import prompt_token_ids
 from warmgate.v1 import generate_pb2 as gen_pb
 
 DEFAULT_MAX_TOKENS = 16

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from warmgate.server.distributed.tensor_parallel import TensorParallel
+from warmgate.server.runner.tensor_parallel import TensorParallel
 
 
 def _size_classes(largest: int) -> list[int]:

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 from warmgate.server.config.runner_config import RunnerConfig
-from warmgate.server.distributed.layout import ShardLayout
-from warmgate.server.distributed.tensor_parallel import TensorParallel
+from warmgate.server.runner.shard_layout import ShardLayout
+from warmgate.server.runner.tensor_parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
 

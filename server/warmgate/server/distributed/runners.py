@@ -9,13 +9,14 @@ worker's `WorkerRunner` appends them to its request states as rank 0 did.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch.distributed as dist
 
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.distributed.collectives_warmup import collective_plan, warm_collectives
-from warmgate.server.distributed.tensor_parallel import TensorParallel
 from warmgate.server.distributed.workers import WorkerGroup
 from warmgate.server.jit import JitMonitor
 from warmgate.server.runner.model_runner import ModelRunner
@@ -24,6 +25,7 @@ from warmgate.server.runner.scheduler_output import (
     ModelRunnerOutput,
     SchedulerOutput,
 )
+from warmgate.server.runner.tensor_parallel import TensorParallel
 from warmgate.server.runner.validation import validate_scheduler_output
 
 # Sampled token ids by request, as rank 0 appended them (None: no step was sampled).
@@ -89,7 +91,11 @@ class TensorParallelRunner(ModelRunner):
 
 
 class WorkerRunner(ModelRunner):
-    """A worker rank's runner: runs what rank 0 sends, never samples."""
+    """A worker rank's runner: runs what rank 0 sends, never samples. `programs` are the
+    calls that need layers above the runner (the GEMM sweep of the warmup plan): the worker
+    program hands them in, so this package imports nothing above it."""
+
+    programs: Mapping[str, Callable[[WorkerRunner], object]] = MappingProxyType({})
 
     def apply_sampled(self, sampled: Sampled) -> None:
         """Close the pending step with rank 0's tokens (rank 0 has sampled it by now)."""
@@ -112,9 +118,7 @@ class WorkerRunner(ModelRunner):
         elif method == "warm_collectives":
             assert self.tensor_parallel is not None
             warm_collectives(self.tensor_parallel, self, *args)
-        elif method == "sweep_gemm_shapes":
-            from warmgate.server.warmup.gemm_shapes import sweep_gemm_shapes  # CUDA only
-
-            sweep_gemm_shapes(self)
+        elif method in self.programs:
+            self.programs[method](self)
         else:
             raise ValueError(f"rank {self.config.parallel.rank}: unknown call {method!r}")

@@ -4,7 +4,7 @@ before anything starts, one line naming the flag."""
 from __future__ import annotations
 
 from warmgate.server.config.runner_config import ConfigError, RunnerConfig
-from warmgate.server.distributed.layout import TP_FIELD, check_divisible
+from warmgate.server.runner.shard_layout import TP_FIELD, check_divisible
 
 
 def check_tensor_parallel(config: RunnerConfig, cuda_device_count: int | None = None) -> None:

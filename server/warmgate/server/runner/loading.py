@@ -22,7 +22,7 @@ from warmgate.server.runner.ops import TorchOps
 from warmgate.server.runner.weights import init_random_weights, load_weights
 
 if TYPE_CHECKING:
-    from warmgate.server.distributed.tensor_parallel import TensorParallel
+    from warmgate.server.runner.tensor_parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from warmgate.server.runner.attention.base import AttentionBackend, AttentionMet
 from warmgate.server.runner.ops import TorchOps, build_cos_sin_cache
 
 if TYPE_CHECKING:  # only a tensor-parallel runner builds one (warmgate.server.distributed)
-    from warmgate.server.distributed.tensor_parallel import TensorParallel
+    from warmgate.server.runner.tensor_parallel import TensorParallel
 
 
 def _param(*shape: int, device: torch.device, dtype: torch.dtype) -> nn.Parameter:

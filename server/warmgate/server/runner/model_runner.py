@@ -41,7 +41,7 @@ from warmgate.server.runner.scheduler_output import (
 from warmgate.server.runner.validation import StepLimits, validate_scheduler_output
 
 if TYPE_CHECKING:
-    from warmgate.server.distributed.tensor_parallel import TensorParallel
+    from warmgate.server.runner.tensor_parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from warmgate.server.runner.model import LlamaModel
 from warmgate.server.runner.weight_stream import stream_into
 
 if TYPE_CHECKING:
-    from warmgate.server.distributed.tensor_parallel import TensorParallel
+    from warmgate.server.runner.tensor_parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
 

@@ -283,7 +283,7 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
     ]
     names: tuple[str, ...] = PHASES
     if getattr(runner, "tensor_parallel", None) is not None:
-        from warmgate.server.distributed.phase import distributed_phase
+        from warmgate.server.warmup.distributed_phase import distributed_phase
 
         steps.insert(0, ((DISTRIBUTED,), lambda _: [distributed_phase(runner)]))
         names = TP_PLAN_PHASES

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from warmgate.server.config.weight_files import TensorEntry
-from warmgate.server.distributed.layout import ShardLayout
+from warmgate.server.runner.shard_layout import ShardLayout
 
 # Hugging Face tensor name suffix -> (dim split, which layout slice); unlisted names
 # (norms, q_norm/k_norm) are replicated whole on every rank.

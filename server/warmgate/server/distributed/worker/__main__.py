@@ -58,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     from warmgate.server.distributed.runners import WorkerRunner  # after threads are set
 
     tp = join_group(config, join_store(args.store_port, size))
+    from warmgate.server.warmup.gemm_shapes import sweep_gemm_shapes
+
     runner = WorkerRunner(config, tensor_parallel=tp)
+    runner.programs = {"sweep_gemm_shapes": sweep_gemm_shapes}
     logger.info("rank %d/%d loaded: %s", args.rank, size, runner.load_stats)
     while (message := receive(stdin)) is not None:
         runner.handle(*message)
