@@ -15,14 +15,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
 
 from warmgate.server.config.runner_config import RunnerConfig, resolve_runner_config
-from warmgate.server.core.failures import (
-    FatalDeviceError,
-    describe_failure,
-    is_fatal_device_error,
-)
 from warmgate.server.core.phases import (
     COMPILE,
     CUDA_GRAPHS,
@@ -36,7 +30,7 @@ from warmgate.server.core.phases import (
     SAMPLER,
     TP_PLAN_PHASES,
 )
-from warmgate.server.core.progress import PhaseProgress, ProgressCallback, ProgressEvent
+from warmgate.server.core.progress import PhaseProgress, ProgressCallback
 from warmgate.server.core.results import (
     PhaseResult,
     PhaseStatus,
@@ -46,10 +40,10 @@ from warmgate.server.core.results import (
 )
 from warmgate.server.jit import JitMonitor
 from warmgate.server.telemetry.report_log import log_phase
-from warmgate.server.warmup.compile_ledger import PhaseLedger
 from warmgate.server.warmup.compile_phase import run_compile_warmup
 from warmgate.server.warmup.kernels import warmup_kernels
 from warmgate.server.warmup.mixed import run_mixed_prefill_decode_warmup
+from warmgate.server.warmup.phase_runner import PlanProgress, Step, run_phases
 from warmgate.server.warmup.runner_contract import WarmupRunner
 from warmgate.server.warmup.shapes import RESOURCE_SKIPS, default_mixed_num_tokens
 from warmgate.server.warmup.steps import synced_timer
@@ -136,97 +130,6 @@ def _ints(value: object) -> list[int]:
     return [v for v in value if isinstance(v, int)] if isinstance(value, list) else []
 
 
-class _PlanProgress:
-    """Stamps events with the phase's place in the plan, remembers which phases spoke and
-    keeps each sub-phase's result as it ends (phase_done), with the time it ended."""
-
-    def __init__(self, progress: ProgressCallback | None, names: tuple[str, ...],
-                 ledger: PhaseLedger) -> None:
-        self._progress = progress
-        self._names = names
-        self.ledger = ledger
-        self.seen: set[str] = set()
-        # Results of the current step's sub-phases that ended, and when the last one did.
-        self.completed: dict[str, PhaseResult] = {}
-        self.last_end = time.perf_counter()
-
-    def begin_step(self) -> None:
-        self.completed = {}
-        self.last_end = time.perf_counter()
-
-    def phase_done(self, result: PhaseResult) -> None:
-        self.completed[result.name] = result
-        self.last_end = time.perf_counter()
-
-    def __call__(self, e: ProgressEvent) -> None:
-        self.seen.add(e.phase)
-        self.ledger.charge(e.phase)
-        if self._progress is not None:
-            index = self._names.index(e.phase) if e.phase in self._names else 0
-            self._progress(ProgressEvent(e.phase, e.steps_done, e.steps_total, index,
-                                         len(self._names)))
-
-
-# A step runs one or more named phases, reporting step progress (and, when it has several
-# sub-phases, each one's result as it ends) through the tracker it gets.
-Step = tuple[tuple[str, ...], Callable[[_PlanProgress], list[PhaseResult]]]
-
-
-def _failed_step(step_names: tuple[str, ...], tracker: _PlanProgress,
-                 exc: Exception) -> list[PhaseResult]:
-    """The step's results after `exc`: the sub-phases that ended keep their own results
-    and seconds; the first that had not ended failed, with the time since the last ended."""
-    culprit = next((n for n in step_names if n not in tracker.completed), step_names[-1])
-    logger.error("phase %s failed", culprit, exc_info=exc)
-    tracker.ledger.charge(culprit)
-    if is_fatal_device_error(exc):
-        # Not a phase failure: the CUDA context is gone, no later phase can run, and the
-        # process has to exit; the controller decides how.
-        raise FatalDeviceError(culprit, exc) from exc
-    at = step_names.index(culprit)
-    produced = [tracker.completed[n] for n in step_names[:at]]
-    produced.append(PhaseResult(name=culprit, status=PhaseStatus.FAILED,
-                                duration_s=time.perf_counter() - tracker.last_end,
-                                detail=describe_failure(culprit, exc)))
-    produced += [PhaseResult.skipped(n, SkipReason.EARLIER_PHASE_FAILED,
-                                     "not run: an earlier phase failed")
-                 for n in step_names[at + 1:]]
-    return produced
-
-
-def _run_phases(steps: list[Step], progress: ProgressCallback | None,
-                names: tuple[str, ...], monitor: JitMonitor | None = None) -> list[PhaseResult]:
-    """Run each step, which yields the phases it names; after a failure the rest are skipped.
-
-    Phases that reported no step progress of their own (skips, single-shot phases) get one
-    completion event, so a watcher sees every phase go by in order.
-    """
-    tracker = _PlanProgress(progress, names, PhaseLedger(monitor))
-    results: list[PhaseResult] = []
-    failed = False
-    for step_names, step in steps:
-        if failed:
-            results += [PhaseResult.skipped(n, SkipReason.EARLIER_PHASE_FAILED,
-                                            "not run: an earlier phase failed")
-                        for n in step_names]
-            continue
-        tracker.begin_step()
-        try:
-            produced = step(tracker)
-            # What ran after the step's last progress event (its clean-up) is its last phase's.
-            tracker.ledger.charge(step_names[-1])
-        except Exception as exc:  # a phase failure is data; the caller decides what is fatal
-            produced = _failed_step(step_names, tracker, exc)
-        failed = any(p.status is PhaseStatus.FAILED for p in produced)
-        for p in produced:
-            tracker.ledger.fill(p)
-            log_phase(p)
-            if p.status is not PhaseStatus.FAILED and p.name not in tracker.seen:
-                tracker(ProgressEvent(p.name, 1, 1))
-        results += produced
-    return results
-
-
 def _require_resources(phases: list[PhaseResult]) -> list[PhaseResult]:
     """A plan phase skipped for lack of KV blocks, token budget or max_model_len fails the
     plan: serving takes that path, so ready would be a promise the warmup did not keep. The
@@ -260,17 +163,17 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
                                            runner.max_model_len)
                   if mixed_num_tokens is None else mixed_num_tokens)
 
-    def kernels(report: _PlanProgress) -> list[PhaseResult]:
+    def kernels(report: PlanProgress) -> list[PhaseResult]:
         result = warmup_kernels(runner, runner.execute_model, runner.sample_tokens,
                                 progress=report, on_phase=report.phase_done)
         return _require_resources(_with_skipped_tail(result.phases))
 
-    def mixed(report: _PlanProgress) -> list[PhaseResult]:
+    def mixed(report: PlanProgress) -> list[PhaseResult]:
         return _require_resources(run_mixed_prefill_decode_warmup(
             runner, runner.execute_model, runner.sample_tokens, num_tokens,
             progress=report).phases)
 
-    def compile_buckets(report: _PlanProgress) -> list[PhaseResult]:
+    def compile_buckets(report: PlanProgress) -> list[PhaseResult]:
         return run_compile_warmup(runner, runner.execute_model, runner.sample_tokens,
                                   progress=report).phases
 
@@ -288,7 +191,7 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
         steps.insert(0, ((DISTRIBUTED,), lambda _: [distributed_phase(runner)]))
         names = TP_PLAN_PHASES
     phases = [load_phase] if load_phase is not None else []
-    phases += _run_phases(steps, progress, names, runner.jit_monitor)
+    phases += run_phases(steps, progress, names, runner.jit_monitor)
     return _report(runner, phases, time.perf_counter() - start
                    + (load_phase.duration_s if load_phase else 0.0))
 
@@ -308,7 +211,7 @@ def run_mixed_warmup(runner: WarmupRunner, num_tokens: int, *,
                      progress: ProgressCallback | None = None) -> WarmupReport:
     """The MixedWarmup RPC's work: a report with the one `mixed` phase."""
     start = time.perf_counter()
-    phases = _run_phases([((MIXED,), lambda report: run_mixed_prefill_decode_warmup(
+    phases = run_phases([((MIXED,), lambda report: run_mixed_prefill_decode_warmup(
         runner, runner.execute_model, runner.sample_tokens, num_tokens,
         progress=report).phases)], progress, (MIXED,), runner.jit_monitor)
     return _report(runner, phases, time.perf_counter() - start)
