@@ -272,7 +272,9 @@ class Scheduler:
         for token in tokens:
             kept.append(token)
             req.output_token_ids.append(token)
-            if token in req.params.stop_token_ids:
+            # A grammar ends once complete and past the EOS it then allows (vLLM's rule).
+            grammar_done = req.grammar is not None and req.grammar.accept(token)
+            if grammar_done or token in req.params.stop_token_ids:
                 reason = FinishReason.STOP
             elif req.num_tokens_left <= 0:
                 reason = FinishReason.LENGTH
