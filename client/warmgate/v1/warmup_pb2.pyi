@@ -115,7 +115,9 @@ class _SkipReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SkipReason
     SKIP_REASON_MAX_MODEL_LEN_TOO_SMALL: _SkipReason.ValueType  # 14
     """max_model_len cannot hold one warmup request (its prefill and first decode)."""
     SKIP_REASON_NO_TOKENIZER: _SkipReason.ValueType  # 15
-    """The model has no tokenizer (tokenizer.json), so no request can carry a grammar."""
+    """The model has no tokenizer (tokenizer.json) or no end-of-sequence ids, so no request can
+    carry a grammar (structured output).
+    """
 
 class SkipReason(_SkipReason, metaclass=_SkipReasonEnumTypeWrapper):
     """Why a phase skipped. Mirrors warmgate.server.core.results.SkipReason."""
@@ -151,7 +153,9 @@ SKIP_REASON_ALREADY_CAPTURED: SkipReason.ValueType  # 13
 SKIP_REASON_MAX_MODEL_LEN_TOO_SMALL: SkipReason.ValueType  # 14
 """max_model_len cannot hold one warmup request (its prefill and first decode)."""
 SKIP_REASON_NO_TOKENIZER: SkipReason.ValueType  # 15
-"""The model has no tokenizer (tokenizer.json), so no request can carry a grammar."""
+"""The model has no tokenizer (tokenizer.json) or no end-of-sequence ids, so no request can
+carry a grammar (structured output).
+"""
 Global___SkipReason: _TypeAlias = SkipReason  # noqa: Y015
 
 class _WarmupState:
