@@ -51,8 +51,9 @@ class _ConstrainedSteps:
     """execute/sample callables that give every constrained request of a step its bitmask
     rows (1 + its drafts), filled from one matcher, as the serving loop would."""
 
-    def __init__(self, execute: ExecuteModel, sample: SampleTokens, grammar: Any,
-                 constrained: set[str]) -> None:
+    def __init__(self, model_runner: Any, execute: ExecuteModel, sample: SampleTokens,
+                 grammar: Any, constrained: set[str]) -> None:
+        self._runner = model_runner
         self._execute, self._sample = execute, sample
         self._grammar, self._constrained = grammar, constrained
         self._last: SchedulerOutput | None = None
@@ -64,7 +65,8 @@ class _ConstrainedSteps:
 
     def sample(self, _: GrammarOutput | None) -> Any:
         so = self._last
-        ids = [r for r in (so.num_scheduled_tokens if so else {}) if r in self._constrained]
+        ids = [r for r in (so.num_scheduled_tokens if so else {})
+               if r in self._constrained and so is not None and self._samples(so, r)]
         if so is None or not ids:
             return self._sample(None)
         drafts = [so.scheduled_spec_decode_tokens.get(r, []) for r in ids]
@@ -76,6 +78,17 @@ class _ConstrainedSteps:
             start += 1 + len(d)
         self.num_constrained_rows += rows
         return self._sample(GrammarOutput(ids, bitmask))
+
+
+    def _samples(self, so: SchedulerOutput, req_id: str) -> bool:
+        """Whether the step reaches the end of the tokens the runner holds for the request
+        (a decode the warmup restated to its prompt's end samples nothing)."""
+        cached = so.scheduled_cached_reqs
+        computed = (cached.num_computed_tokens[cached.req_ids.index(req_id)]
+                    if req_id in cached.req_ids else 0)
+        inputs = (so.num_scheduled_tokens[req_id]
+                  - len(so.scheduled_spec_decode_tokens.get(req_id, ())))
+        return computed + inputs >= self._runner.input_batch.requests[req_id].num_tokens
 
 
 def _sweep_rows(model_runner: Any, width: int) -> int:
@@ -119,7 +132,7 @@ def run_structured_warmup(model_runner: Any, execute: ExecuteModel, sample: Samp
         backend = grammar_backend(text, model_runner.config.model.vocab_size)
         grammar = backend.matcher(GrammarSpec("json_schema", WARMUP_SCHEMA))
         tracker.step()
-        steps = _ConstrainedSteps(execute, sample, grammar, constrained)
+        steps = _ConstrainedSteps(model_runner, execute, sample, grammar, constrained)
         tokens = _run_steps(steps, reqs, params, plan, num_spec, block_sizes,
                             shapes["tokens_per_req"], tracker)
         if on_cuda:

@@ -36,6 +36,11 @@ MAX_CACHED_GRAMMARS = 256
 # xgrammar's own compile threads per grammar (its default is 8; the event loop and the
 # serving worker need the cores more).
 COMPILE_THREADS = 2
+# Whitespace characters allowed between two JSON elements (xgrammar's max_whitespace_cnt).
+# Any whitespace is allowed, as vLLM allows it, since models write pretty-printed JSON; but
+# unbounded, a model that keeps choosing whitespace inside an object never closes it and runs
+# to max_tokens. 20 is a newline and nine levels of two-space indentation.
+MAX_JSON_WHITESPACE = 20
 
 
 class GrammarBackend:
@@ -63,7 +68,8 @@ class GrammarBackend:
         start = time.perf_counter()
         try:
             if spec.kind == "json_schema":
-                compiled = self._compiler.compile_json_schema(spec.text)
+                compiled = self._compiler.compile_json_schema(
+                    spec.text, max_whitespace_cnt=MAX_JSON_WHITESPACE)
             elif spec.kind == "regex":
                 compiled = self._compiler.compile_regex(spec.text)
             else:
