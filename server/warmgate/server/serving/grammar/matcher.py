@@ -42,17 +42,20 @@ class RequestGrammar:
         read and stay all-allowed. The same holds after a draft that ends the grammar.
         """
         accepted = 0
+        filled = 0
         try:
             for j in range(len(drafts) + 1):
                 if self.matcher.is_terminated():
                     break
                 self.matcher.fill_next_token_bitmask(bitmask, start + j)
+                filled += 1
                 if j == len(drafts) or not self.matcher.accept_token(int(drafts[j])):
                     break
                 accepted += 1
         finally:
             if accepted:
                 self.matcher.rollback(accepted)
+        bitmask[start + filled:start + len(drafts) + 1] = ALL_ALLOWED
 
     def accept(self, token: int) -> bool:
         """Advance by one produced token; True when the grammar has terminated (it accepted
