@@ -105,7 +105,7 @@ class ModelRunner:
         self.input_batch = self._create_input_batch()
         self.limits = self._step_limits()
         self.load_stats = load_stats(config, loaded, kv)
-        # For tests and warmup checks: the logits of the last execute_model, row by row.
+        # For tests and warmup checks: the last execute_model's logits (grammar-masked in place).
         self.last_logits: torch.Tensor | None = None  # [rows, V] float32
         self.last_logits_req_ids: list[str] = []
         self._pending: _PendingStep | None = None
