@@ -15,12 +15,23 @@ from tokenizers import Tokenizer
 from tests.text_helpers import train_tokenizer
 from warmgate.server.runner.request_state import RequestState, ScheduledRequest
 from warmgate.server.runner.sampler import Sampler, apply_token_bitmask
-from warmgate.server.runner.scheduler_output import GREEDY, GrammarOutput, SamplingParams
+from warmgate.server.runner.scheduler_output import (
+    GREEDY,
+    GrammarOutput,
+    ModelRunnerOutput,
+    SamplingParams,
+)
 from warmgate.server.runner.token_bitmask import TokenBitmaskBuffer
 from warmgate.server.serving.grammar.backend import GrammarBackend
-from warmgate.server.serving.grammar.matcher import GrammarViolation
-from warmgate.server.serving.grammar.spec import GrammarError, GrammarSpec, one_line
+from warmgate.server.serving.grammar.spec import (
+    GrammarError,
+    GrammarSpec,
+    GrammarViolation,
+    one_line,
+)
 from warmgate.server.serving.grammar.tokenizer_info import tokenizer_info_of
+from warmgate.server.serving.request import ServingRequest
+from warmgate.server.serving.scheduler import Scheduler, SchedulerLimits
 
 VOCAB = 512  # the tiny model's: larger than the trained tokenizers, as padded vocabularies are
 EOS = 2
@@ -198,3 +209,24 @@ def test_sampling_draws_only_allowed_tokens_and_leaves_plain_rows_alone() -> Non
     assert out[0] == [3, 40] and accepted[0] == 1
     first = int(logits[2].argmax())  # request 1's rows are unconstrained
     assert out[1] == ([9, int(logits[3].argmax())] if first == 9 else [first])
+
+
+class _RejectingGrammar:
+    def accept(self, token: int) -> bool:
+        raise GrammarViolation(f"token {token} is not allowed")
+
+
+def test_a_token_its_grammar_rejects_ends_that_request_alone() -> None:
+    sched = Scheduler(SchedulerLimits(max_num_seqs=4, max_num_batched_tokens=64, block_size=4,
+                                      num_blocks=16, max_model_len=32))
+    bad = ServingRequest("bad", [1, 2, 3], SamplingParams(temperature=0.0), 0.0)
+    bad.grammar = _RejectingGrammar()  # type: ignore[assignment]
+    good = ServingRequest("good", [4, 5], SamplingParams(temperature=0.0), 0.0)
+    sched.add(bad)
+    sched.add(good)
+    plan = sched.schedule(0.0)
+    events = sched.update(plan, ModelRunnerOutput(["bad", "good"], [[7], [8]]), 1.0)
+    by_id = {e.req_id: e for e in events}
+    assert isinstance(by_id["bad"].error, GrammarViolation)
+    assert by_id["good"].token_ids == [8] and by_id["good"].error is None
+    assert [r.req_id for r in sched.running] == ["good"]

@@ -8,11 +8,9 @@ from collections.abc import Sequence
 import torch
 import xgrammar as xgr
 
+from warmgate.server.serving.grammar.spec import GrammarViolation
+
 ALL_ALLOWED = -1  # a bitmask word with every bit set
-
-
-class GrammarViolation(RuntimeError):
-    """A produced token the grammar does not accept: the bitmask was not applied (a bug)."""
 
 
 class RequestGrammar:

@@ -29,6 +29,11 @@ class GrammarSpec:
         return f"sampling.{self.kind}"
 
 
+class GrammarViolation(RuntimeError):
+    """A produced token the request's grammar does not accept: its bitmask was not applied
+    (a bug). The request ends with this error; the others in its steps carry on."""
+
+
 class GrammarError(ValueError):
     """A grammar that cannot be used: `field` names the request field, `message` says why."""
 
