@@ -27,7 +27,7 @@ import torch
 from tests.reference_helpers import runner_for
 from tests.serving_helpers import Served
 from tests.text_helpers import smollm2_dir
-from warmgate.server.runner.sampler import apply_token_bitmask
+from warmgate.server.runner.sampling.grammar_mask import apply_token_bitmask
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.grammar.backend import grammar_backend
 from warmgate.server.serving.grammar.spec import GrammarSpec
@@ -135,8 +135,7 @@ def _check_every_position(model: dict[str, Any], spec: GrammarSpec, prompt: list
     agreed = 0
     for i, token in enumerate(constrained):
         matcher.matcher.fill_next_token_bitmask(mask, 0)
-        allowed = logits[i].clone()
-        apply_token_bitmask(allowed[None], mask)
+        allowed = apply_token_bitmask(logits[i][None], mask)[0]
         best = float(allowed.max())
         assert torch.isfinite(allowed[token]), f"position {i}: token {token} not allowed"
         assert float(allowed[token]) >= best - LOGIT_TIE, (

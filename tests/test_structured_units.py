@@ -14,7 +14,8 @@ from tokenizers import Tokenizer
 
 from tests.text_helpers import train_tokenizer
 from warmgate.server.runner.request_state import RequestState, ScheduledRequest
-from warmgate.server.runner.sampler import Sampler, apply_token_bitmask
+from warmgate.server.runner.sampling.grammar_mask import apply_token_bitmask
+from warmgate.server.runner.sampling.sampler import Sampler
 from warmgate.server.runner.scheduler_output import (
     GREEDY,
     GrammarOutput,
@@ -189,8 +190,8 @@ def test_sampling_draws_only_allowed_tokens_and_leaves_plain_rows_alone() -> Non
     allowed = [{3, 77}, set(range(VOCAB)), {500, 31, 32}, {0}]
     bitmask = _mask(allowed)
     bitmask[1] = -1
-    masked = logits.clone()
-    apply_token_bitmask(masked, bitmask)
+    masked = apply_token_bitmask(logits, bitmask)
+    assert masked is not logits  # the model's own logits stay as they were (logprobs)
     for r, tokens in enumerate(allowed):
         keep = torch.tensor([t in tokens for t in range(VOCAB)])
         assert torch.equal(masked[r][keep], logits[r][keep])
@@ -198,14 +199,14 @@ def test_sampling_draws_only_allowed_tokens_and_leaves_plain_rows_alone() -> Non
     sampler = Sampler()
     params = [GREEDY, GREEDY, SamplingParams(temperature=1.0, top_k=2), GREEDY]
     for _ in range(20):
-        tokens = sampler.sample(logits.clone(), params, [None] * 4, bitmask).tolist()
+        tokens = sampler.sample(logits, params, [None] * 4, token_bitmask=bitmask).tolist()
         assert [t in a for t, a in zip(tokens, allowed, strict=True)] == [True] * 4
         assert tokens[1] == int(logits[1].argmax())  # the plain row: today's choice
     # Verification: row j of a request is the mask after its first j drafts.
     drafts = [[3], [9]]
     verify_mask = _mask([{3}, {40}, set(range(VOCAB)), set(range(VOCAB))])
-    out, accepted = sampler.verify(logits.clone(), drafts, [GREEDY, GREEDY], [None, None],
-                                   verify_mask)
+    out, accepted = sampler.verify(logits, drafts, [GREEDY, GREEDY], [None, None],
+                                   token_bitmask=verify_mask)
     assert out[0] == [3, 40] and accepted[0] == 1
     first = int(logits[2].argmax())  # request 1's rows are unconstrained
     assert out[1] == ([9, int(logits[3].argmax())] if first == 9 else [first])

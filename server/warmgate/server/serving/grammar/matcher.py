@@ -8,9 +8,7 @@ from collections.abc import Sequence
 import torch
 import xgrammar as xgr
 
-from warmgate.server.serving.grammar.spec import GrammarViolation
-
-ALL_ALLOWED = -1  # a bitmask word with every bit set
+from warmgate.server.serving.grammar.spec import ALL_ALLOWED, GrammarViolation
 
 
 class RequestGrammar:

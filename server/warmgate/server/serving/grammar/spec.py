@@ -15,6 +15,7 @@ GRAMMAR_KINDS: tuple[GrammarKind, ...] = ("json_schema", "regex", "ebnf")
 _CPP_PREFIX = re.compile(r"^\[[0-9:]+\]\s+\S+:\d+:\s*")
 _CHECK_FAILED = re.compile(r"^Check failed: \(.*?\) is false:\s*")
 MAX_MESSAGE_CHARS = 300
+ALL_ALLOWED = -1  # a bitmask word with every bit set
 
 
 @dataclass(frozen=True)

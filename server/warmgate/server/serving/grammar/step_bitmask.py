@@ -3,10 +3,8 @@ request, in vLLM's GrammarOutput layout (requests in schedule order, each with 1
 
 from __future__ import annotations
 
-import torch
-
 from warmgate.server.runner.scheduler_output import GrammarOutput
-from warmgate.server.serving.grammar.matcher import ALL_ALLOWED
+from warmgate.server.serving.grammar.spec import ALL_ALLOWED
 from warmgate.server.serving.scheduler import ScheduledWork, StepPlan
 
 
@@ -21,6 +19,8 @@ def grammar_output_for(plan: StepPlan) -> GrammarOutput | None:
     work = [w for w in plan.work if w.req.grammar is not None and _samples(w)]
     if not work:
         return None
+    import torch  # only a step with a grammar needs it: serving imports stay free of torch
+
     first = work[0].req.grammar
     assert first is not None  # filtered above
     rows = sum(1 + len(w.draft_token_ids) for w in work)
