@@ -88,12 +88,13 @@ class _ConstrainedSteps:
                     if req_id in cached.req_ids else 0)
         inputs = (so.num_scheduled_tokens[req_id]
                   - len(so.scheduled_spec_decode_tokens.get(req_id, ())))
-        return computed + inputs >= self._runner.input_batch.requests[req_id].num_tokens
+        held: int = self._runner.input_batch.requests[req_id].num_tokens
+        return computed + inputs >= held
 
 
 def _sweep_rows(model_runner: Any, width: int) -> int:
     """The apply kernel at every logits row count a step can hand the sampler."""
-    max_rows = model_runner.token_bitmask.max_rows
+    max_rows: int = model_runner.token_bitmask.max_rows
     vocab = model_runner.config.model.vocab_size
     logits = torch.zeros(max_rows, vocab, device=model_runner.device, dtype=torch.float32)
     bitmask = torch.full((max_rows, width), -1, dtype=torch.int32, device=model_runner.device)
