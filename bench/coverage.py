@@ -19,6 +19,7 @@ from collections import Counter
 
 import torch
 
+from bench.structured_rows import ConstrainedSampling
 from warmgate.server.devtools.batch_driver import BatchDriver
 from warmgate.server.devtools.random_batches import BatchDrawer, Limits
 from warmgate.server.devtools.runner_setup import (
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                     max_model_len=cfg.model.max_model_len,
                     num_spec=cfg.speculative.num_speculative_steps,
                     vocab_size=cfg.model.vocab_size)
+    structured = ConstrainedSampling(runner, random.Random(f"{args.seed}/structured")).install()
     sched = BatchDriver(runner)
     drawer = BatchDrawer(sched, limits, random.Random(args.seed))
     modes: Counter[str] = Counter()
@@ -104,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"token counts:  {len(sizes)} distinct, {min(sizes, default=0)}.."
           f"{max(sizes, default=0)}")
     print("requests/batch: " + ", ".join(f"{k}: {v}" for k, v in sorted(reqs.items())))
+    print(structured.describe())
     print(f"observers:     {', '.join(monitor.observers) or 'none'}; compile buckets "
           f"{list(runner.compile_buckets) or 'off'}")
     print(f"compiles before ready: {counts.compiles}; after ready by kind: {counts.after_ready}")

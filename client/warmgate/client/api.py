@@ -156,7 +156,8 @@ class WarmgateClient:
         """Stream one request's tokens; `sampling` takes generate_request's keywords
         (prompt or messages instead of prompt_token_ids, temperature, top_k, top_p, seed,
         max_tokens, stop_token_ids, ignore_eos, request_id, logprobs, prompt_logprobs, the
-        penalties, min_p, min_tokens, logit_bias).
+        penalties, min_p, min_tokens, logit_bias, and one of json_schema, regex or ebnf for
+        structured output).
 
         No deadline unless `timeout` is given. Leaving the loop early cancels the request on
         the server, which frees its KV blocks.

@@ -18,7 +18,8 @@ def generate_request(prompt_token_ids: Sequence[int] = (), *, prompt: str | None
                      presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                      repetition_penalty: float | None = None, min_p: float = 0.0,
                      min_tokens: int = 0, logit_bias: Mapping[int, float] | None = None,
-                     ) -> gen_pb.GenerateRequest:
+                     json_schema: str | None = None, regex: str | None = None,
+                     ebnf: str | None = None) -> gen_pb.GenerateRequest:
     """A GenerateRequest; unset options keep the server's defaults (greedy, 16 tokens).
 
     The prompt is one of prompt_token_ids, `prompt` (text) or `messages` (chat turns, each
@@ -26,7 +27,14 @@ def generate_request(prompt_token_ids: Sequence[int] = (), *, prompt: str | None
     logprobs / prompt_logprobs: return each generated / prompt token's log probability with
     that many most likely tokens (0-20); the penalties, min_p, min_tokens and logit_bias
     (token id -> bias) are those of the proto's SamplingParams.
+    Structured output: at most one of json_schema (JSON text), regex and ebnf, which the
+    output must match (needs a model with a tokenizer too).
     """
+    structured = {k: v for k, v in (("json_schema", json_schema), ("regex", regex),
+                                    ("ebnf", ebnf)) if v is not None}
+    if len(structured) > 1:
+        raise ValueError(f"at most one of json_schema, regex and ebnf, got "
+                         f"{' and '.join(structured)}")
     sampling = gen_pb.SamplingParams(temperature=temperature, top_k=top_k,
                                      stop_token_ids=list(stop_token_ids),
                                      ignore_eos=ignore_eos, presence_penalty=presence_penalty,
@@ -42,6 +50,8 @@ def generate_request(prompt_token_ids: Sequence[int] = (), *, prompt: str | None
         sampling.seed = seed
     if max_tokens is not None:
         sampling.max_tokens = max_tokens
+    for name, text in structured.items():
+        setattr(sampling, name, text)
     request = gen_pb.GenerateRequest(
         prompt_token_ids=list(prompt_token_ids), sampling=sampling, request_id=request_id,
         messages=[gen_pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages])

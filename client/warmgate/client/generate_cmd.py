@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any, TextIO
 
 from warmgate.client.api import WarmgateClient
+from warmgate.client.exit_codes import EXIT_LOCAL
 from warmgate.client.generate import Generation
 
 
@@ -74,12 +76,37 @@ def add_generate_command(commands: Any) -> None:
     gen.add_argument("--logit-bias", type=logit_bias_item, action="append", default=[],
                      metavar="ID=BIAS", help="add BIAS (in [-100, 100]) to token ID's logit; "
                                              "repeat for more ids")
+    structured = gen.add_mutually_exclusive_group()
+    structured.add_argument("--json-schema", metavar="FILE",
+                            help="structured output: the output is JSON valid against the "
+                                 "JSON schema in FILE")
+    structured.add_argument("--regex", metavar="R",
+                            help="structured output: the output matches the regular "
+                                 "expression R")
+    structured.add_argument("--grammar", metavar="FILE",
+                            help="structured output: the output matches the EBNF grammar "
+                                 "(GBNF, with a root rule) in FILE")
+
+
+def _structured(args: argparse.Namespace) -> dict[str, str]:
+    """The structured-output option as generate_request's keyword; OSError for a file that
+    cannot be read."""
+    if args.json_schema is not None:
+        return {"json_schema": Path(args.json_schema).read_text(encoding="utf-8")}
+    if args.grammar is not None:
+        return {"ebnf": Path(args.grammar).read_text(encoding="utf-8")}
+    return {"regex": args.regex} if args.regex is not None else {}
 
 
 def run_generate(client: WarmgateClient, args: argparse.Namespace, out: TextIO,
                  err: TextIO) -> int:
     result = Generation()
     as_text = args.prompt_ids is None
+    try:
+        structured = _structured(args)
+    except OSError as exc:
+        print(f"warmgate: cannot read {exc.filename}: {exc.strerror}", file=err)
+        return EXIT_LOCAL
     stream = client.generate(args.prompt_ids or (), prompt=args.prompt,
                              messages=[{"role": "user", "content": args.chat}]
                              if args.chat is not None else (),
@@ -91,7 +118,8 @@ def run_generate(client: WarmgateClient, args: argparse.Namespace, out: TextIO,
                              presence_penalty=args.presence_penalty,
                              frequency_penalty=args.frequency_penalty,
                              repetition_penalty=args.repetition_penalty, min_p=args.min_p,
-                             min_tokens=args.min_tokens, logit_bias=dict(args.logit_bias))
+                             min_tokens=args.min_tokens, logit_bias=dict(args.logit_bias),
+                             **structured)
     for message in stream:
         if args.json:
             pass  # one object at the end

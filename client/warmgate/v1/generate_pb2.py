@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1awarmgate/v1/generate.proto\x12\x0bwarmgate.v1\"\x9a\x04\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\x05H\x02\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x15\n\x08logprobs\x18\x08 \x01(\x05H\x03\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\t \x01(\x05H\x04\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x02H\x05\x88\x01\x01\x12\r\n\x05min_p\x18\r \x01(\x02\x12\x12\n\nmin_tokens\x18\x0e \x01(\x05\x12>\n\nlogit_bias\x18\x0f \x03(\x0b\x32*.warmgate.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x08\n\x06_top_pB\x07\n\x05_seedB\r\n\x0b_max_tokensB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x15\n\x13_repetition_penalty\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xba\x01\n\x0fGenerateRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12-\n\x08sampling\x18\x02 \x01(\x0b\x32\x1b.warmgate.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x13\n\x06prompt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12*\n\x08messages\x18\x05 \x03(\x0b\x32\x18.warmgate.v1.ChatMessageB\t\n\x07_prompt\"\xce\x02\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x1c\n\x14time_since_arrival_s\x18\x02 \x01(\x01\x12!\n\x19num_accepted_draft_tokens\x18\x03 \x01(\x05\x12\x18\n\x10num_draft_tokens\x18\x04 \x01(\x05\x12\x30\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x19.warmgate.v1.FinishReason\x12)\n\x05usage\x18\x06 \x01(\x0b\x32\x1a.warmgate.v1.GenerateUsage\x12\x0c\n\x04text\x18\x07 \x01(\t\x12,\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1a.warmgate.v1.TokenLogprobs\x12\x33\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x1a.warmgate.v1.TokenLogprobs\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"o\n\rTokenLogprobs\x12(\n\x05token\x18\x01 \x01(\x0b\x32\x19.warmgate.v1.TokenLogprob\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12&\n\x03top\x18\x03 \x03(\x0b\x32\x19.warmgate.v1.TokenLogprob\"\xdf\x01\n\rGenerateUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x11\n\tnum_steps\x18\x03 \x01(\x05\x12\x17\n\x0fnum_preemptions\x18\x04 \x01(\x05\x12\x18\n\x10num_draft_tokens\x18\x05 \x01(\x05\x12!\n\x19num_accepted_draft_tokens\x18\x06 \x01(\x05\x12\x14\n\x0cqueue_time_s\x18\x07 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\x08 \x01(\x01*\x80\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x1f\n\x1b\x46INISH_REASON_MAX_MODEL_LEN\x10\x03\x32W\n\nGeneration\x12I\n\x08Generate\x12\x1c.warmgate.v1.GenerateRequest\x1a\x1d.warmgate.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1awarmgate/v1/generate.proto\x12\x0bwarmgate.v1\"\xe0\x04\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x02\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\x05H\x03\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x15\n\x08logprobs\x18\x08 \x01(\x05H\x04\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\t \x01(\x05H\x05\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x02H\x06\x88\x01\x01\x12\r\n\x05min_p\x18\r \x01(\x02\x12\x12\n\nmin_tokens\x18\x0e \x01(\x05\x12>\n\nlogit_bias\x18\x0f \x03(\x0b\x32*.warmgate.v1.SamplingParams.LogitBiasEntry\x12\x15\n\x0bjson_schema\x18\x14 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x15 \x01(\tH\x00\x12\x0e\n\x04\x65\x62nf\x18\x16 \x01(\tH\x00\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0c\n\nstructuredB\x08\n\x06_top_pB\x07\n\x05_seedB\r\n\x0b_max_tokensB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x15\n\x13_repetition_penalty\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xba\x01\n\x0fGenerateRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12-\n\x08sampling\x18\x02 \x01(\x0b\x32\x1b.warmgate.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x13\n\x06prompt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12*\n\x08messages\x18\x05 \x03(\x0b\x32\x18.warmgate.v1.ChatMessageB\t\n\x07_prompt\"\xce\x02\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x1c\n\x14time_since_arrival_s\x18\x02 \x01(\x01\x12!\n\x19num_accepted_draft_tokens\x18\x03 \x01(\x05\x12\x18\n\x10num_draft_tokens\x18\x04 \x01(\x05\x12\x30\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x19.warmgate.v1.FinishReason\x12)\n\x05usage\x18\x06 \x01(\x0b\x32\x1a.warmgate.v1.GenerateUsage\x12\x0c\n\x04text\x18\x07 \x01(\t\x12,\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1a.warmgate.v1.TokenLogprobs\x12\x33\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x1a.warmgate.v1.TokenLogprobs\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"o\n\rTokenLogprobs\x12(\n\x05token\x18\x01 \x01(\x0b\x32\x19.warmgate.v1.TokenLogprob\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12&\n\x03top\x18\x03 \x03(\x0b\x32\x19.warmgate.v1.TokenLogprob\"\xdf\x01\n\rGenerateUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x11\n\tnum_steps\x18\x03 \x01(\x05\x12\x17\n\x0fnum_preemptions\x18\x04 \x01(\x05\x12\x18\n\x10num_draft_tokens\x18\x05 \x01(\x05\x12!\n\x19num_accepted_draft_tokens\x18\x06 \x01(\x05\x12\x14\n\x0cqueue_time_s\x18\x07 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\x08 \x01(\x01*\x80\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x1f\n\x1b\x46INISH_REASON_MAX_MODEL_LEN\x10\x03\x32W\n\nGeneration\x12I\n\x08Generate\x12\x1c.warmgate.v1.GenerateRequest\x1a\x1d.warmgate.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,24 +33,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1547
-  _globals['_FINISHREASON']._serialized_end=1675
+  _globals['_FINISHREASON']._serialized_start=1617
+  _globals['_FINISHREASON']._serialized_end=1745
   _globals['_SAMPLINGPARAMS']._serialized_start=44
-  _globals['_SAMPLINGPARAMS']._serialized_end=582
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=444
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=492
-  _globals['_CHATMESSAGE']._serialized_start=584
-  _globals['_CHATMESSAGE']._serialized_end=628
-  _globals['_GENERATEREQUEST']._serialized_start=631
-  _globals['_GENERATEREQUEST']._serialized_end=817
-  _globals['_GENERATERESPONSE']._serialized_start=820
-  _globals['_GENERATERESPONSE']._serialized_end=1154
-  _globals['_TOKENLOGPROB']._serialized_start=1156
-  _globals['_TOKENLOGPROB']._serialized_end=1205
-  _globals['_TOKENLOGPROBS']._serialized_start=1207
-  _globals['_TOKENLOGPROBS']._serialized_end=1318
-  _globals['_GENERATEUSAGE']._serialized_start=1321
-  _globals['_GENERATEUSAGE']._serialized_end=1544
-  _globals['_GENERATION']._serialized_start=1677
-  _globals['_GENERATION']._serialized_end=1764
+  _globals['_SAMPLINGPARAMS']._serialized_end=652
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=500
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=548
+  _globals['_CHATMESSAGE']._serialized_start=654
+  _globals['_CHATMESSAGE']._serialized_end=698
+  _globals['_GENERATEREQUEST']._serialized_start=701
+  _globals['_GENERATEREQUEST']._serialized_end=887
+  _globals['_GENERATERESPONSE']._serialized_start=890
+  _globals['_GENERATERESPONSE']._serialized_end=1224
+  _globals['_TOKENLOGPROB']._serialized_start=1226
+  _globals['_TOKENLOGPROB']._serialized_end=1275
+  _globals['_TOKENLOGPROBS']._serialized_start=1277
+  _globals['_TOKENLOGPROBS']._serialized_end=1388
+  _globals['_GENERATEUSAGE']._serialized_start=1391
+  _globals['_GENERATEUSAGE']._serialized_end=1614
+  _globals['_GENERATION']._serialized_start=1747
+  _globals['_GENERATION']._serialized_end=1834
 # @@protoc_insertion_point(module_scope)

@@ -114,6 +114,10 @@ class _SkipReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SkipReason
     """CUDA graphs were captured by an earlier plan and `force` was not set."""
     SKIP_REASON_MAX_MODEL_LEN_TOO_SMALL: _SkipReason.ValueType  # 14
     """max_model_len cannot hold one warmup request (its prefill and first decode)."""
+    SKIP_REASON_NO_TOKENIZER: _SkipReason.ValueType  # 15
+    """The model has no tokenizer (tokenizer.json) or no end-of-sequence ids, so no request can
+    carry a grammar (structured output).
+    """
 
 class SkipReason(_SkipReason, metaclass=_SkipReasonEnumTypeWrapper):
     """Why a phase skipped. Mirrors warmgate.server.core.results.SkipReason."""
@@ -148,6 +152,10 @@ SKIP_REASON_ALREADY_CAPTURED: SkipReason.ValueType  # 13
 """CUDA graphs were captured by an earlier plan and `force` was not set."""
 SKIP_REASON_MAX_MODEL_LEN_TOO_SMALL: SkipReason.ValueType  # 14
 """max_model_len cannot hold one warmup request (its prefill and first decode)."""
+SKIP_REASON_NO_TOKENIZER: SkipReason.ValueType  # 15
+"""The model has no tokenizer (tokenizer.json) or no end-of-sequence ids, so no request can
+carry a grammar (structured output).
+"""
 Global___SkipReason: _TypeAlias = SkipReason  # noqa: Y015
 
 class _WarmupState:

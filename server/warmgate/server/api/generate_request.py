@@ -11,6 +11,7 @@ from warmgate.server.api.sampling_options import sampling_options
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.core.errors import FieldViolation, InvalidArgument
 from warmgate.server.runner.scheduler_output import SamplingParams
+from warmgate.server.serving.grammar.spec import GrammarSpec, grammar_unavailable_reason
 from warmgate.server.serving.scheduler import SchedulerLimits
 from warmgate.server.text.errors import PromptError
 from warmgate.server.text.model_text import ModelText
@@ -23,6 +24,8 @@ MAX_STOP_TOKEN_IDS = 64
 # Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): logits / 1e-38 overflow
 # float32 to inf and the softmax to NaN, which returned junk tokens with finish LENGTH.
 GREEDY_BELOW_TEMPERATURE = 1e-5
+# Longer grammars are refused before they reach the compiler (whose time grows with them).
+MAX_GRAMMAR_CHARS = 100_000
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class ParsedRequest:
     client_request_id: str
     # Which request field the prompt came in: prompt_token_ids, prompt or messages.
     prompt_field: str = "prompt_token_ids"
+    # Structured output: the grammar the output must match (compiled by the caller).
+    grammar: GrammarSpec | None = None
 
 
 def _first_outside(values: list[int], vocab_size: int) -> int | None:
@@ -81,6 +86,7 @@ def parse_generate_request(request: gen_pb.GenerateRequest, config: RunnerConfig
     if len(request.request_id) > MAX_REQUEST_ID_CHARS:
         bad.append(FieldViolation("request_id", f"{len(request.request_id)} characters, at "
                                   f"most {MAX_REQUEST_ID_CHARS}"))
+    grammar = _grammar_spec(s, text, bad)
     if not bad:
         _check_fits_cache(config, len(prompt), max_tokens, bad)
     if bad:
@@ -91,7 +97,25 @@ def parse_generate_request(request: gen_pb.GenerateRequest, config: RunnerConfig
     params = SamplingParams(temperature=temperature, top_k=s.top_k, top_p=top_p,
                             seed=s.seed if s.HasField("seed") else None, max_tokens=max_tokens,
                             stop_token_ids=tuple(stops) + eos, **options)
-    return ParsedRequest(prompt, params, request.request_id, field)
+    return ParsedRequest(prompt, params, request.request_id, field, grammar)
+
+
+def _grammar_spec(s: gen_pb.SamplingParams, text: ModelText, bad: list[FieldViolation]
+                  ) -> GrammarSpec | None:
+    """The request's grammar, checked as far as it can be without compiling it."""
+    kind = s.WhichOneof("structured")
+    if kind is None:
+        return None
+    spec = GrammarSpec(kind, getattr(s, kind))
+    reason = grammar_unavailable_reason(text)
+    if reason is not None:
+        bad.append(FieldViolation(spec.field, reason))
+    elif not spec.text.strip():
+        bad.append(FieldViolation(spec.field, "is empty"))
+    elif len(spec.text) > MAX_GRAMMAR_CHARS:
+        bad.append(FieldViolation(spec.field, f"{len(spec.text)} characters, at most "
+                                  f"{MAX_GRAMMAR_CHARS}"))
+    return spec
 
 
 def _check_fits_cache(config: RunnerConfig, prompt_len: int, max_tokens: int,

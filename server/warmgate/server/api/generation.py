@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -27,12 +28,15 @@ from warmgate.server.control.engine import WarmupEngine
 from warmgate.server.control.serving_driver import ServingDriver
 from warmgate.server.core.errors import (
     FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
     ResourceExhausted,
     ShuttingDown,
     Unavailable,
     WarmgateError,
 )
 from warmgate.server.core.failures import describe_failure, is_out_of_memory
+from warmgate.server.serving.grammar.spec import GrammarError, GrammarSpec
 from warmgate.server.serving.loop import ServingLoop
 from warmgate.server.serving.ngram import NgramIndex
 from warmgate.server.serving.request import ServingRequest, StepEvent, Usage
@@ -42,6 +46,9 @@ from warmgate.server.text.detokenizer import IncrementalDetokenizer
 from warmgate.server.text.model_text import ModelText
 from warmgate.v1 import generate_pb2 as gen_pb
 from warmgate.v1 import generate_pb2_grpc as gen_grpc
+
+if TYPE_CHECKING:  # xgrammar loads with the first grammar request (or the warmup)
+    from warmgate.server.serving.grammar.matcher import RequestGrammar
 
 logger = logging.getLogger(__name__)
 
@@ -115,10 +122,13 @@ class GenerationService(gen_grpc.GenerationServicer):
         arrival = time.perf_counter()
         parsed = parse_generate_request(request, self._runner_config, self._text)
         self._admit()
+        grammar = (await self._grammar(parsed.grammar) if parsed.grammar is not None
+                   else None)
         req_id = f"gen-{next(self._ids)}"
         k = self._limits.num_speculative_steps
         drafter = NgramIndex(self._config.ngram_min, self._config.ngram_max) if k else None
-        req = ServingRequest(req_id, parsed.prompt_token_ids, parsed.params, arrival, drafter)
+        req = ServingRequest(req_id, parsed.prompt_token_ids, parsed.params, arrival, drafter,
+                             grammar)
         tokenizer = self._text.tokenizer
         stream = _Stream(req, tokenizer.detokenizer() if tokenizer is not None else None)
         logger.debug("generate %s%s: %d prompt tokens from %s, max_tokens %d, stop ids %s",
@@ -156,6 +166,21 @@ class GenerationService(gen_grpc.GenerationServicer):
             self._driver.close(req_id, abort=outcome in ("cancelled", "error"))
             if self._metrics is not None:
                 self._metrics.observe_finish(outcome, req.usage, stream.num_sent, arrival)
+
+    async def _grammar(self, spec: GrammarSpec) -> RequestGrammar:
+        """The request's matcher; its grammar compiled (or found in the cache) on a worker
+        thread. INVALID_ARGUMENT naming the field when it does not compile."""
+        from warmgate.server.serving.grammar.backend import grammar_backend  # loads xgrammar
+
+        # Built by the warmup's structured phase; only without warmup does this build it.
+        backend = await asyncio.to_thread(grammar_backend, self._text,
+                                          self._runner_config.model.vocab_size)
+        try:
+            return await backend.matcher_async(spec)
+        except GrammarError as exc:
+            raise InvalidArgument(FieldViolation(exc.field, exc.message)) from None
+
+    # -- admission ----------------------------------------------------------------------
 
     def _admit(self) -> None:
         """Build the serving loop if this server takes a Generate now; else the error why not."""

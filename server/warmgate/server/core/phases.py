@@ -13,11 +13,13 @@ COMPILE = "compile"
 PREFILL = "kernels.prefill"
 DECODE = "kernels.decode"
 SAMPLER = "kernels.sampler"
+STRUCTURED = "structured"
 MIXED = "mixed"
 CUDA_GRAPHS = "cuda_graphs"
 
 # A whole plan (WarmupKernels, start-up), in order.
-PLAN_PHASES = (LOAD, FLASHINFER, COMPILE, PREFILL, DECODE, SAMPLER, MIXED, CUDA_GRAPHS)
+PLAN_PHASES = (LOAD, FLASHINFER, COMPILE, PREFILL, DECODE, SAMPLER, STRUCTURED, MIXED,
+               CUDA_GRAPHS)
 # Only a tensor-parallel runner (warmgate.server.distributed) runs this one, right after load
 # (every collective at every size class, on every rank); a TP=1 plan is PLAN_PHASES.
 DISTRIBUTED = "distributed"
@@ -26,5 +28,6 @@ TP_PLAN_PHASES = (LOAD, DISTRIBUTED, *PLAN_PHASES[1:])
 MIXED_PHASES = (MIXED,)
 # The phases whose work goes through the runner's two callbacks (execute_model and
 # sample_tokens), in plan order; load runs before a runner exists, and flashinfer, compile and
-# cuda_graphs skip on a CPU, so only these can be interrupted through the callbacks.
+# cuda_graphs skip on a CPU (structured too, without a tokenizer), so only these can be
+# interrupted through the callbacks.
 RUNNER_CALL_PHASES = (PREFILL, DECODE, SAMPLER, MIXED)

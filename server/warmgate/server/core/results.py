@@ -32,6 +32,8 @@ class SkipReason(enum.Enum):
     ALREADY_CAPTURED = "ALREADY_CAPTURED"
     # max_model_len cannot hold one warmup request (its prefill and first decode).
     MAX_MODEL_LEN_TOO_SMALL = "MAX_MODEL_LEN_TOO_SMALL"
+    # No tokenizer.json (or no EOS ids): no request can carry a grammar.
+    NO_TOKENIZER = "NO_TOKENIZER"
 
 
 @dataclass

@@ -38,6 +38,7 @@ from warmgate.server.runner.scheduler_output import (
     ModelRunnerOutput,
     SchedulerOutput,
 )
+from warmgate.server.runner.token_bitmask import TokenBitmaskBuffer
 from warmgate.server.runner.validation import StepLimits, validate_scheduler_output
 
 if TYPE_CHECKING:
@@ -97,10 +98,14 @@ class ModelRunner:
         self.jit_monitor = jit_monitor if jit_monitor is not None else JitMonitor()
         self._choose_forward()
         self.sampler = Sampler()
+        # Structured output's bitmask rows: 1 per request, 1 + k with drafts, at most.
+        self.token_bitmask = TokenBitmaskBuffer(
+            min(self.max_num_reqs * self.decode_query_len, self.max_num_tokens),
+            config.model.vocab_size, self.device)
         self.input_batch = self._create_input_batch()
         self.limits = self._step_limits()
         self.load_stats = load_stats(config, loaded, kv)
-        # For tests and warmup checks: the logits of the last execute_model, row by row.
+        # For tests and warmup checks: the last execute_model's logits (grammar-masked in place).
         self.last_logits: torch.Tensor | None = None  # [rows, V] float32
         self.last_logits_req_ids: list[str] = []
         self._pending: _PendingStep | None = None
@@ -190,12 +195,15 @@ class ModelRunner:
     @torch.inference_mode()
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | None:
         """Sample (or verify drafts for) the pending step; None when nothing is pending.
-        grammar_output is accepted for vLLM's signature; structured output is not applied."""
+        grammar_output (structured output): the step's bitmask rows of constrained requests,
+        applied to their logits rows before the choice; None or no request: untouched."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
+        bitmask = self.token_bitmask.layout(
+            [s for s in pending.scheduled if s.num_logits_rows], grammar_output)
         return sample_step(self.sampler, pending.logits, pending.scheduled,
-                           pending.prompt_logprobs)
+                           pending.prompt_logprobs, bitmask)
 
     def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor,
                    meta: AttentionMetadata) -> torch.Tensor:

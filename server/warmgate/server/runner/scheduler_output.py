@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -124,9 +128,13 @@ class SchedulerOutput:
 
 @dataclass
 class GrammarOutput:
-    """Structured-output bitmasks (vLLM passes these to sample_tokens); we accept and ignore."""
+    """Structured-output bitmasks for one step, as vLLM passes them to sample_tokens: the
+    constrained requests in schedule order and, for each, one bitmask row per logits row it
+    samples (1 + its drafts), xgrammar's layout (int32, ceil(vocab / 32) words, bit set =
+    allowed), on the host."""
 
     structured_output_request_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: torch.Tensor | None = None  # [sum of rows, ceil(V / 32)] int32
 
 
 @dataclass

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmgate.server.core.failures import FatalDeviceError, is_fatal_device_error
+from warmgate.server.serving.grammar.step_bitmask import grammar_output_for
 from warmgate.server.serving.request import ServingRequest, StepEvent
 from warmgate.server.serving.scheduler import Scheduler, StepPlan
 
@@ -118,7 +119,8 @@ class ServingLoop:
         try:
             out = self.runner.execute_model(plan.scheduler_output)
             if out is None:
-                out = self.runner.sample_tokens(None)
+                # Filled on the host while the device runs the forward.
+                out = self.runner.sample_tokens(grammar_output_for(plan))
         except Exception as exc:
             self._fail(plan, exc)
             return

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from warmgate.server.runner.scheduler_output import PromptLogprobs, SamplingParams, TokenLogprobs
 from warmgate.server.serving.ngram import NgramIndex
+
+if TYPE_CHECKING:  # xgrammar loads only where grammars are used
+    from warmgate.server.serving.grammar.matcher import RequestGrammar
 
 
 class FinishReason(enum.Enum):
@@ -40,6 +44,8 @@ class ServingRequest:
     # time.perf_counter() when the server received it.
     arrival_s: float
     drafter: NgramIndex | None = None
+    # Structured output: the grammar its tokens must follow (its state is the outputs so far).
+    grammar: RequestGrammar | None = None
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     # Tokens whose KV is in this request's blocks (0 while waiting).

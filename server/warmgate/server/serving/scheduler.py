@@ -27,6 +27,7 @@ from warmgate.server.runner.scheduler_output import (
     TokenLogprobs,
 )
 from warmgate.server.serving.block_pool import BlockPool
+from warmgate.server.serving.grammar.spec import GrammarViolation
 from warmgate.server.serving.request import (
     FinishReason,
     RequestStatus,
@@ -181,8 +182,12 @@ class Scheduler:
             accepted = len(tokens) - 1
             req.usage.num_draft_tokens += len(w.draft_token_ids)
             req.usage.num_accepted_draft_tokens += accepted
-            events.append(self._append(req, tokens, now, len(w.draft_token_ids), accepted,
-                                       logprobs.get(req.req_id, [])))
+            try:
+                events.append(self._append(req, tokens, now, len(w.draft_token_ids), accepted,
+                                           logprobs.get(req.req_id, [])))
+            except GrammarViolation as exc:
+                self._finish(req)
+                events.append(StepEvent(req.req_id, [], now, error=exc))
         return events
 
     def fail(self, plan: StepPlan, error: BaseException, now: float) -> list[StepEvent]:
@@ -272,7 +277,9 @@ class Scheduler:
         for token in tokens:
             kept.append(token)
             req.output_token_ids.append(token)
-            if token in req.params.stop_token_ids:
+            # A grammar ends once complete and past the EOS it then allows (vLLM's rule).
+            grammar_done = req.grammar is not None and req.grammar.accept(token)
+            if grammar_done or token in req.params.stop_token_ids:
                 reason = FinishReason.STOP
             elif req.num_tokens_left <= 0:
                 reason = FinishReason.LENGTH

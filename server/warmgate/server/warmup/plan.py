@@ -1,11 +1,11 @@
 """The warmup plan: every warmup phase (docs/architecture.md), in order, each RAN, SKIPPED or
 FAILED.
 
-Order: load, flashinfer, compile, kernels.prefill, kernels.decode, kernels.sampler, mixed,
-cuda_graphs. FlashInfer's JIT runs before the kernel warmups (as vLLM runs its FlashInfer
-autotune before `warmup_kernels`) so its compile cost shows in its own phase rather than inside
-prefill; torch.compile's buckets likewise. Graph capture comes last: a warmup after capture can
-grow a workspace that captured graphs still point at (vLLM 55336).
+Order: load, flashinfer, compile, kernels.prefill, kernels.decode, kernels.sampler,
+structured, mixed, cuda_graphs. FlashInfer's JIT runs before the kernel warmups (as vLLM runs
+its FlashInfer autotune before `warmup_kernels`) so its compile cost shows in its own phase
+rather than inside prefill; torch.compile's buckets likewise. Graph capture comes last: a
+warmup after capture can grow a workspace that captured graphs still point at (vLLM 55336).
 Each phase's `compiles` and cache counts come from the runner's JitMonitor, billed to the
 phase whose step was running.
 """
@@ -28,6 +28,7 @@ from warmgate.server.core.phases import (
     PLAN_PHASES,
     PREFILL,
     SAMPLER,
+    STRUCTURED,
     TP_PLAN_PHASES,
 )
 from warmgate.server.core.progress import PhaseProgress, ProgressCallback
@@ -47,6 +48,7 @@ from warmgate.server.warmup.phase_runner import PlanProgress, Step, run_phases
 from warmgate.server.warmup.runner_contract import WarmupRunner
 from warmgate.server.warmup.shapes import RESOURCE_SKIPS, default_mixed_num_tokens
 from warmgate.server.warmup.steps import synced_timer
+from warmgate.server.warmup.structured import run_structured_warmup
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +183,8 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
         ((FLASHINFER,), lambda _: [_flashinfer_phase(runner)]),
         ((COMPILE,), compile_buckets),
         ((PREFILL, DECODE, SAMPLER), kernels),
+        ((STRUCTURED,), lambda report: [run_structured_warmup(
+            runner, runner.execute_model, runner.sample_tokens, progress=report)]),
         ((MIXED,), mixed),
         ((CUDA_GRAPHS,), lambda _: [_cuda_graphs_phase(runner, force)]),
     ]

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from warmgate.server.runner.sampling.drafts import DraftLayout
+from warmgate.server.runner.sampling.grammar_mask import apply_token_bitmask
 from warmgate.server.runner.sampling.processors import apply_logits_processors
 from warmgate.server.runner.sampling.rows import SamplingRows, TokenHistory
 from warmgate.server.runner.sampling.seeded import SeededStream
@@ -19,12 +20,14 @@ from warmgate.server.runner.scheduler_output import SamplingParams
 class Sampler:
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
                streams: Sequence[SeededStream | None],
-               histories: Sequence[TokenHistory] | None = None) -> torch.Tensor:
+               histories: Sequence[TokenHistory] | None = None,
+               token_bitmask: torch.Tensor | None = None) -> torch.Tensor:
         """logits: [N, V] float32 (left unchanged); params, streams, histories (None: no
-        tokens yet): one per row -> tokens [N] int64."""
-        x = logits
+        tokens yet): one per row -> tokens [N] int64; token_bitmask: structured output's
+        rows (see apply_token_bitmask), or None."""
+        x = apply_token_bitmask(logits, token_bitmask)
         if any(p.uses_logits_processors for p in params):
-            x = apply_logits_processors(logits, SamplingRows.of(params, histories,
+            x = apply_logits_processors(x, SamplingRows.of(params, histories,
                                                                 logits.device))
         gens = [s.generators(1, logits.device)[0] if s is not None else None for s in streams]
         return choose_tokens(x, params, gens)
@@ -32,6 +35,7 @@ class Sampler:
     def verify(self, logits: torch.Tensor, draft_token_ids: Sequence[Sequence[int]],
                params: Sequence[SamplingParams], streams: Sequence[SeededStream | None],
                histories: Sequence[TokenHistory] | None = None,
+               token_bitmask: torch.Tensor | None = None,
                ) -> tuple[list[list[int]], list[int]]:
         """Speculative verification against a deterministic (one-hot) drafter.
 
@@ -47,14 +51,17 @@ class Sampler:
         probability p(d) and, on rejection, a draw from p without d, so the output is
         distributed as p; and since each position's token is drawn whether or not a draft
         sits there, a seeded request emits exactly the tokens it would without speculation.
+        With a grammar, row j's bitmask is the grammar's state after the request's first j
+        drafts (serving/grammar/matcher.py), so every token drawn is one the grammar allows
+        at its position.
         """
         dev = logits.device
         layout = DraftLayout.of(draft_token_ids, logits.shape[0], dev)
         row_params = [p for p, d in zip(params, draft_token_ids, strict=True)
                       for _ in range(len(d) + 1)]
-        x = logits
+        x = apply_token_bitmask(logits, token_bitmask)
         if any(p.uses_logits_processors for p in params):
-            x = apply_logits_processors(logits, SamplingRows.for_verify(
+            x = apply_logits_processors(x, SamplingRows.for_verify(
                 params, histories, draft_token_ids, dev))
         gens = [g for s, d in zip(streams, draft_token_ids, strict=True)
                 for g in (s.generators(len(d) + 1, dev) if s is not None

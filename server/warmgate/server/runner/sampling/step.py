@@ -16,9 +16,10 @@ from warmgate.server.runner.scheduler_output import GREEDY, ModelRunnerOutput
 
 
 def sample_step(sampler: Sampler, logits: torch.Tensor, scheduled: Sequence[ScheduledRequest],
-                prompt_lp: dict[str, PromptLogprobs]) -> ModelRunnerOutput:
+                prompt_lp: dict[str, PromptLogprobs],
+                token_bitmask: torch.Tensor | None = None) -> ModelRunnerOutput:
     """logits: [num_logits_rows, V], the rows of `scheduled` in order; appends the tokens to
-    each request's state."""
+    each request's state. token_bitmask: structured output's rows for those logits rows."""
     sampling = [s for s in scheduled if s.num_logits_rows]
     params = [s.state.sampling_params or GREEDY for s in sampling]
     streams = [SeededStream(p.seed, len(s.state.output_token_ids))
@@ -31,9 +32,9 @@ def sample_step(sampler: Sampler, logits: torch.Tensor, scheduled: Sequence[Sche
                  if any(p.uses_logits_processors for p in params) else None)
     if any(drafts):
         tokens, accepted = sampler.verify(logits, drafts, params, streams,
-                                               histories)
+                                          histories, token_bitmask)
     else:
-        flat = sampler.sample(logits, params, streams, histories).tolist()
+        flat = sampler.sample(logits, params, streams, histories, token_bitmask).tolist()
         tokens, accepted = [[t] for t in flat], [0] * len(flat)
     logprobs = sampled_logprobs(logits, sampling, tokens)
     by_req = {s.req_id: (t, a) for s, t, a in zip(sampling, tokens, accepted, strict=True)}
