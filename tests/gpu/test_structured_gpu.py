@@ -41,7 +41,8 @@ def test_bitmask_apply_on_cuda_equals_cpu(vocab: int, rows: int) -> None:
     on_cuda = apply_token_bitmask(logits.cuda(), bitmask.cuda())
     assert torch.equal(on_cuda.cpu(), on_cpu)
     assert torch.equal(on_cpu[0], logits[0])
-    assert torch.isinf(on_cpu).any()
+    if rows > 1:  # row 0 is the unconstrained one; the random rows mask some tokens
+        assert torch.isinf(on_cpu[1:]).any()
 
 
 @pytest.mark.parametrize("num_spec", [0, 3])
@@ -51,7 +52,7 @@ def test_grammar_requests_after_warmup_compile_nothing(tmp_path: Path, num_spec:
     config = with_model(tiny_config(device="cuda", dtype="bfloat16", attention_backend="triton",
                                     num_spec=num_spec, max_num_seqs=8,
                                     max_num_batched_tokens=128, block_size=16,
-                                    num_blocks=128, max_model_len=256),
+                                    num_blocks=128, max_model_len=128),
                         weights_path=str(directory))
     monitor = JitMonitor()
     runner, load_phase = load_runner(config, jit_monitor=monitor)
