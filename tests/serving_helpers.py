@@ -9,10 +9,11 @@ from typing import Any
 from tests.runner_helpers import MiniScheduler
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.scheduler_output import SamplingParams, SchedulerOutput
+from warmgate.server.serving.limits import SchedulerLimits
 from warmgate.server.serving.loop import ServingLoop
 from warmgate.server.serving.ngram import NgramIndex
 from warmgate.server.serving.request import ServingRequest, StepEvent
-from warmgate.server.serving.scheduler import Scheduler, SchedulerLimits
+from warmgate.server.serving.scheduler import Scheduler
 
 
 def greedy(max_tokens: int, stop: Sequence[int] = ()) -> SamplingParams:

@@ -204,3 +204,13 @@ def test_the_allow_lists_hold_only_live_offenders(modules: dict[str, set[str]]) 
     stale_grpc = ALLOWED_GRPC - set(grpc_offenders(modules))
     assert not stale_edges and not stale_grpc, \
         f"no longer needed, remove from tests/test_layers.py: {stale_edges} {stale_grpc}"
+
+
+MAX_MODULE_LINES = 300
+
+
+def test_no_server_module_is_over_300_lines() -> None:
+    """A module that outgrows one screenful of purposes is split by purpose (issue 18)."""
+    long = {str(p.relative_to(SERVER)): n for p in SERVER.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"split these by purpose: {long}"

@@ -9,9 +9,10 @@ from tests.grpc_harness import eventually, run, server_config, serving
 from tests.runner_helpers import make_runner, prompt
 from tests.serving_helpers import greedy
 from warmgate.client.aio import AsyncWarmgateClient
+from warmgate.server.serving.limits import SchedulerLimits
 from warmgate.server.serving.loop import Occupancy, ServingLoop
 from warmgate.server.serving.request import ServingRequest
-from warmgate.server.serving.scheduler import Scheduler, SchedulerLimits
+from warmgate.server.serving.scheduler import Scheduler
 
 GAUGES = ("warmgate_requests_running", "warmgate_requests_waiting",
           "warmgate_kv_cache_usage_ratio")

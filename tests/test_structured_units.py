@@ -31,8 +31,9 @@ from warmgate.server.serving.grammar.spec import (
     one_line,
 )
 from warmgate.server.serving.grammar.tokenizer_info import tokenizer_info_of
+from warmgate.server.serving.limits import SchedulerLimits
 from warmgate.server.serving.request import ServingRequest
-from warmgate.server.serving.scheduler import Scheduler, SchedulerLimits
+from warmgate.server.serving.scheduler import Scheduler
 
 VOCAB = 512  # the tiny model's: larger than the trained tokenizers, as padded vocabularies are
 EOS = 2

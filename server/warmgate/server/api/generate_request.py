@@ -12,7 +12,7 @@ from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.core.errors import FieldViolation, InvalidArgument
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.grammar.spec import GrammarSpec, grammar_unavailable_reason
-from warmgate.server.serving.scheduler import SchedulerLimits
+from warmgate.server.serving.limits import SchedulerLimits
 from warmgate.server.text.errors import PromptError
 from warmgate.server.text.model_text import ModelText
 from warmgate.v1 import generate_pb2 as gen_pb

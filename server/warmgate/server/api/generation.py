@@ -37,10 +37,10 @@ from warmgate.server.core.errors import (
 )
 from warmgate.server.core.failures import describe_failure, is_out_of_memory
 from warmgate.server.serving.grammar.spec import GrammarError, GrammarSpec
+from warmgate.server.serving.limits import SchedulerLimits
 from warmgate.server.serving.loop import ServingLoop
 from warmgate.server.serving.ngram import NgramIndex
 from warmgate.server.serving.request import ServingRequest, StepEvent, Usage
-from warmgate.server.serving.scheduler import SchedulerLimits
 from warmgate.server.telemetry.serving_metrics import ServingMetrics
 from warmgate.server.text.detokenizer import IncrementalDetokenizer
 from warmgate.server.text.model_text import ModelText

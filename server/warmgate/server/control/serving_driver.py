@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 
 from warmgate.server.control.controller import WarmupController
 from warmgate.server.core.errors import ShuttingDown
+from warmgate.server.serving.limits import SchedulerLimits
 from warmgate.server.serving.loop import Occupancy, ServingLoop, StepStats
 from warmgate.server.serving.request import ServingRequest, StepEvent
-from warmgate.server.serving.scheduler import Scheduler, SchedulerLimits
+from warmgate.server.serving.scheduler import Scheduler
 
 if TYPE_CHECKING:  # warmup's package imports the torch-heavy plan; the checker only needs this
     from warmgate.server.warmup.runner_contract import WarmupRunner

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
 
-from warmgate.server.config.runner_config import RunnerConfig, cdiv
+from warmgate.server.config.runner_config import cdiv
 from warmgate.server.runner.scheduler_output import (
     ModelRunnerOutput,
     SchedulerOutput,
@@ -28,6 +27,7 @@ from warmgate.server.runner.scheduler_output import (
 )
 from warmgate.server.serving.block_pool import BlockPool
 from warmgate.server.serving.grammar.spec import GrammarViolation
+from warmgate.server.serving.limits import SchedulerLimits
 from warmgate.server.serving.request import (
     FinishReason,
     RequestStatus,
@@ -43,32 +43,6 @@ from warmgate.server.serving.step_output import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SchedulerLimits:
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    block_size: int
-    num_blocks: int
-    max_model_len: int
-    num_speculative_steps: int = 0
-
-    @classmethod
-    def of_config(cls, config: RunnerConfig) -> SchedulerLimits:
-        """The limits of a resolved config (a runner's `config`, or the server's before
-        any runner exists)."""
-        if config.cache.num_blocks is None:
-            raise ValueError("SchedulerLimits need a resolved config (cache.num_blocks set)")
-        return cls(max_num_seqs=config.scheduler.max_num_seqs,
-                   max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
-                   block_size=config.cache.block_size, num_blocks=config.cache.num_blocks,
-                   max_model_len=config.model.max_model_len,
-                   num_speculative_steps=config.speculative.num_speculative_steps)
-
-    @property
-    def max_tokens_in_cache(self) -> int:
-        return (self.num_blocks - 1) * self.block_size
 
 
 class Scheduler:
