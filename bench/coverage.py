@@ -19,7 +19,6 @@ from collections import Counter
 
 import torch
 
-from bench.structured_rows import ConstrainedSampling
 from warmgate.server.devtools.batch_driver import BatchDriver
 from warmgate.server.devtools.random_batches import BatchDrawer, Limits
 from warmgate.server.devtools.runner_setup import (
@@ -29,6 +28,7 @@ from warmgate.server.devtools.runner_setup import (
     runner_config,
     warm,
 )
+from warmgate.server.devtools.structured_rows import ConstrainedSampling
 from warmgate.server.jit import JitEvent
 from warmgate.server.warmup.table import format_phase_table
 
