@@ -73,6 +73,10 @@ def test_constrained_outputs_match_their_grammar_beside_a_plain_request(model_di
             assert again.token_ids == plain.token_ids
             structured = next(p for p in report.phases if p.name == "structured")
             assert structured.status == pb.PHASE_STATUS_RAN, structured.detail
+            # Each grammar request counts once under the structured feature; plain ones not.
+            assert s.metrics.registry.get_sample_value(
+                "warmgate_generate_request_features_total",
+                {"feature": "structured"}) == len(cases)
 
     run(body(), 240)
 

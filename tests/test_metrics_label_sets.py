@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from warmgate.server.runner.sampling_features import SAMPLING_FEATURES
+from warmgate.server.telemetry.serving_metrics import REQUEST_FEATURES
 from warmgate.server.telemetry.metrics import CACHES, COMPILE_KINDS, Metrics
 from warmgate.server.telemetry.serving_metrics import FINISH_REASONS
 
@@ -21,5 +21,5 @@ def test_known_label_sets_are_exported_at_zero_before_any_event() -> None:
                     "0.0") in text
     for reason in FINISH_REASONS:
         assert f'warmgate_generate_requests_total{{finish_reason="{reason}"}} 0.0' in text
-    for feature in SAMPLING_FEATURES:
+    for feature in REQUEST_FEATURES:
         assert f'warmgate_generate_request_features_total{{feature="{feature}"}} 0.0' in text

@@ -137,7 +137,7 @@ class GenerationService(gen_grpc.GenerationServicer):
                      len(req.prompt_token_ids), parsed.prompt_field, req.params.max_tokens,
                      list(req.params.stop_token_ids))
         if self._metrics is not None:
-            self._metrics.observe_features(req.params)
+            self._metrics.observe_features(req.params, structured=grammar is not None)
         queue = self._driver.submit(req)
         outcome = "cancelled"
         try:

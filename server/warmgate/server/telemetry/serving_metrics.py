@@ -5,6 +5,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from warmgate.server.runner.sampling_features import SAMPLING_FEATURES, sampling_features
+
+# The request features the counter labels: the sampler's, and a grammar (structured output).
+REQUEST_FEATURES = (*SAMPLING_FEATURES, "structured")
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.loop import Occupancy, StepStats
 from warmgate.server.serving.request import FinishReason, Usage
@@ -26,7 +29,7 @@ class ServingMetrics:
         self.features = Counter("warmgate_generate_request_features_total",
                                 "Generate requests admitted, by sampling feature used (a "
                                 "request counts once per feature).", ["feature"], registry=r)
-        for feature in SAMPLING_FEATURES:
+        for feature in REQUEST_FEATURES:
             self.features.labels(feature=feature)
         self.ttft = Histogram("warmgate_time_to_first_token_seconds",
                               "Arrival to first generated token, server side.",
@@ -66,9 +69,11 @@ class ServingMetrics:
         self.waiting.set(occupancy.num_waiting)
         self.kv_usage.set(occupancy.num_blocks_used / max(1, occupancy.num_blocks_usable))
 
-    def observe_features(self, params: SamplingParams) -> None:
+    def observe_features(self, params: SamplingParams, *, structured: bool = False) -> None:
         for feature in sampling_features(params):
             self.features.labels(feature=feature).inc()
+        if structured:
+            self.features.labels(feature="structured").inc()
 
     def observe_finish(self, reason: str, usage: Usage, completion_tokens: int,
                        arrival_s: float) -> None:
