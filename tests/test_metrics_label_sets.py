@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from warmgate.server.telemetry.serving_metrics import REQUEST_FEATURES
 from warmgate.server.telemetry.metrics import CACHES, COMPILE_KINDS, Metrics
-from warmgate.server.telemetry.serving_metrics import FINISH_REASONS
+from warmgate.server.telemetry.serving_metrics import FINISH_REASONS, REQUEST_FEATURES
 
 
 def test_known_label_sets_are_exported_at_zero_before_any_event() -> None:

@@ -11,17 +11,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.gpu.test_backends_gpu import SHAPES
-from tests.runner_helpers import prompt, tiny_config
+from tests.gpu.warmed import warmed_cuda_runner
+from tests.runner_helpers import prompt
 from tests.serving_helpers import Served, greedy
-from warmgate.server.jit import JitMonitor
 from warmgate.server.jit.events import CUDA_GRAPH_MISS, JitEvent
 from warmgate.server.runner.sampling import Sampler, TokenHistory, gather_logprobs
 from warmgate.server.runner.sampling.processors import apply_logits_processors
 from warmgate.server.runner.sampling.rows import SamplingRows
 from warmgate.server.runner.sampling.warpers import min_p_filter
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
-from warmgate.server.warmup.plan import load_runner, run_warmup_plan
 
 pytestmark = pytest.mark.gpu
 VOCAB = 32000
@@ -107,15 +105,8 @@ def _featured() -> list[SamplingParams]:
 def test_requests_with_each_option_compile_nothing_after_warmup(backend: str,
                                                                 num_spec: int) -> None:
     pytest.importorskip(backend)
-    config = tiny_config(device="cuda", dtype="bfloat16", attention_backend=backend,
-                         num_spec=num_spec, max_num_seqs=8, max_num_batched_tokens=128,
-                         block_size=16, num_blocks=128, max_model_len=256, **SHAPES)
-    monitor = JitMonitor()
-    runner, load_phase = load_runner(config, jit_monitor=monitor)
-    report = run_warmup_plan(runner, load_phase=load_phase)
-    assert report.succeeded, report.to_dict()
+    runner, monitor, report = warmed_cuda_runner(backend, num_spec)
     assert "logit_bias" in report.phase("kernels.sampler").shapes["sampler_paths"]
-    monitor.mark_ready()
     late: list[JitEvent] = []
     monitor.add_listener(lambda e: late.append(e) if e.after_ready and (
         e.compiled or e.kind == CUDA_GRAPH_MISS) else None)

@@ -8,12 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu.test_backends_gpu import SHAPES
-from tests.runner_helpers import prompt, tiny_config
+from tests.gpu.warmed import warmed_cuda_runner
+from tests.runner_helpers import prompt
 from tests.serving_helpers import Served, greedy
-from warmgate.server.jit import JitMonitor
 from warmgate.server.jit.events import CUDA_GRAPH_MISS, JitEvent
-from warmgate.server.warmup.plan import load_runner, run_warmup_plan
 
 pytestmark = pytest.mark.gpu
 # Real Llama-3.2-1B head shapes: FlashInfer's SM90 prefill kernels need head_dim >= 64 (the
@@ -25,14 +23,7 @@ pytestmark = pytest.mark.gpu
 def test_serving_after_warmup_compiles_nothing_and_misses_no_graph(backend: str,
                                                                    num_spec: int) -> None:
     pytest.importorskip(backend)
-    config = tiny_config(device="cuda", dtype="bfloat16", attention_backend=backend,
-                         num_spec=num_spec, max_num_seqs=8, max_num_batched_tokens=128,
-                         block_size=16, num_blocks=128, max_model_len=256, **SHAPES)
-    monitor = JitMonitor()
-    runner, load_phase = load_runner(config, jit_monitor=monitor)
-    report = run_warmup_plan(runner, load_phase=load_phase)
-    assert report.succeeded, report.to_dict()
-    monitor.mark_ready()
+    runner, monitor, _ = warmed_cuda_runner(backend, num_spec)
     segments = torch.cuda.memory_stats()["segment.all.allocated"]
     late: list[JitEvent] = []
     monitor.add_listener(lambda e: late.append(e) if e.after_ready and (
