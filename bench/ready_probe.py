@@ -1,19 +1,18 @@
 """One `warmgate-server` process timed from its start to health SERVING, with its log timeline
-(warmgate.server.devtools.ready_log reads the figures from it)."""
+(warmgate.server.devtools.ready_log reads the figures from it). The process is the shared
+harness's (devtools.server_process); this adds only the health polling."""
 
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from warmgate.server.devtools.ready_log import HEALTH_PORT, ReadyRun
+from warmgate.server.devtools.ready_log import ReadyRun
+from warmgate.server.devtools.server_process import ServerProcess
 
 POLL_S = 0.02
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -30,46 +29,25 @@ def _healthy(port: int) -> bool:
 
 
 def run_to_ready(argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> ReadyRun:
-    """Start the server (with exactly `env`), poll health until SERVING, stop it (SIGTERM);
-    the ready time and log.
+    """Start the server (with exactly `env`; argv needs --health-port), poll health until
+    SERVING, stop it (SIGTERM); the ready time and log.
 
     Raises RuntimeError with the log's tail if it exits or does not get ready in time.
     """
-    run = ReadyRun(ready_s=0.0)
-    start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "warmgate.server.main", *argv],
-                            env=dict(env), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-
-    def read() -> None:
-        assert proc.stderr is not None  # stderr=PIPE
-        for line in proc.stderr:
-            run.lines.append((time.monotonic() - start, line.rstrip("\n")))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    server = ServerProcess(argv, env, device=None, start_timeout_s=timeout_s,
+                           stop_signal=signal.SIGTERM, inherit_env=False)
+    ready_s = None
     try:
-        port = None
-        while time.monotonic() - start < timeout_s:
-            if proc.poll() is not None:
-                break
-            if port is None and (hit := run.first(HEALTH_PORT)) is not None:
-                port = int(hit[1].group(1))
-            if port is not None and _healthy(port):
-                run.ready_s = time.monotonic() - start
-                return run
-            time.sleep(POLL_S)
-        if proc.poll() is not None:
-            reader.join(10)  # the last lines, the reason among them
-        tail = "\n".join(line for _, line in run.lines[-30:])
-        raise RuntimeError(f"server not SERVING (exit code {proc.poll()}) after "
-                           f"{time.monotonic() - start:.1f} s:\n{tail}")
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
-        reader.join(10)
+        with server:
+            while server.elapsed() < timeout_s and server.proc.poll() is None:
+                if _healthy(server.health_port):
+                    ready_s = server.elapsed()
+                    break
+                time.sleep(POLL_S)
+    except AssertionError:  # the port never showed: it exited or hung during start-up
+        pass
+    if ready_s is None:
+        tail = "\n".join(line for _, line in server.timeline()[-30:])
+        raise RuntimeError(f"server not SERVING (exit code {server.proc.poll()}) after "
+                           f"{server.elapsed():.1f} s:\n{tail}")
+    return ReadyRun(ready_s=ready_s, lines=server.timeline())

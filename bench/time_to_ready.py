@@ -135,8 +135,8 @@ def measure_load(args: argparse.Namespace, files: list[str], *, warm: bool) -> d
 
 def server_argv(args: argparse.Namespace, cache_dir: str, *, debug: bool) -> list[str]:
     return ["--model", str(args.model_dir), "--device", args.device, "--dtype", args.dtype,
-            "--attention-backend", args.attention_backend, "--host", "127.0.0.1",
-            "--port", "0", "--health-port", "0", "--metrics-port", "-1",
+            "--attention-backend", args.attention_backend,
+            "--health-port", "0", "--metrics-port", "-1",
             "--cache-dir", cache_dir, "--max-num-seqs", str(args.max_num_seqs),
             "--max-num-batched-tokens", str(args.max_num_batched_tokens),
             "--log-level", "DEBUG" if debug else "INFO", *args.server_flag]

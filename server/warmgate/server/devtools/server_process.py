@@ -38,15 +38,20 @@ class ServerProcess:
     """`with ServerProcess(flags, env) as p:` starts the server (`--port 0`, metrics off, on
     the CPU unless `device` says otherwise, flags after) and waits for its port; p.port,
     p.target, p.health_port (with --health-port), p.log(). On exit the process gets
-    `stop_signal` (SIGKILL by default; SIGTERM lets it drain), then SIGKILL if it lingers."""
+    `stop_signal` (SIGKILL by default; SIGTERM lets it drain), then SIGKILL if it lingers.
+    Each log line keeps the seconds since the start that it arrived at (`timeline`), which
+    is what the time-to-ready bench reads its start-up breakdown from. `inherit_env=False`
+    starts the server with exactly `env` (the bench's cold runs must not inherit compiler
+    cache variables)."""
 
     def __init__(self, flags: Sequence[str] = (), env: Mapping[str, str] | None = None, *,
                  device: str | None = "cpu", start_timeout_s: float = 60.0,
                  stop_signal: signal.Signals = signal.SIGKILL,
-                 fresh_caches: bool = False) -> None:
+                 fresh_caches: bool = False, inherit_env: bool = True) -> None:
         self.argv = [sys.executable, "-m", "warmgate.server.main", "--host", "127.0.0.1",
                      "--port", "0", *(["--device", device] if device else []), *flags]
-        self._env = {**os.environ, "WARMGATE_METRICS_PORT": "-1", **(env or {})}
+        self._env = {**(os.environ if inherit_env else {}), "WARMGATE_METRICS_PORT": "-1",
+                     **(env or {})}
         self._env["PYTHONPATH"] = os.pathsep.join(
             [*source_roots(), *filter(None, [self._env.get("PYTHONPATH")])])
         self._cache_root: str | None = None
@@ -57,6 +62,7 @@ class ServerProcess:
         self.start_timeout_s = start_timeout_s
         self.stop_signal = stop_signal
         self._lines: list[str] = []
+        self._stamps: list[float] = []
         self._seen = threading.Condition()
         self.port = 0
         self.health_port = 0
@@ -99,6 +105,7 @@ class ServerProcess:
         for line in self.proc.stderr:
             with self._seen:
                 self._lines.append(line)
+                self._stamps.append(time.perf_counter() - self.started)
                 self._seen.notify_all()
         with self._seen:
             self._seen.notify_all()
@@ -106,6 +113,15 @@ class ServerProcess:
     def log(self) -> str:
         with self._seen:
             return "".join(self._lines)
+
+    def timeline(self) -> list[tuple[float, str]]:
+        """Each log line (without its newline) with the seconds since the start it came at."""
+        with self._seen:
+            return [(at, line.rstrip("\n")) for at, line in zip(self._stamps, self._lines,
+                                                                 strict=True)]
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
 
     def log_tail(self, lines: int = 40) -> str:
         with self._seen:

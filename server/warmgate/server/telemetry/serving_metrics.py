@@ -5,14 +5,13 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from warmgate.server.runner.sampling_features import SAMPLING_FEATURES, sampling_features
-
-# The request features the counter labels: the sampler's, and a grammar (structured output).
-REQUEST_FEATURES = (*SAMPLING_FEATURES, "structured")
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.loop import Occupancy, StepStats
 from warmgate.server.serving.request import FinishReason, Usage
 
 FINISH_REASONS = (*(r.value for r in FinishReason), "cancelled", "error")
+# The request features the counter labels: the sampler's, and a grammar (structured output).
+REQUEST_FEATURES = (*SAMPLING_FEATURES, "structured")
 # Time to first token: sub-millisecond on a warm GPU decode, seconds when a request queues
 # behind a long prefill or pays a cold compile.
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
