@@ -105,7 +105,7 @@ def timed_stream(client: Any, prompt: list[int], max_tokens: int,
 def _warm_client(client: Any) -> None:
     """One Generate with an empty prompt: the server refuses it (INVALID_ARGUMENT) before it
     reaches the scheduler or the runner, but the client's first call on the method (stub and
-    call set-up, about 10 ms in Python) is paid here, not by the timed first request, as a
+    call set-up in Python) is paid here, not by the timed first request, as a
     router's long-lived channel would have paid it long ago."""
     from warmgate.client.errors import WarmgateRpcError
 

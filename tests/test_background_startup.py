@@ -79,6 +79,12 @@ def test_a_failed_context_is_left_to_the_load(monkeypatch: pytest.MonkeyPatch) -
     assert line.endswith("the model load will report it")
 
 
+def test_a_read_ahead_that_cannot_open_a_file_says_so(tmp_path: Path) -> None:
+    line = startup.read_ahead([tmp_path / "gone.safetensors"])
+    assert re.search(r"read-ahead stopped after .*FileNotFoundError.*the model load will "
+                     r"report it", line), line
+
+
 def test_lines_wait_for_logging(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=startup.__name__)
     release = threading.Event()

@@ -144,6 +144,17 @@ def test_a_failed_probe_sweeps_plainly_and_keeps_nothing(tmp_path: Path,
     assert not (tmp_path / FILE_NAME).exists()
 
 
+def test_a_device_failure_inside_the_probe_is_not_taken_for_a_failed_probe(
+        tmp_path: Path) -> None:
+    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
+
+    def lost(weight: torch.Tensor, max_m: int) -> list[tuple[str, ...]]:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=lost)
+
+
 def test_a_map_that_cannot_be_written_costs_the_warmup_nothing(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)

@@ -4,6 +4,7 @@ reuse)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,27 @@ def test_another_file_dtype_is_cast_on_the_device(tmp_path: Path) -> None:
                 num_readers=2, staged=True)
     assert torch.equal(view, source.to(torch.bfloat16))
     assert torch.count_nonzero(fused[:5]) == 0 and torch.count_nonzero(fused[14:]) == 0
+
+
+def test_a_split_tensor_is_cast_after_every_read_of_it(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU path, reads finishing last-first: the cast must wait for the tensor's every piece."""
+    from warmgate.server.runner import weight_stream
+
+    source = torch.randn(64, 33, generator=torch.Generator().manual_seed(2))  # float32 file
+    path = _save(tmp_path, {"w": source})
+    real = weight_stream._read_into
+
+    def late_for_early_offsets(read: weight_stream._Read, buffer: memoryview,
+                               wait: object) -> None:
+        time.sleep(max(0.0, 0.3 - read.offset / 20_000))  # the first bytes arrive last
+        real(read, buffer, None)
+
+    monkeypatch.setattr(weight_stream, "_read_into", late_for_early_offsets)
+    target = torch.zeros(64, 33, dtype=torch.bfloat16)
+    stream_into([(path, read_header(path)["w"], target)], torch.device("cpu"), slice_bytes=512,
+                num_readers=8, staged=False)
+    assert torch.equal(target, source.to(torch.bfloat16))
 
 
 def test_a_truncated_file_names_the_file(tmp_path: Path) -> None:

@@ -105,13 +105,17 @@ def read_ahead(files: list[Path]) -> str:
     """Ask the kernel to read the files into the page cache; the log line to write."""
     start = time.perf_counter()
     size = 0
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            size += os.fstat(fd).st_size
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        finally:
-            os.close(fd)
+    try:
+        for path in files:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                size += os.fstat(fd).st_size
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+    except OSError as exc:  # only a hint to the kernel: the load reads and reports the file
+        return (f"start-up: read-ahead stopped after {time.perf_counter() - start:.3f} s "
+                f"({type(exc).__name__}: {exc}); the model load will report it")
     return (f"start-up: read-ahead of {len(files)} weight files ({size / 1e9:.2f} GB) "
             f"requested in {time.perf_counter() - start:.3f} s")
 

@@ -140,8 +140,6 @@ def _read_direct(read: _Read) -> None:
         view = piece.dest.numpy().data
         _read_into(_Read(read.fd, read.path, offset, view.nbytes), view, None)
         offset += view.nbytes
-        if piece.cast is not None:
-            piece.cast[0].copy_(piece.cast[1])
 
 
 def stream_into(copies: Sequence[tuple[Path, TensorEntry, torch.Tensor]], device: torch.device,
@@ -167,6 +165,10 @@ def stream_into(copies: Sequence[tuple[Path, TensorEntry, torch.Tensor]], device
             else:
                 for future in [pool.submit(_read_direct, r) for r in reads]:
                     future.result()
+                # A tensor split over several reads is whole only once all of them ended, in
+                # whatever order the readers finished: cast it then.
+                for piece in (p for r in reads for p in r.pieces if p.cast is not None):
+                    piece.cast[0].copy_(piece.cast[1])
     finally:
         for fd in fds.values():
             os.close(fd)

@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from warmgate.server.cache.shape_sweeps import KernelMap, load_kernel_map, save_kernel_map
+from warmgate.server.core.failures import is_fatal_device_error, is_out_of_memory
 from warmgate.server.core.progress import PhaseProgress
 from warmgate.server.warmup.gemm_kernels import (
     KernelProbe,
-    ProbeError,
     distinct_sizes,
     kernel_identity,
     profile_kernels,
@@ -97,7 +97,9 @@ def sweep_gemm_shapes(model_runner: WarmupRunner, tracker: PhaseProgress | None 
             try:
                 learned[key] = distinct_sizes((probe or profile_kernels)(weight, max_m))
                 count += max_m
-            except (ProbeError, RuntimeError) as exc:
+            except RuntimeError as exc:  # ProbeError, or the profiler's own failures
+                if is_fatal_device_error(exc) or is_out_of_memory(exc):
+                    raise  # the device's failure, not the probe's: the phase reports it
                 # Whether the probe's calls ran is unknown: run them plainly; learn nothing.
                 logger.info("shape sweeps: kernel probe of %s failed (%s: %s); sweeping every "
                             "size without learning", key, type(exc).__name__, exc)
