@@ -381,7 +381,11 @@ class TokenLogprob(_message.Message):
     TOKEN_ID_FIELD_NUMBER: _builtins.int
     LOGPROB_FIELD_NUMBER: _builtins.int
     token_id: _builtins.int
+    """The token's id in the model's vocabulary."""
     logprob: _builtins.float
+    """Its natural-log probability: log_softmax of the model's raw logits, before any sampling
+    option or grammar changed them.
+    """
     def __init__(
         self,
         *,
@@ -409,10 +413,15 @@ class TokenLogprobs(_message.Message):
     RANK_FIELD_NUMBER: _builtins.int
     TOP_FIELD_NUMBER: _builtins.int
     rank: _builtins.int
+    """1 + the number of tokens the model found strictly more likely."""
     @_builtins.property
-    def token(self) -> Global___TokenLogprob: ...
+    def token(self) -> Global___TokenLogprob:
+        """The token at this position, with its log probability."""
+
     @_builtins.property
-    def top(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprob]: ...
+    def top(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprob]:
+        """The requested number of most likely tokens, most likely first."""
+
     def __init__(
         self,
         *,
