@@ -19,7 +19,7 @@ Formulas (all on float32 logits, rows indexed by r, tokens by t):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 import torch
@@ -78,6 +78,18 @@ def _penalised_rows(logits: torch.Tensor, which: list[int]) -> tuple[torch.Tenso
     return rows_t, logits.index_select(0, rows_t)  # [Np, V], a copy
 
 
+def _history_pairs(which: list[int], tokens_of: Callable[[int], Iterable[int]]
+                   ) -> tuple[list[int], list[int]]:
+    """(position in `which`, token id) for every token of each penalised row's history."""
+    r: list[int] = []
+    t: list[int] = []
+    for j, i in enumerate(which):
+        tokens = list(tokens_of(i))
+        r += [j] * len(tokens)
+        t += tokens
+    return r, t
+
+
 class RepetitionPenalty:
     name = "repetition_penalty"
 
@@ -86,12 +98,7 @@ class RepetitionPenalty:
 
     def apply(self, logits: torch.Tensor, rows: SamplingRows, which: list[int]) -> None:
         rows_t, sub = _penalised_rows(logits, which)
-        r: list[int] = []
-        t: list[int] = []
-        for j, i in enumerate(which):
-            tokens = list(rows.histories[i].all_tokens())
-            r += [j] * len(tokens)
-            t += tokens
+        r, t = _history_pairs(which, lambda i: rows.histories[i].all_tokens())
         seen = torch.zeros_like(sub, dtype=torch.bool)
         seen[_scatter_index(r, t, logits.device)] = True
         penalty = to_device([rows.params[i].repetition_penalty for i in which], torch.float32,
@@ -109,12 +116,7 @@ class PresenceFrequencyPenalty:
 
     def apply(self, logits: torch.Tensor, rows: SamplingRows, which: list[int]) -> None:
         rows_t, sub = _penalised_rows(logits, which)
-        r: list[int] = []
-        t: list[int] = []
-        for j, i in enumerate(which):
-            tokens = list(rows.histories[i].output_tokens())
-            r += [j] * len(tokens)
-            t += tokens
+        r, t = _history_pairs(which, lambda i: rows.histories[i].output_tokens())
         counts = torch.zeros_like(sub)
         if t:
             counts.index_put_(_scatter_index(r, t, logits.device),
