@@ -4,9 +4,17 @@ everything the configuration allows must compile nothing.
     python bench/coverage.py --compile --batches 2000
     python bench/coverage.py --device cuda \\
         --attention-backend flashinfer --num-speculative-steps 3 --batches 2000
+    python bench/coverage.py --write-checkpoint llama-3.2-1b --model /tmp/ckpt-1b-text ...
+
+Requests draw every sampling option at random; with a model that has a tokenizer and EOS ids
+(`--write-checkpoint PRESET` writes PRESET's shapes with random weights and a small trained
+tokenizer into the --model directory, reused when there), about 30 % of them also carry a
+JSON schema, regex or EBNF grammar through xgrammar (devtools/structured_rows.py).
 
 Prints the warmup's phase table, every compile after ready (with the batch that caused it),
-a summary of the batches drawn, and last `compiles_after_ready: N`. Exits 1 when N > 0.
+a summary of the batches drawn and of the structured requests, and last
+`compiles_after_ready: N`. Exits 1 when N > 0, or when a grammar let a forbidden token through
+or a completed structured output does not parse.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import random
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import torch
 
@@ -40,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=int, default=2000, help="random batches after ready")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verbose", action="store_true", help="INFO logs (warmup, observers)")
+    p.add_argument("--write-checkpoint", metavar="PRESET",
+                   help="first write PRESET's shapes (random weights, a trained tokenizer, "
+                        "EOS) into the --model directory, kept if there")
     return p
 
 
@@ -52,6 +64,11 @@ def _sync(runner: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure_logging(args.verbose)
+    if args.write_checkpoint:
+        from warmgate.server.devtools.checkpoint import write_checkpoint
+
+        print(write_checkpoint(args.write_checkpoint, Path(args.model), args.device,
+                               args.dtype, tokenizer=True), flush=True)
     start = time.perf_counter()
     runner, load_phase, monitor = build(runner_config(args))
     report = warm(runner, load_phase, monitor)
@@ -75,9 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                     max_model_len=cfg.model.max_model_len,
                     num_spec=cfg.speculative.num_speculative_steps,
                     vocab_size=cfg.model.vocab_size)
-    structured = ConstrainedSampling(runner, random.Random(f"{args.seed}/structured")).install()
     sched = BatchDriver(runner)
-    drawer = BatchDrawer(sched, limits, random.Random(args.seed))
+    structured = ConstrainedSampling(runner, sched,
+                                     random.Random(f"{args.seed}/structured")).install()
+    drawer = BatchDrawer(sched, limits, random.Random(args.seed), structured.admit)
     modes: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
     sizes: Counter[int] = Counter()
@@ -97,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     for rid in list(sched.reqs):
         sched.finish(rid)
     sched.flush()
+    structured.close()
 
     counts = monitor.snapshot()
     print(f"warmup {warm_s:.1f} s; {args.batches} batches in {run_s:.1f} s "
@@ -113,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cuda_graph_misses_after_ready: {counts.graph_misses_after_ready}")
     print(f"compiles_after_ready: {counts.total_after_ready}")
     monitor.close()
-    return 0 if counts.total_after_ready == 0 else 1
+    return 0 if counts.total_after_ready == 0 and structured.ok else 1
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ On Generate over gRPC (time to first token):
   ttft       first request's TTFT after ready / steady median on fresh server processes,
              warmup on vs off; throughput at many streams without and with speculation
   breakdown  the first request's TTFT split into the serving loop's parts (one process)
+  options    on one server, the first request that uses each sampling option (logprobs,
+             penalties, min_p, min_tokens, logit_bias, JSON schema / regex / EBNF) after
+             ready / steady median, with the server's compiles and graph misses per option
 
 `python bench/first_request.py --mode MODE --help` lists a mode's flags.
 """
@@ -32,7 +35,8 @@ from collections.abc import Callable
 MODES = {"batch": ("first_request_batch", "main"), "probe": ("first_request_probe", "probe"),
          "touch": ("first_request_probe", "touch"),
          "profile": ("first_request_profile", "main"), "ttft": ("first_request_ttft", "main"),
-         "breakdown": ("first_request_breakdown", "main")}
+         "breakdown": ("first_request_breakdown", "main"),
+         "options": ("first_request_options", "main")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -105,7 +105,7 @@ def test_readme_names_the_bench_scripts_and_modes() -> None:
     commands = bench_commands()
     assert ["bench/coverage.py", "--help"] in commands
     assert {c[2] for c in commands if "--mode" in c} == {
-        "batch", "probe", "touch", "profile", "ttft", "breakdown"}
+        "batch", "probe", "touch", "profile", "ttft", "breakdown", "options"}
 
 
 def test_every_bench_command_runs_from_the_repository_root() -> None:

@@ -13,6 +13,7 @@ or at random (an abort). Requests are finished to make room when KV blocks run s
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from warmgate.server.devtools.batch_driver import BatchDriver, DrivenRequest, Work
@@ -68,10 +69,15 @@ def random_features(rng: random.Random, params: SamplingParams, vocab_size: int
 
 
 class BatchDrawer:
-    def __init__(self, sched: BatchDriver, limits: Limits, rng: random.Random) -> None:
+    def __init__(self, sched: BatchDriver, limits: Limits, rng: random.Random,
+                 on_new_request: Callable[[DrivenRequest], None] | None = None) -> None:
+        """`on_new_request` sees each request before it is added (e.g. to give it a grammar;
+        it may change its params and max_new_tokens) and must draw from its own RNG, so the
+        batches drawn stay those of the seed."""
         self.sched = sched
         self.limits = limits
         self.rng = rng
+        self.on_new_request = on_new_request
         self._next_id = 0
 
     # -- requests -----------------------------------------------------------------------
@@ -86,6 +92,8 @@ class BatchDrawer:
         self._next_id += 1
         params = random_features(rng, random_params(rng), lim.vocab_size)
         req = DrivenRequest(f"cov{self._next_id}", prompt, params, max_new)
+        if self.on_new_request is not None:
+            self.on_new_request(req)
         self.sched.add(req)
         return req
 

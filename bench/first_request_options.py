@@ -1,0 +1,322 @@
+"""--mode options: the first Generate that uses each sampling option after ready, against steady
+requests with the same option, on ONE warmed `warmgate-server` process.
+
+Usage: python bench/first_request.py --mode options --model-dir DIR
+       [--write-checkpoint PRESET] [--server-args "--device cuda --attention-backend triton"]
+       [--classes plain,logprobs,...] [--steady 10] [--prompt-len 128] [--max-tokens 16]
+       [--gap-s 0.25] [--temperature 0.7] [--keep-caches] [--json] [--out FILE]
+
+The model directory needs a tokenizer and EOS ids for the grammar classes:
+--write-checkpoint PRESET writes PRESET's shapes with random weights, a small trained
+tokenizer and EOS into it first (devtools.checkpoint; kept when there). The server starts
+with --warmup-on-start and its metrics on a free port; once health is SERVING, each option
+class in turn (plain first) sends the first request that uses the option since ready, then
+--steady more with the same option, one at a time, each after --gap-s of idleness (as
+--mode ttft: a step after a pause is slower than back to back). Per class: TTFT (client side:
+sent -> first message with tokens) and whole-request time, first / steady median, the
+tokens produced, and the server's JIT compiles and CUDA-graph misses after ready from its
+/metrics before and after the class (so a compile after ready is charged to the class whose
+requests caused it). Every request has a fresh random prompt; a grammar class gives each
+request its own grammar text (a different literal), so first and steady requests alike pay
+xgrammar's compile of a new grammar and the ratio shows only first-use costs
+(--same-grammar: one text per class, compiled by the first request alone).
+Unless --keep-caches, the server gets empty TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR (a
+kernel the warmup missed cannot come from another run's cache); FlashInfer's JIT cache
+(FLASHINFER_WORKSPACE_BASE) is kept: it is per machine, and the warmup's flashinfer phase
+loads it whatever the options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shlex
+import signal
+import statistics
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from first_request_generate import _warm_client
+from load_gen import positive_int, typed
+
+from warmgate.server.devtools.server_process import ServerProcess
+
+START_TIMEOUT_S = 300.0
+METRICS_PORT = re.compile(r"metrics on http://\S+:(\d+)/metrics")
+AFTER_READY = {
+    "compiles": re.compile(r'^warmgate_jit_compiles_total\{[^}]*after_ready="true"[^}]*\} (\S+)',
+                           re.M),
+    "graph_misses": re.compile(
+        r'^warmgate_cuda_graph_misses_total\{after_ready="true"\} (\S+)', re.M),
+}
+GRAMMAR_CLASSES = ("json_schema", "regex", "ebnf")
+CLASSES = ("plain", "logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
+           "repetition_penalty", "min_p", "min_tokens", "logit_bias", *GRAMMAR_CLASSES)
+
+
+def _grammar(kind: str, i: int) -> str:
+    """Request i's grammar of `kind`: the same shape, a literal of its own."""
+    if kind == "json_schema":
+        return json.dumps({"type": "object", "properties": {
+            "ok": {"type": "boolean"}, "kind": {"enum": [f"a{i}", "b"]}},
+            "required": ["ok", "kind"], "additionalProperties": False})
+    if kind == "regex":
+        return rf"(yes|no|r{i}), [0-9]{{2}}!"
+    return (f'root ::= "[" item ("," item)? "]"\n'
+            f'item ::= "red" | "green" | "c{i}" | [0-9]')
+
+
+def option_kwargs(name: str, i: int, max_tokens: int, vocab: int, rng: random.Random,
+                  same_grammar: bool) -> dict[str, Any]:
+    """Generate keywords of request i of class `name` (beside temperature etc.)."""
+    if name == "plain":
+        return {}
+    if name in ("logprobs", "prompt_logprobs"):
+        return {name: 5}
+    if name in ("presence_penalty", "frequency_penalty"):
+        return {name: 0.5}
+    if name == "repetition_penalty":
+        return {name: 1.2}
+    if name == "min_p":
+        return {name: 0.1}
+    if name == "min_tokens":  # the EOS (and these ids) masked for half the tokens
+        return {name: max_tokens // 2, "stop_token_ids": [1, 2]}
+    if name == "logit_bias":
+        return {name: {rng.randrange(vocab): rng.choice((-100.0, -5.0, 5.0)) for _ in range(8)}}
+    return {name: _grammar(name, 0 if same_grammar else i)}
+
+
+@dataclass
+class Timed:
+    ttft_s: float
+    total_s: float
+    server_ttft_s: float
+    tokens: int
+    finish_reason: str
+
+
+@dataclass
+class ClassResult:
+    name: str
+    first: Timed | None = None
+    steady: list[Timed] = field(default_factory=list)
+    compiles_after_ready: float = 0.0
+    graph_misses_after_ready: float = 0.0
+    error: str = ""
+
+    def median(self, attr: str) -> float:
+        return statistics.median(getattr(t, attr) for t in self.steady)
+
+    def ratio(self, attr: str) -> float:
+        assert self.first is not None
+        return float(getattr(self.first, attr)) / self.median(attr)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"class": self.name, "error": self.error,
+                               "compiles_after_ready": self.compiles_after_ready,
+                               "graph_misses_after_ready": self.graph_misses_after_ready}
+        if self.first is not None and self.steady:
+            out.update({
+                "first": vars(self.first), "steady": [vars(t) for t in self.steady],
+                **{f"{a}_ratio": round(self.ratio(a), 4)
+                   for a in ("ttft_s", "total_s", "server_ttft_s")},
+                **{f"steady_median_{a}": round(self.median(a), 6)
+                   for a in ("ttft_s", "total_s", "server_ttft_s", "tokens")}})
+        return out
+
+
+def _parser(prog: str | None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-dir", type=Path, required=True,
+                   help="the server's --model: a HF directory with a tokenizer")
+    p.add_argument("--write-checkpoint", metavar="PRESET",
+                   help="first write PRESET's shapes (random weights, tokenizer, EOS) into "
+                        "--model-dir (kept when there)")
+    p.add_argument("--server-args", default="", help="more warmgate-server flags, one string")
+    p.add_argument("--classes", default=",".join(CLASSES),
+                   help=f"comma-separated, in order (default all: {','.join(CLASSES)})")
+    p.add_argument("--steady", type=typed(positive_int), default=10,
+                   help="steady requests per class after its first")
+    p.add_argument("--prompt-len", type=typed(positive_int), default=128)
+    p.add_argument("--max-tokens", type=typed(positive_int), default=16)
+    p.add_argument("--gap-s", type=float, default=0.25, help="idle seconds before each request")
+    p.add_argument("--temperature", type=float, default=0.7,
+                   help="of every request (min_p needs one above 0)")
+    p.add_argument("--same-grammar", action="store_true",
+                   help="one grammar text per grammar class (cached after its first request)")
+    p.add_argument("--keep-caches", action="store_true",
+                   help="leave TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR as they are")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ready-timeout", type=float, default=900.0)
+    p.add_argument("--request-timeout", type=float, default=300.0)
+    p.add_argument("--json", action="store_true", help="print one JSON object, no table")
+    p.add_argument("--out", default=None, help="also write the JSON object to this file")
+    return p
+
+
+def _after_ready(metrics_port: int) -> dict[str, float]:
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {k: sum(float(v) for v in pattern.findall(text))
+            for k, pattern in AFTER_READY.items()}
+
+
+def _timed(client: Any, prompt: list[int], kwargs: dict[str, Any], timeout: float) -> Timed:
+    from warmgate.v1 import generate_pb2 as gen_pb
+
+    start = time.perf_counter()
+    first: float | None = None
+    tokens, server_ttft, finish = 0, float("nan"), ""
+    for message in client.generate(prompt, timeout=timeout, **kwargs):
+        if first is None and message.token_ids:
+            first = time.perf_counter() - start
+        tokens += len(message.token_ids)
+        if message.HasField("usage"):
+            server_ttft = message.usage.time_to_first_token_s
+            finish = gen_pb.FinishReason.Name(message.finish_reason)
+    total = time.perf_counter() - start
+    if first is None:
+        raise RuntimeError("the stream ended without a token")
+    return Timed(first, total, server_ttft, tokens, finish)
+
+
+def _run_class(client: Any, name: str, args: argparse.Namespace, vocab: int,
+               metrics_port: int) -> ClassResult:
+    from warmgate.client.errors import WarmgateRpcError
+
+    rng = random.Random(f"{args.seed}/{name}")
+    result = ClassResult(name)
+    before = _after_ready(metrics_port)
+    try:
+        for i in range(1 + args.steady):
+            kwargs = {"temperature": args.temperature, "max_tokens": args.max_tokens,
+                      "seed": rng.randrange(2**31),
+                      **option_kwargs(name, i, args.max_tokens, vocab, rng,
+                                      args.same_grammar)}
+            prompt = [rng.randrange(1, vocab) for _ in range(args.prompt_len)]
+            time.sleep(args.gap_s)
+            timed = _timed(client, prompt, kwargs, args.request_timeout)
+            if i == 0:
+                result.first = timed
+            else:
+                result.steady.append(timed)
+    except WarmgateRpcError as exc:
+        result.error = f"{exc.code.name}: {exc}"
+    after = _after_ready(metrics_port)
+    result.compiles_after_ready = after["compiles"] - before["compiles"]
+    result.graph_misses_after_ready = after["graph_misses"] - before["graph_misses"]
+    return result
+
+
+def _caches_env(keep: bool, root: str) -> dict[str, str]:
+    if keep:
+        return {}
+    return {var: os.path.join(root, var.lower())
+            for var in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
+
+
+def main(argv: list[str], prog: str | None = None) -> int:
+    args = _parser(prog).parse_args(argv)
+    classes = [c.strip() for c in args.classes.split(",") if c.strip()]
+    unknown = sorted(set(classes) - set(CLASSES))
+    if unknown or not classes:
+        raise SystemExit(f"--classes: unknown {unknown}; choose from {', '.join(CLASSES)}")
+    flags = ["--model", str(args.model_dir), *shlex.split(args.server_args),
+             "--metrics-port", "0", "--warmup-on-start"]
+    if args.write_checkpoint:  # on the GPU when there is one; the server casts on load
+        from warmgate.server.devtools.checkpoint import write_checkpoint
+
+        print(write_checkpoint(args.write_checkpoint, args.model_dir, "auto", "auto",
+                               tokenizer=True), flush=True)
+    from warmgate.server.startup import load_server_config  # no torch
+
+    config = load_server_config(flags, environ=os.environ, resolve=False)
+    vocab = config.runner.model.vocab_size
+    from warmgate.client.api import WaitResult, WarmgateClient
+
+    results: list[ClassResult] = []
+    with tempfile.TemporaryDirectory(prefix="warmgate-options-caches-") as caches, \
+            ServerProcess(flags, _caches_env(args.keep_caches, caches), device=None,
+                          start_timeout_s=START_TIMEOUT_S, stop_signal=signal.SIGTERM
+                          ) as server, \
+            WarmgateClient(server.target, timeout=args.ready_timeout) as client:
+        metrics_port = int(server.wait_for(METRICS_PORT).group(1))
+        if client.wait_ready(args.ready_timeout) is not WaitResult.READY:
+            raise SystemExit("not ready: " + client.get_status().failure_reason + "\n"
+                             + server.log_tail())
+        ready_s = time.perf_counter() - server.started
+        status = client.get_status()
+        phases = {p.name: pb_status(p) for p in status.last_report.phases}
+        _warm_client(client)
+        at_ready = _after_ready(metrics_port)
+        for name in classes:
+            results.append(_run_class(client, name, args, vocab, metrics_port))
+        misses_status = client.get_status().cuda_graph_misses_after_ready
+    report = {
+        "setup": {"model_dir": str(args.model_dir), "server_args": flags,
+                  "device": status.device, "attention_backend": status.attention_backend,
+                  "num_speculative_steps": config.runner.speculative.num_speculative_steps,
+                  "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
+                  "steady": args.steady, "gap_s": args.gap_s,
+                  "temperature": args.temperature, "same_grammar": args.same_grammar,
+                  "keep_caches": args.keep_caches, "seed": args.seed},
+        "ready_s": round(ready_s, 3), "phases": phases,
+        "after_ready_at_ready": at_ready,
+        "classes": [r.to_dict() for r in results],
+        "compiles_after_ready": sum(r.compiles_after_ready for r in results),
+        "graph_misses_after_ready": sum(r.graph_misses_after_ready for r in results),
+        "graph_misses_after_ready_status": misses_status,
+    }
+    text = json.dumps(report)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    if args.json:
+        print(text)
+    else:
+        _print_table(report, results)
+    return 1 if any(r.error for r in results) else 0
+
+
+def pb_status(phase: Any) -> str:
+    from warmgate.v1 import warmup_pb2 as pb
+
+    return str(pb.PhaseStatus.Name(phase.status)).removeprefix("PHASE_STATUS_")
+
+
+def _print_table(report: dict[str, Any], results: list[ClassResult]) -> None:
+    s = report["setup"]
+    print(f"first request per option after ready / steady median: {s['model_dir']} on "
+          f"{s['device']} ({s['attention_backend']}), k={s['num_speculative_steps']}, prompt "
+          f"{s['prompt_len']}, max_tokens {s['max_tokens']}, temperature {s['temperature']:g}, "
+          f"{s['steady']} steady per class, {s['gap_s']:g} s idle before each; ready in "
+          f"{report['ready_s']:.1f} s")
+    print("phases: " + ", ".join(f"{n} {st}" for n, st in report["phases"].items()))
+    print(f"{'class':<19} {'ttft_first':>10} {'ttft_med':>9} {'ratio':>6}   "
+          f"{'total_first':>11} {'total_med':>9} {'ratio':>6}   {'srv_ratio':>9} "
+          f"{'tokens':>7} {'compiles':>8} {'misses':>6}")
+    for r in results:
+        if r.first is None or not r.steady:
+            print(f"{r.name:<19} error: {r.error}")
+            continue
+        print(f"{r.name:<19} {r.first.ttft_s * 1e3:>10.2f} {r.median('ttft_s') * 1e3:>9.2f} "
+              f"{r.ratio('ttft_s'):>6.2f}   {r.first.total_s * 1e3:>11.2f} "
+              f"{r.median('total_s') * 1e3:>9.2f} {r.ratio('total_s'):>6.2f}   "
+              f"{r.ratio('server_ttft_s'):>9.2f} "
+              f"{r.first.tokens:>3}/{r.median('tokens'):<3g} "
+              f"{r.compiles_after_ready:>8g} {r.graph_misses_after_ready:>6g}")
+    ok = [r for r in results if r.first is not None and r.steady]
+    if ok:
+        worst = max(ok, key=lambda r: r.ratio("ttft_s"))
+        worst_total = max(ok, key=lambda r: r.ratio("total_s"))
+        print(f"worst first/steady: TTFT {worst.ratio('ttft_s'):.2f} ({worst.name}), whole "
+              f"request {worst_total.ratio('total_s'):.2f} ({worst_total.name})")
+    print(f"compiles_after_ready: {report['compiles_after_ready']:g}")
+    print(f"cuda_graph_misses_after_ready: {report['graph_misses_after_ready']:g}")

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Issue 21's H200 evidence in one call (about 6 minutes, under 8): bench/coverage.py with every
+# sampling option and grammar rows (JSON schema / regex / EBNF through xgrammar) drawn at random,
+# 2,000 batches after ready for triton and flashinfer at k=0 and k=3, then bench/first_request.py
+# --mode options (the first request that uses each option after ready / steady) on one server per
+# backend. The model is llama-3.2-1b's shapes with random weights and a small trained tokenizer
+# (written once into $CKPT). Each command's raw stdout goes to $OUT/<name>.txt, stderr beside it
+# in <name>.err (xgrammar warns there about the random drafts it rejects), the options runs' JSON
+# to $OUT/first-options-<backend>.json.
+#   OUT=/tmp/out bash bench/gpu_options.sh
+# Coverage runs two lanes at once (flashinfer's in the background: its cold JIT, 70-90 s once per
+# machine, overlaps the triton runs); each coverage process gets empty Triton and Inductor caches
+# of its own, so no run's compiles after ready are hidden by (or mistaken for) another's. The
+# first-request runs go one at a time, alone on the machine, since they time requests.
+set -uo pipefail
+OUT=${OUT:-/tmp/warmgate-out}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then  # wheels carried for a bare machine, as gpu_session.sh
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD/client:$PWD/server${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-base}
+CKPT=${CKPT:-/tmp/ckpt-1b-text}
+FIRST_K=${FIRST_K:-3}
+LIMITS="--max-num-seqs 16 --max-num-batched-tokens 1024 --max-model-len 1024"
+T0=$(date +%s)
+stage() { echo "=== $1 (+$(( $(date +%s) - T0 )) s, $(date +%T))"; }
+
+stage "checkpoint llama-3.2-1b + tokenizer -> $CKPT"
+python3 -c "from pathlib import Path; from warmgate.server.devtools.checkpoint import write_checkpoint
+print(write_checkpoint('llama-3.2-1b', Path('$CKPT'), 'cuda', 'bfloat16', tokenizer=True))" \
+  2>&1 | tee "$OUT/checkpoint.txt"
+
+coverage() {  # coverage BACKEND K
+  local name="coverage-$1-k$2" caches rc
+  caches=$(mktemp -d /tmp/warmgate-caches.XXXX)
+  TRITON_CACHE_DIR=$caches/triton TORCHINDUCTOR_CACHE_DIR=$caches/inductor timeout 300 \
+    python3 bench/coverage.py --device cuda --model "$CKPT" --attention-backend "$1" \
+    --num-speculative-steps "$2" $LIMITS --batches 2000 >"$OUT/$name.txt" 2>"$OUT/$name.err"
+  rc=$?
+  echo "$name: exit $rc after +$(( $(date +%s) - T0 )) s; $(grep -E '^(structured rows|structured_failures|cuda_graph_misses_after_ready|compiles_after_ready)' "$OUT/$name.txt" | tr '\n' ' ')"
+}
+stage "coverage: flashinfer k=0, k=3 in the background; triton k=0, k=3"
+( coverage flashinfer 0; coverage flashinfer 3 ) &
+fi_lane=$!
+coverage triton 0
+coverage triton 3
+wait "$fi_lane"
+
+for b in triton flashinfer; do
+  stage "first request per option, $b, k=$FIRST_K"
+  timeout 240 python3 bench/first_request.py --mode options --model-dir "$CKPT" \
+    --server-args "--device cuda --attention-backend $b --num-speculative-steps $FIRST_K $LIMITS" \
+    --out "$OUT/first-options-$b.json" >"$OUT/first-options-$b.txt" 2>"$OUT/first-options-$b.err"
+  echo "exit $?"
+  cat "$OUT/first-options-$b.txt"
+  tail -3 "$OUT/first-options-$b.err"
+done
+stage done
