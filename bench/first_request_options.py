@@ -4,7 +4,8 @@ requests with the same option, on ONE warmed `warmgate-server` process.
 Usage: python bench/first_request.py --mode options --model-dir DIR
        [--write-checkpoint PRESET] [--server-args "--device cuda --attention-backend triton"]
        [--classes plain,logprobs,...] [--steady 10] [--prompt-len 128] [--max-tokens 16]
-       [--gap-s 0.25] [--temperature 0.7] [--keep-caches] [--json] [--out FILE]
+       [--gap-s 0.25] [--temperature 0.7] [--seeded] [--same-grammar] [--keep-caches]
+       [--json] [--out FILE]
 
 The model directory needs a tokenizer and EOS ids for the grammar classes:
 --write-checkpoint PRESET writes PRESET's shapes with random weights, a small trained
@@ -149,6 +150,8 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     p.add_argument("--gap-s", type=float, default=0.25, help="idle seconds before each request")
     p.add_argument("--temperature", type=float, default=0.7,
                    help="of every request (min_p needs one above 0)")
+    p.add_argument("--seeded", action="store_true",
+                   help="every request with a seed of its own (the seeded sampler path)")
     p.add_argument("--same-grammar", action="store_true",
                    help="one grammar text per grammar class (cached after its first request)")
     p.add_argument("--keep-caches", action="store_true",
@@ -198,7 +201,7 @@ def _run_class(client: Any, name: str, args: argparse.Namespace, vocab: int,
     try:
         for i in range(1 + args.steady):
             kwargs = {"temperature": args.temperature, "max_tokens": args.max_tokens,
-                      "seed": rng.randrange(2**31),
+                      **({"seed": rng.randrange(2**31)} if args.seeded else {}),
                       **option_kwargs(name, i, args.max_tokens, vocab, rng,
                                       args.same_grammar)}
             prompt = [rng.randrange(1, vocab) for _ in range(args.prompt_len)]
@@ -266,7 +269,8 @@ def main(argv: list[str], prog: str | None = None) -> int:
                   "num_speculative_steps": config.runner.speculative.num_speculative_steps,
                   "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
                   "steady": args.steady, "gap_s": args.gap_s,
-                  "temperature": args.temperature, "same_grammar": args.same_grammar,
+                  "temperature": args.temperature, "seeded": args.seeded,
+                  "same_grammar": args.same_grammar,
                   "keep_caches": args.keep_caches, "seed": args.seed},
         "ready_s": round(ready_s, 3), "phases": phases,
         "after_ready_at_ready": at_ready,

@@ -7,7 +7,8 @@
 # (written once into $CKPT). Each command's raw stdout goes to $OUT/<name>.txt, stderr beside it
 # in <name>.err (xgrammar warns there about the random drafts it rejects), the options runs' JSON
 # to $OUT/first-options-<backend>.json.
-#   OUT=/tmp/out bash bench/gpu_options.sh
+#   OUT=/tmp/out bash bench/gpu_options.sh        (PARTS="coverage" or "first" runs one half;
+#   COVERAGE="triton:3 flashinfer:0" picks coverage runs, backend:k; FIRST_K=0 for the options runs)
 # Coverage runs two lanes at once (flashinfer's in the background: its cold JIT, 70-90 s once per
 # machine, overlaps the triton runs); each coverage process gets empty Triton and Inductor caches
 # of its own, so no run's compiles after ready are hidden by (or mistaken for) another's. The
@@ -24,6 +25,8 @@ export PYTHONPATH=$PWD/client:$PWD/server${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUF
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-base}
 CKPT=${CKPT:-/tmp/ckpt-1b-text}
 FIRST_K=${FIRST_K:-3}
+PARTS=${PARTS:-coverage first}
+COVERAGE=${COVERAGE:-flashinfer:0 flashinfer:3 triton:0 triton:3}
 LIMITS="--max-num-seqs 16 --max-num-batched-tokens 1024 --max-model-len 1024"
 T0=$(date +%s)
 stage() { echo "=== $1 (+$(( $(date +%s) - T0 )) s, $(date +%T))"; }
@@ -42,20 +45,29 @@ coverage() {  # coverage BACKEND K
   rc=$?
   echo "$name: exit $rc after +$(( $(date +%s) - T0 )) s; $(grep -E '^(structured rows|structured_failures|cuda_graph_misses_after_ready|compiles_after_ready)' "$OUT/$name.txt" | tr '\n' ' ')"
 }
-stage "coverage: flashinfer k=0, k=3 in the background; triton k=0, k=3"
-( coverage flashinfer 0; coverage flashinfer 3 ) &
-fi_lane=$!
-coverage triton 0
-coverage triton 3
-wait "$fi_lane"
+lane() {  # lane BACKEND: that backend's coverage runs, in order
+  local entry
+  for entry in $COVERAGE; do
+    if [ "${entry%%:*}" = "$1" ]; then coverage "$1" "${entry##*:}"; fi
+  done
+}
+if [[ " $PARTS " == *" coverage "* ]]; then
+  stage "coverage ($COVERAGE): the flashinfer lane in the background, triton's in the foreground"
+  lane flashinfer &
+  fi_lane=$!
+  lane triton
+  wait "$fi_lane"
+fi
 
-for b in triton flashinfer; do
-  stage "first request per option, $b, k=$FIRST_K"
-  timeout 240 python3 bench/first_request.py --mode options --model-dir "$CKPT" \
-    --server-args "--device cuda --attention-backend $b --num-speculative-steps $FIRST_K $LIMITS" \
-    --out "$OUT/first-options-$b.json" >"$OUT/first-options-$b.txt" 2>"$OUT/first-options-$b.err"
-  echo "exit $?"
-  cat "$OUT/first-options-$b.txt"
-  tail -3 "$OUT/first-options-$b.err"
-done
+if [[ " $PARTS " == *" first "* ]]; then
+  for b in triton flashinfer; do
+    stage "first request per option, $b, k=$FIRST_K"
+    timeout 240 python3 bench/first_request.py --mode options --model-dir "$CKPT" \
+      --server-args "--device cuda --attention-backend $b --num-speculative-steps $FIRST_K $LIMITS" \
+      --out "$OUT/first-options-$b.json" >"$OUT/first-options-$b.txt" 2>"$OUT/first-options-$b.err"
+    echo "exit $?"
+    cat "$OUT/first-options-$b.txt"
+    tail -3 "$OUT/first-options-$b.err"
+  done
+fi
 stage done
