@@ -19,10 +19,11 @@ torch is in), as a pod image holds .pyc files: a Python that has none (a read-on
 PYTHONDONTWRITEBYTECODE with packages installed --no-compile) compiles every module from
 source at every start, seconds that both the floor and the server pay and no pod does. With
 --bytecode-dir, or where one of those directories is not writable, the .pyc go under a
-directory of their own instead, named to every process by PYTHONPYCACHEPREFIX (then the standard library is compiled there too, since
-Python reads only that tree). `--no-compile-bytecode` skips the step. --load-only compares
-the bare load with warmgate's weight loader in GB/s, page cache warm and (--cold-page-cache,
-which evicts the files with posix_fadvise) cold. `--device cpu` runs it all on the CPU (CI);
+directory of their own instead, named to every process by PYTHONPYCACHEPREFIX (then the
+standard library is compiled there too, since Python reads only that tree).
+`--no-compile-bytecode` skips the step. --load-only compares the bare load with warmgate's
+weight loader in GB/s, page cache warm and (--cold-page-cache, which evicts the files with
+posix_fadvise) cold. `--device cpu` runs it all on the CPU (CI);
 there `load_file` only maps the file (no byte is read until used), so the CPU figures test the
 bench, they measure nothing.
 """
@@ -144,9 +145,9 @@ def compile_bytecode(bytecode_dir: Path | None) -> dict[str, Any]:
         dirs = [found["stdlib"], *dirs]
         where = f"under {bytecode_dir} (PYTHONPYCACHEPREFIX: {why})"
     wall, result = _python(BYTECODE_COMPILE, found["stdlib"], *dirs)
-    print(f"bytecode: compiled {len(dirs)} directories {where} in {wall:.1f} s"
-          f"{'' if result['all_compiled'] else ' (some files did not compile: test data, templates)'}"
-          f": {', '.join(dirs)}", flush=True)
+    failed = "" if result["all_compiled"] else " (some files did not compile: test data...)"
+    print(f"bytecode: compiled {len(dirs)} directories {where} in {wall:.1f} s{failed}: "
+          f"{', '.join(dirs)}", flush=True)
     return {"seconds": wall, "where": where, "dirs": dirs}
 
 
