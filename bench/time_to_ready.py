@@ -10,9 +10,20 @@ Then `warmgate-server` from process start to health SERVING with an empty --cach
 empty compiler caches (cold, once), then on the filled one (warm, --runs times). Prints each
 figure, ready_over_floor = warm ready / (CUDA init + bare load), warm_over_cold, and
 cold_over_longest_compile = the cold warmup / its longest single compile, then the warm start-up
-breakdown from the server's log, and a last `json:` line with everything. --load-only compares
-the bare load with warmgate's weight loader in GB/s, page cache warm and (--cold-page-cache,
-which evicts the files with posix_fadvise) cold. `--device cpu` runs it all on the CPU (CI);
+breakdown from the server's log, and a last `json:` line with everything. The CUDA init is
+noisy (3.9-5.2 s on one H200): it runs --runs times too, each run printed, the median kept.
+
+First it byte-compiles what the processes import (compileall over the PYTHONPATH entries, i.e.
+the repository's client/ and server/ and any --target directory, and the site-packages
+torch is in), as a pod image holds .pyc files: a Python that has none (a read-only venv, or
+PYTHONDONTWRITEBYTECODE with packages installed --no-compile) compiles every module from
+source at every start, seconds that both the floor and the server pay and no pod does. With
+--bytecode-dir, or where one of those directories is not writable, the .pyc go under a
+directory of their own instead, named to every process by PYTHONPYCACHEPREFIX (then the
+standard library is compiled there too, since Python reads only that tree).
+`--no-compile-bytecode` skips the step. --load-only compares the bare load with warmgate's
+weight loader in GB/s, page cache warm and (--cold-page-cache, which evicts the files with
+posix_fadvise) cold. `--device cpu` runs it all on the CPU (CI);
 there `load_file` only maps the file (no byte is read until used), so the CPU figures test the
 bench, they measure nothing.
 """
@@ -70,6 +81,34 @@ sync(); t = time.perf_counter(); n = load_weights(directory, model)
 sync(); print(json.dumps({"seconds": time.perf_counter() - t, "bytes": n}))
 """
 
+# Byte-compile the directories the measured processes import from (run with their
+# environment: PYTHONPATH and, in prefix mode, PYTHONPYCACHEPREFIX set).
+BYTECODE_DIRS = """
+import importlib.util, json, os, site, sysconfig
+paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+# The directory torch is installed in (a venv's site-packages or a --target one), unimported.
+paths.append(os.path.dirname(os.path.dirname(importlib.util.find_spec("torch").origin)))
+paths += site.getsitepackages()
+seen, dirs = set(), []
+for p in paths:
+    p = os.path.realpath(p)
+    if os.path.isdir(p) and p not in seen:
+        seen.add(p)
+        dirs.append(p)
+print(json.dumps({"dirs": dirs, "stdlib": os.path.realpath(sysconfig.get_paths()["stdlib"]),
+                  "writable": all(os.access(d, os.W_OK) for d in dirs)}))
+"""
+BYTECODE_COMPILE = """
+import compileall, json, re, sys, time
+stdlib, dirs = sys.argv[1], sys.argv[2:]
+t, ok = time.perf_counter(), True
+for d in dirs:
+    # The standard library's tree may hold site-packages (a pyenv Python): compiled on its own.
+    rx = re.compile(r"[/\\\\](site|dist)-packages[/\\\\]") if d == stdlib else None
+    ok = bool(compileall.compile_dir(d, quiet=2, workers=0, rx=rx)) and ok
+print(json.dumps({"seconds": time.perf_counter() - t, "all_compiled": ok}))
+"""
+
 WRITE_CHECKPOINT = """
 import json, sys
 from pathlib import Path
@@ -89,6 +128,27 @@ def _python(code: str, *args: str) -> tuple[float, dict[str, Any]]:
         raise RuntimeError(f"{code.strip().splitlines()[0]}... failed:\n{out.stderr[-3000:]}")
     lines = out.stdout.strip().splitlines()
     return wall, json.loads(lines[-1]) if lines else {}
+
+
+def compile_bytecode(bytecode_dir: Path | None) -> dict[str, Any]:
+    """Byte-compile what the measured processes import (module docstring): in place, or
+    under `bytecode_dir` (given, or a directory is not writable), which adds
+    PYTHONPYCACHEPREFIX to ENV, the environment of every process this bench starts."""
+    found = _python(BYTECODE_DIRS)[1]
+    dirs: list[str] = found["dirs"]
+    if bytecode_dir is None and found["writable"]:
+        where = "in place"
+    else:
+        why = "--bytecode-dir" if bytecode_dir else "a directory is not writable"
+        bytecode_dir = bytecode_dir or Path(tempfile.gettempdir()) / "warmgate-pycache"
+        ENV["PYTHONPYCACHEPREFIX"] = str(bytecode_dir)
+        dirs = [found["stdlib"], *dirs]
+        where = f"under {bytecode_dir} (PYTHONPYCACHEPREFIX: {why})"
+    wall, result = _python(BYTECODE_COMPILE, found["stdlib"], *dirs)
+    failed = "" if result["all_compiled"] else " (some files did not compile: test data...)"
+    print(f"bytecode: compiled {len(dirs)} directories {where} in {wall:.1f} s{failed}: "
+          f"{', '.join(dirs)}", flush=True)
+    return {"seconds": wall, "where": where, "dirs": dirs}
 
 
 def weight_files(model_dir: Path) -> list[str]:
@@ -163,12 +223,20 @@ def measure_ready(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
             "warm_breakdown": median_run.breakdown(), "cold_breakdown": cold.breakdown()}
 
 
-def measure_floor(args: argparse.Namespace, files: list[str]) -> dict[str, float]:
-    inits = [_python(CUDA_INIT, args.device)[0] for _ in range(args.runs)]
+def measure_floor(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
+    """CUDA init and bare load, --runs each in fresh processes (each run printed), medians."""
+    inits: list[float] = []
+    for i in range(args.runs):
+        inits.append(_python(CUDA_INIT, args.device)[0])
+        print(f"floor run {i + 1}/{args.runs}: CUDA init {inits[-1]:.3f} s", flush=True)
     set_page_cache(files, warm=True)
-    loads = [_python(BARE_LOAD, args.device, *files)[1]["seconds"] for _ in range(args.runs)]
+    loads: list[float] = []
+    for i in range(args.runs):
+        loads.append(_python(BARE_LOAD, args.device, *files)[1]["seconds"])
+        print(f"floor run {i + 1}/{args.runs}: bare load {loads[-1]:.3f} s", flush=True)
     return {"cuda_init_s": _median(inits), "bare_load_s": _median(loads),
-            "floor_s": _median(inits) + _median(loads)}
+            "floor_s": _median(inits) + _median(loads), "cuda_init_runs_s": inits,
+            "bare_load_runs_s": loads}
 
 
 def _print(figures: dict[str, Any], prefix: str = "") -> None:
@@ -197,6 +265,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--load-only", action="store_true", help="only bare vs warmgate weight load")
     p.add_argument("--cold-page-cache", action="store_true",
                    help="with --load-only: also measure with the files evicted from page cache")
+    p.add_argument("--no-compile-bytecode", dest="compile_bytecode", action="store_false",
+                   help="skip byte-compiling what the processes import (measure a Python "
+                   "that may compile every module from source at every start)")
+    p.add_argument("--bytecode-dir", type=Path, help="put every .pyc here (PYTHONPYCACHEPREFIX "
+                   "for every process) instead of beside its source; the default where a "
+                   "directory to compile is not writable: $TMPDIR/warmgate-pycache")
     p.add_argument("--server-flag", action="append", default=[],
                    help="extra warmgate-server flag (repeat), e.g. --server-flag=--compile=true")
     return p.parse_args(argv)
@@ -213,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         figures["checkpoint"] = _python(WRITE_CHECKPOINT, args.write_checkpoint,
                                         str(args.model_dir), args.device, args.dtype)[1]["done"]
     files = weight_files(args.model_dir)
+    figures["bytecode"] = (compile_bytecode(args.bytecode_dir) if args.compile_bytecode
+                           else "not compiled (--no-compile-bytecode)")
+    if not args.compile_bytecode:
+        print("bytecode: not compiled (--no-compile-bytecode)", flush=True)
     if args.load_only:
         figures["load_page_cache_warm"] = measure_load(args, files, warm=True)
         if args.cold_page_cache:

@@ -3,8 +3,12 @@ the servers bind, and a server whose model load is still running answers health 
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -14,11 +18,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.control import background_startup as startup
-from warmgate.server.control.background_startup import BackgroundStartup, begin_background_startup
+from warmgate.server.control.background_startup import (
+    BackgroundStartup,
+    begin_background_startup,
+    begin_cuda_context,
+    requested_device,
+)
 from warmgate.server.devtools.checkpoint import write_checkpoint
 from warmgate.server.devtools.server_process import ServerProcess
 
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +123,71 @@ def test_health_answers_not_serving_while_the_model_loads(tiny_dir: Path) -> Non
         log = p.log()
         assert "start-up: in the background: read-ahead of 1 weight files" in log
         assert "weights read:" not in log  # the load had not got there
+
+
+# main with a fake CUDA context: what had been imported when the context's thread started.
+ORDER = """
+import json, sys
+from warmgate.server.control import background_startup as bs
+seen = []
+real_start = bs.BackgroundStartup.start
+def start(self, name, what, work):
+    if name == "cuda":
+        seen.append({m: m in sys.modules for m in (
+            "torch", "warmgate.server.app", "warmgate.server.warmup.shapes",
+            "warmgate.server.runner.model_runner", "jinja2")})
+    real_start(self, name, what, lambda: "start-up: fake CUDA context")
+bs.BackgroundStartup.start = start
+from warmgate.server.main import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    print(json.dumps({"code": exc.code, "seen": seen}))
+"""
+
+
+def _order(*argv: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARMGATE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "client"), str(ROOT / "server")])
+    proc = subprocess.run([sys.executable, "-c", ORDER, *argv], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_main_starts_the_cuda_context_right_after_torch_before_the_server(
+        tmp_path: Path) -> None:
+    # A model directory that is not there: the full configuration check, after the early
+    # start, exits 2 (on a CPU machine and on a GPU one alike).
+    out = _order("--model", str(tmp_path / "missing"), "--device", "cuda:0")
+    assert out["code"] == 2
+    assert out["seen"] == [{"torch": True, "warmgate.server.app": False,
+                            "warmgate.server.warmup.shapes": False,
+                            "warmgate.server.runner.model_runner": False, "jinja2": False}]
+
+
+def test_main_on_the_cpu_or_asking_for_help_starts_no_context_and_no_torch() -> None:
+    assert _order("--help") == {"code": 0, "seen": []}
+    code = ("import sys\nfrom warmgate.server.main import main\ntry:\n    main(['--help'])\n"
+            "except SystemExit as e:\n    assert e.code == 0\nprint('torch' in sys.modules)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "client"),
+                                                        str(ROOT / "server")])}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
+    assert proc.stdout.strip().splitlines()[-1] == "False"
+    assert begin_cuda_context("cpu").names == []
+    assert requested_device(["--device", "cuda:1"], {}) == "cuda:1"
+    assert requested_device([], {"WARMGATE_DEVICE": "cpu"}) == "cpu"
+    assert requested_device([], {}) == "auto"
+
+
+def test_an_early_context_is_not_started_twice(tiny_dir: Path) -> None:
+    from warmgate.server.startup import load_server_config
+
+    config = load_server_config(["--model", str(tiny_dir), "--device", "cuda"],
+                                resolve=False).runner
+    early = BackgroundStartup()
+    early.start("cuda", "CUDA context (cuda)", lambda: "start-up: fake CUDA context")
+    background = begin_background_startup(config, early)
+    background.join(30)
+    assert background is early and background.names == ["cuda", "readahead"]

@@ -46,3 +46,14 @@ def test_every_stage_that_installs_a_python_installs_its_headers() -> None:
         packages = apt_packages(stage)
         for python in (p for p in packages if re.fullmatch(r"python3\.\d+", p)):
             assert f"{python}-dev" in packages, f"{name}: {python} without {python}-dev"
+
+
+def test_pip_installs_compile_bytecode_where_python_writes_none() -> None:
+    # A runtime that never writes .pyc (PYTHONDONTWRITEBYTECODE, files owned by root) starts
+    # from the .pyc the image holds; pip writes them unless told --no-compile (or its env var).
+    for name, stage in stages().items():
+        if "pip install" not in stage:
+            continue
+        assert "--no-compile" not in stage and "PIP_NO_COMPILE" not in stage, name
+        if name.startswith("runtime"):
+            assert "PYTHONDONTWRITEBYTECODE=1" in stage, name

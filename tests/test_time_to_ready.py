@@ -31,6 +31,20 @@ def test_end_to_end_on_the_cpu(tmp_path: Path) -> None:
                         "--timeout", "240")
     f = _figures(out)
     assert (model_dir / "config.json").exists() and f["checkpoint"].startswith("wrote tiny")
+    # The processes' imports were byte-compiled first (in place where every directory is
+    # writable), the repository's server among them, and it said so and how long it took.
+    where = f["bytecode"]["where"]
+    assert re.search(rf"^bytecode: compiled \d+ directories {re.escape(where)} in [\d.]+ s",
+                     out, re.M)
+    assert f["bytecode"]["seconds"] > 0
+    server = Path(__file__).resolve().parents[1] / "server"
+    assert str(server) in f["bytecode"]["dirs"]
+    if where == "in place":
+        assert list((server / "warmgate" / "server" / "__pycache__").glob("main.*.pyc"))
+    # The floor's CUDA init and bare load ran once per --runs, each printed, the median kept.
+    assert len(re.findall(r"^floor run \d/1: CUDA init [\d.]+ s$", out, re.M)) == 1
+    assert f["cuda_init_runs_s"] == [f["cuda_init_s"]]
+    assert f["bare_load_runs_s"] == [f["bare_load_s"]]
     for key in ("cuda_init_s", "bare_load_s", "floor_s", "cold_ready_s", "warm_ready_s",
                 "ready_over_floor", "warm_over_cold", "cold_warmup_s"):
         assert f[key] > 0, key
@@ -51,9 +65,11 @@ def test_end_to_end_on_the_cpu(tmp_path: Path) -> None:
 
 def test_load_only_compares_bare_and_warmgate(tmp_path: Path) -> None:
     model_dir = tmp_path / "tiny"
-    f = _figures(time_to_ready("--write-checkpoint", "tiny", "--model-dir", str(model_dir),
-                               "--device", "cpu", "--runs", "1", "--load-only",
-                               "--cold-page-cache"))
+    out = time_to_ready("--write-checkpoint", "tiny", "--model-dir", str(model_dir),
+                        "--device", "cpu", "--runs", "1", "--load-only", "--cold-page-cache",
+                        "--no-compile-bytecode")
+    assert "bytecode: not compiled (--no-compile-bytecode)" in out
+    f = _figures(out)
     for which in ("load_page_cache_warm", "load_page_cache_cold"):
         load = f[which]
         assert load["bytes"] == sum(p.stat().st_size for p in model_dir.glob("*.safetensors")

@@ -24,10 +24,13 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from warmgate.server.api.port_check import PortInUse, check_ports
-from warmgate.server.app import create_server
 from warmgate.server.config.flags import startup_error
 from warmgate.server.config.server_config import ServerConfig, configure_logging
-from warmgate.server.control.background_startup import begin_background_startup
+from warmgate.server.control.background_startup import (
+    begin_background_startup,
+    begin_cuda_context,
+    requested_device,
+)
 from warmgate.server.cpu_threads import apply_cpu_threads
 from warmgate.server.startup import load_server_config
 from warmgate.server.text.errors import TextLoadError
@@ -66,6 +69,8 @@ def _check_ports(config: ServerConfig) -> None:
 
 
 async def serve(config: ServerConfig, text: ModelText | None = None) -> int:
+    from warmgate.server.app import create_server  # after main's CUDA context started
+
     try:
         running = await create_server(config, text=text)
     except (OSError, RuntimeError):
@@ -101,10 +106,14 @@ async def serve(config: ServerConfig, text: ModelText | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config = load_server_config(sys.argv[1:] if argv is None else argv)
-    # The CUDA context and the weights' read-ahead need nothing else: they run while the
-    # tokenizer loads and the servers bind (warmgate.server.control.background_startup).
-    background = begin_background_startup(config.runner)
+    argv = sys.argv[1:] if argv is None else argv
+    # First of all: import torch and start the CUDA context, which needs only --device; the
+    # rest of the imports and the configuration checks run beside it. The weights'
+    # read-ahead follows once the configuration names them; both run while the tokenizer
+    # loads and the servers bind (warmgate.server.control.background_startup).
+    background = begin_cuda_context(requested_device(argv, os.environ))
+    config = load_server_config(argv)
+    background = begin_background_startup(config.runner, background)
     text = None
     if not config.warmup_only:  # which binds nothing and serves no text
         _check_ports(config)

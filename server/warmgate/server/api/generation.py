@@ -42,13 +42,15 @@ from warmgate.server.serving.loop import ServingLoop
 from warmgate.server.serving.ngram import NgramIndex
 from warmgate.server.serving.request import ServingRequest, StepEvent, Usage
 from warmgate.server.telemetry.serving_metrics import ServingMetrics
-from warmgate.server.text.detokenizer import IncrementalDetokenizer
 from warmgate.server.text.model_text import ModelText
 from warmgate.v1 import generate_pb2 as gen_pb
 from warmgate.v1 import generate_pb2_grpc as gen_grpc
 
 if TYPE_CHECKING:  # xgrammar loads with the first grammar request (or the warmup)
     from warmgate.server.serving.grammar.matcher import RequestGrammar
+
+    # tokenizers (and jinja2 behind the chat template) load only for a model that has one.
+    from warmgate.server.text.detokenizer import IncrementalDetokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from warmgate.server.text.errors import PromptError
+from warmgate.server.text.files import TOKENIZER_FILE
 from warmgate.server.text.model_text import ModelText
-from warmgate.server.text.tokenizer import TOKENIZER_FILE
 from warmgate.v1 import generate_pb2 as gen_pb
 
 PROMPT_FIELDS = ("prompt_token_ids", "prompt", "messages")

@@ -1,11 +1,14 @@
 """Start-up work that depends on nothing but the configuration, begun before the server binds.
 
-Two things need only the checked configuration, and each costs seconds that the rest of the
-start-up (tokenizer, gRPC servers, compile-cache entry) does not need to wait for:
+Two things need only the configuration, and each costs seconds that the rest of the
+start-up (the server's imports, configuration checks, tokenizer, gRPC servers, compile-cache
+entry) does not need to wait for:
 
 - the CUDA context: created on a background thread, so the model load on the runner's worker
   thread finds it ready (torch's lazy init is locked: a load that gets there first waits for
-  it rather than creating a second one);
+  it rather than creating a second one). It needs only --device, so main starts it first of
+  all (`begin_cuda_context`): right after `import torch`, before the rest of the server is
+  imported and the configuration checked, which then overlap the context's creation;
 - the weight files' pages: `posix_fadvise(WILLNEED)` asks the kernel to read them into the
   page cache now, so a cold disk is being read while CUDA starts and the servers bind.
 
@@ -21,10 +24,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.config.server_config import build_parser
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +48,12 @@ class BackgroundStartup:
         self._threads: list[threading.Thread] = []
         # What was started, for the one line that says so.
         self.started: list[str] = []
+        # The names of the threads started ("cuda", "readahead").
+        self.names: list[str] = []
 
     def start(self, name: str, what: str, work: Callable[[], str]) -> None:
         self.started.append(what)
+        self.names.append(name)
 
         def run() -> None:
             line = work()
@@ -98,7 +105,7 @@ def create_cuda_context(device: str) -> str:
                 f"{time.perf_counter() - start:.3f} s ({type(exc).__name__}: {exc}); the "
                 "model load will report it")
     return (f"start-up: CUDA context on {target} in {time.perf_counter() - start:.3f} s "
-            "(in the background, beside the tokenizer and the servers' start)")
+            "(in the background, beside the server's imports, configuration and start)")
 
 
 def read_ahead(files: list[Path]) -> str:
@@ -120,14 +127,34 @@ def read_ahead(files: list[Path]) -> str:
             f"requested in {time.perf_counter() - start:.3f} s")
 
 
-def begin_background_startup(config: RunnerConfig) -> BackgroundStartup:
-    """Start the CUDA context and the weights' read-ahead, whichever apply (logged by
-    logging_ready)."""
+def requested_device(argv: Sequence[str], environ: Mapping[str, str]) -> str:
+    """The --device the flags (or WARMGATE_DEVICE) ask for, "auto" unresolved, read with the
+    server's own parser: a bad flag or --help exits here just as the full parse would."""
+    return str(build_parser(environ).parse_args(argv).device)
+
+
+def begin_cuda_context(device: str) -> BackgroundStartup:
+    """Main's first step: import torch and start creating the CUDA context (a device that
+    wants CUDA), before anything else of the server is imported. What follows, the rest of
+    the imports and the configuration checks, runs beside the context's creation (torch
+    releases the GIL in its device calls). `begin_background_startup` adds the rest."""
     startup = BackgroundStartup()
+    if wants_cuda(device):
+        import torch  # noqa: F401  # here, on this thread: the context's thread starts after it
+
+        startup.start("cuda", f"CUDA context ({device})", lambda: create_cuda_context(device))
+    return startup
+
+
+def begin_background_startup(config: RunnerConfig,
+                             startup: BackgroundStartup | None = None) -> BackgroundStartup:
+    """Start the CUDA context (unless `startup`, from begin_cuda_context, already has) and
+    the weights' read-ahead, whichever apply (logged by logging_ready)."""
+    startup = startup if startup is not None else BackgroundStartup()
     device = config.device.device
     directory = config.model.weights_path
     files = sorted(Path(directory).glob("*.safetensors")) if directory else []
-    if wants_cuda(device):
+    if wants_cuda(device) and "cuda" not in startup.names:
         startup.start("cuda", f"CUDA context ({device})", lambda: create_cuda_context(device))
     if files:
         startup.start("readahead", f"read-ahead of {len(files)} weight files",

@@ -65,7 +65,9 @@ def default_ops(config: RunnerConfig) -> TorchOps:
     torch everywhere else (the CPU path never imports triton)."""
     if config.device.device.startswith("cuda") and config.device.attention_backend != "torch":
         from warmgate.server.kernels.ops import TritonOps
+        from warmgate.server.kernels.triton_key import start_triton_key
 
+        start_triton_key()  # Triton's cache key, hashed while the weights load
         return TritonOps()  # type: ignore[return-value]  # same methods as TorchOps
     return TorchOps()
 

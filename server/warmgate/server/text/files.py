@@ -8,6 +8,10 @@ from typing import Any
 
 from warmgate.server.text.errors import TextLoadError
 
+# The model directory's tokenizer; its absence means token ids only (and no tokenizers,
+# no jinja2 imported: text.model_text loads text.tokenizer only when the file is there).
+TOKENIZER_FILE = "tokenizer.json"
+
 
 def read_json_object(path: Path) -> dict[str, Any]:
     """The JSON object in `path`; TextLoadError naming the file if it is not one."""

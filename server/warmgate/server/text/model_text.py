@@ -6,10 +6,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.text.eos import read_eos_token_ids
-from warmgate.server.text.tokenizer import TOKENIZER_FILE, TextTokenizer
+from warmgate.server.text.files import TOKENIZER_FILE
+
+if TYPE_CHECKING:  # imported (with tokenizers and jinja2) only for a directory that has one
+    from warmgate.server.text.tokenizer import TextTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +37,12 @@ def load_model_text(model: ModelConfig) -> ModelText:
         return ModelText()
     directory = Path(model.weights_path)
     eos, eos_source = read_eos_token_ids(directory, model.vocab_size)
-    tokenizer = TextTokenizer.load(directory, model.vocab_size)
+    tokenizer = None
+    if (directory / TOKENIZER_FILE).is_file():
+        # tokenizers and jinja2 (the chat template) cost a start-up without one ~0.25 s.
+        from warmgate.server.text.tokenizer import TextTokenizer
+
+        tokenizer = TextTokenizer.load(directory, model.vocab_size)
     template = tokenizer.chat_template if tokenizer is not None else None
     logger.info("text: %s; %s; EOS ids %s",
                 f"{tokenizer.source} ({tokenizer.vocab_size} tokens)" if tokenizer is not None

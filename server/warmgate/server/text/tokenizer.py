@@ -16,9 +16,9 @@ from warmgate.server.text.chat_template import (
 )
 from warmgate.server.text.detokenizer import DecodeTraits, IncrementalDetokenizer
 from warmgate.server.text.errors import PromptError, TextLoadError
-from warmgate.server.text.files import read_json_object
+from warmgate.server.text.files import TOKENIZER_FILE, read_json_object
 
-TOKENIZER_FILE = "tokenizer.json"
+__all__ = ["TOKENIZER_FILE", "TextTokenizer"]
 
 
 class TextTokenizer:
