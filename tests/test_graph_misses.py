@@ -69,7 +69,7 @@ def test_a_decode_above_the_captured_sizes_is_a_miss_after_ready() -> None:
     _decode_batch(runner, 4, "miss")
     counts = monitor.snapshot()
     assert counts.graph_misses == counts.graph_misses_after_ready == 1
-    assert metrics.graph_misses.labels(after_ready="true")._value.get() == 1
+    assert metrics.graph_misses.labels(after_ready="true", rank="0")._value.get() == 1
     assert len(reasons) == 1 and "CUDA-graph miss after ready" in reasons[0]
     assert "uniform_decode batch num_reqs=4" in reasons[0]
 
@@ -96,7 +96,7 @@ def test_graph_misses_reach_get_status_metrics_and_strict_jit() -> None:
         async with serving(config) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.warmup_kernels(timeout=120)
             assert (await c.get_status()).cuda_graph_misses_after_ready == 0
-            assert 'warmgate_cuda_graph_misses_total{after_ready="true"} 0.0' in _scrape(
+            assert 'warmgate_cuda_graph_misses_total{after_ready="true",rank="0"} 0.0' in _scrape(
                 s.metrics_port)
             loop = s.generation.serving_loop
             assert loop is not None
@@ -110,8 +110,8 @@ def test_graph_misses_reach_get_status_metrics_and_strict_jit() -> None:
             await asyncio.gather(*(one(i) for i in range(4)), return_exceptions=True)
             status = await c.get_status()
             assert status.cuda_graph_misses_after_ready >= 1
-            assert 'warmgate_cuda_graph_misses_total{after_ready="true"} 0.0' not in _scrape(
-                s.metrics_port)
+            assert ('warmgate_cuda_graph_misses_total{after_ready="true",rank="0"} 0.0'
+                    not in _scrape(s.metrics_port))
             await eventually(lambda: not s.controller.serving)
             assert await c.health() == NOT_SERVING
             status = await c.get_status()

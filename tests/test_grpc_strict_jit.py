@@ -58,8 +58,10 @@ def test_strict_jit_fail_turns_health_not_serving(monkeypatch: pytest.MonkeyPatc
             assert "compile after ready: dynamo" in status.failure_reason
             assert "mixed batch num_reqs=2 num_tokens=8" in status.failure_reason
             text = await asyncio.to_thread(_scrape, s.metrics_port)
-            assert 'warmgate_jit_compiles_total{after_ready="true",kind="dynamo"} 2.0' in text
-            assert 'warmgate_jit_compiles_total{after_ready="false",kind="dynamo"} 8.0' in text
+            assert ('warmgate_jit_compiles_total{after_ready="true",kind="dynamo",rank="0"} '
+                    '2.0') in text
+            assert ('warmgate_jit_compiles_total{after_ready="false",kind="dynamo",rank="0"} '
+                    '8.0') in text
             # A forced re-warmup finds everything compiled and serves again.
             report = await c.warmup_kernels(force=True, timeout=120)
             assert report.outcome == pb.WARMUP_OUTCOME_SUCCEEDED
@@ -80,6 +82,7 @@ def test_strict_jit_warn_keeps_serving_and_counts(monkeypatch: pytest.MonkeyPatc
             assert await c.health() == SERVING
             assert (await c.get_status()).state == pb.WARMUP_STATE_READY
             text = await asyncio.to_thread(_scrape, s.metrics_port)
-            assert 'warmgate_jit_compiles_total{after_ready="true",kind="dynamo"} 2.0' in text
+            assert ('warmgate_jit_compiles_total{after_ready="true",kind="dynamo",rank="0"} '
+                    '2.0') in text
 
     run(body(), timeout=180)

@@ -16,9 +16,22 @@ def test_known_label_sets_are_exported_at_zero_before_any_event() -> None:
         assert f'warmgate_compile_cache_misses_total{{cache="{cache}"}} 0.0' in text
     for kind in COMPILE_KINDS:
         for after_ready in ("true", "false"):
-            assert (f'warmgate_jit_compiles_total{{after_ready="{after_ready}",kind="{kind}"}} '
-                    "0.0") in text
+            assert (f'warmgate_jit_compiles_total{{after_ready="{after_ready}",kind="{kind}",'
+                    'rank="0"} 0.0') in text
+    for after_ready in ("true", "false"):
+        for name in ("warmgate_cuda_graph_misses_total", "warmgate_communicator_setups_total"):
+            assert f'{name}{{after_ready="{after_ready}",rank="0"}} 0.0' in text
     for reason in FINISH_REASONS:
         assert f'warmgate_generate_requests_total{{finish_reason="{reason}"}} 0.0' in text
     for feature in REQUEST_FEATURES:
         assert f'warmgate_generate_request_features_total{{feature="{feature}"}} 0.0' in text
+
+
+def test_every_tensor_parallel_rank_has_its_jit_series_at_zero() -> None:
+    text = generate_latest(Metrics(tensor_parallel_size=3).registry).decode()
+    for rank in ("0", "1", "2"):
+        for name in ("warmgate_cuda_graph_misses_total", "warmgate_communicator_setups_total"):
+            assert f'{name}{{after_ready="true",rank="{rank}"}} 0.0' in text
+        assert (f'warmgate_jit_compiles_total{{after_ready="true",kind="triton",rank="{rank}"}} '
+                "0.0") in text
+    assert 'rank="3"' not in text

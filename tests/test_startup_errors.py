@@ -68,6 +68,19 @@ def test_never_serving_configs_exit_2_naming_the_flag(flags: list[str], env: dic
     assert_one_line_exit_2(run_server(*flags, env=env), f"argument {flag}:")
 
 
+@pytest.mark.parametrize(("flags", "env"), [
+    (["--tensor-parallel-size", "2", "--compile"], {}),
+    (["--compile"], {"WARMGATE_TENSOR_PARALLEL_SIZE": "2"}),
+    (["--tensor-parallel-size", "2"], {"WARMGATE_COMPILE": "1"}),
+], ids=["flags", "tp-env", "compile-env"])
+def test_compile_at_tensor_parallel_exits_2_naming_the_flag(flags: list[str],
+                                                            env: dict[str, str]) -> None:
+    """Issue 23: torch.compile of the sharded layers (an all-reduce inside a compiled graph,
+    on every rank) is not supported; the server refuses it before anything starts."""
+    assert_one_line_exit_2(run_server(*flags, env=env), "argument --tensor-parallel-size:",
+                           "with --compile", "turn --compile off")
+
+
 def test_every_float_flag_refuses_nan_and_inf() -> None:
     """Whatever float flag is added later: none may hand NaN or inf to the server."""
     for opt in FLAG_OPTIONS:

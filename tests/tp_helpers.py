@@ -14,12 +14,15 @@ from tests.serving_helpers import reference_greedy
 from warmgate.server.config.runner_config import ParallelConfig, RunnerConfig
 from warmgate.server.distributed.build import build_tensor_parallel_runner
 from warmgate.server.distributed.runners import TensorParallelRunner
+from warmgate.server.jit import JitMonitor
 
 
 @contextmanager
-def tp_runner(config: RunnerConfig, size: int) -> Iterator[TensorParallelRunner]:
+def tp_runner(config: RunnerConfig, size: int, jit_monitor: JitMonitor | None = None
+              ) -> Iterator[TensorParallelRunner]:
     runner = build_tensor_parallel_runner(
-        dataclasses.replace(config, parallel=ParallelConfig(tensor_parallel_size=size)))
+        dataclasses.replace(config, parallel=ParallelConfig(tensor_parallel_size=size)),
+        jit_monitor)
     try:
         yield runner
     finally:

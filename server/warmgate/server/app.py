@@ -139,7 +139,7 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     """
     # Before anything binds: an unusable tokenizer or chat template fails the start-up.
     text = text if text is not None else load_model_text(config.runner.model)
-    metrics = Metrics()
+    metrics = Metrics(config.runner.parallel.tensor_parallel_size)
     health = WarmgateHealth()
     engine = engine if engine is not None else _default_engine(config)
     # Fakes in tests have none; the real engine's counts every compile of its runner.

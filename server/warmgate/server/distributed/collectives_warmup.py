@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from warmgate.server.runner.tensor_parallel import TensorParallel
 
@@ -39,15 +38,14 @@ def collective_plan(runner: Any) -> dict[str, Any]:
 def warm_collectives(tp: TensorParallel, runner: Any, plan: dict[str, Any]) -> list[float]:
     """Run the plan on this rank; every rank's seconds, in rank order (each rank calls it)."""
     hidden = runner.config.model.hidden_size
+    dtype = getattr(torch, plan["dtype"])  # the served dtype (collective_plan)
     start = time.perf_counter()
     for tokens in plan["all_reduce_tokens"]:
-        tp.all_reduce(torch.zeros(tokens, hidden, dtype=runner.dtype, device=runner.device))
+        tp.all_reduce(torch.zeros(tokens, hidden, dtype=dtype, device=runner.device))
     for rows in plan["all_gather_rows"]:
         tp.gather_logits(torch.zeros(rows, tp.layout.vocab_rows, dtype=torch.float32,
                                      device=runner.device))
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
     seconds = time.perf_counter() - start
-    gathered: list[Any] = [None] * tp.size
-    dist.all_gather_object(gathered, seconds, group=tp.object_group)
-    return [float(s) for s in gathered]
+    return [float(s) for s in tp.gather_objects(seconds)]

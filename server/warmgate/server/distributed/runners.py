@@ -4,7 +4,10 @@ Rank 0's `TensorParallelRunner` is the runner the server drives: before each cal
 the forward (a step, a graph capture, a JIT warmup, the collectives warmup) it sends the call
 to the workers, so every rank runs the same forward, with the same collectives, in the same
 order. Only rank 0 samples; the tokens it sampled travel with the next call, and each
-worker's `WorkerRunner` appends them to its request states as rank 0 did.
+worker's `WorkerRunner` appends them to its request states as rank 0 did. Rank 0's JIT
+readiness travels with every call too, so a worker tells a compile, a CUDA-graph miss or a
+communicator set-up after ready from the plan's own; the worker's events come back through
+replies.py into rank 0's JIT monitor.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class TensorParallelRunner(ModelRunner):
         # The rendezvous store (build.py); it must live as long as the process group.
         self.store: Any = None
         super().__init__(config, jit_monitor=jit_monitor, tensor_parallel=tp)
+        workers.replies.relay_to(self.jit_monitor.relay)
         backend_warmup = self.attention_backend.jit_warmup
 
         def jit_warmup() -> Any:  # the flashinfer phase: every rank JIT-compiles its own
@@ -50,7 +54,7 @@ class TensorParallelRunner(ModelRunner):
 
     def _send(self, method: str, *args: Any) -> None:
         sampled, self._sampled = self._sampled, None
-        self.workers.send((method, args, sampled))
+        self.workers.send((method, args, sampled, self.jit_monitor.ready))
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         # Refused here, before the workers see it, so a bad step never reaches them.
@@ -107,7 +111,11 @@ class WorkerRunner(ModelRunner):
             if tokens:
                 s.state.output_token_ids.extend(tokens)
 
-    def handle(self, method: str, args: tuple[Any, ...], sampled: Sampled) -> None:
+    def handle(self, method: str, args: tuple[Any, ...], sampled: Sampled,
+               ready: bool = False) -> None:
+        """One call from rank 0; `ready`: whether rank 0's JIT monitor was ready when it sent
+        it (what this rank's events count as)."""
+        self.jit_monitor.follow(ready)
         self.apply_sampled(sampled)
         if method == "execute_model":
             self.execute_model(*args)

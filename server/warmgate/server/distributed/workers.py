@@ -1,9 +1,10 @@
 """Rank 0's side of the worker processes: start them, send them each call, watch them, stop
 them.
 
-Workers are plain subprocesses (`python -m warmgate.server.distributed.worker`), no torchrun:
-their stdin is the step channel (channel.py), stdout and stderr are the server's, so their
-log lines land in the pod's log. A watchdog thread polls each one; the first that exits while
+Workers are plain subprocesses (`python -m warmgate.server.distributed.worker`), no
+torchrun: their stdin is the step channel (channel.py), a second pipe carries their JIT
+events back (replies.py), stdout and stderr are the server's, so their log lines land in the
+pod's log. A watchdog thread polls each one; the first that exits while
 the group is open is reported to `on_lost` (the server turns that into state FAILED, health
 NOT_SERVING and a non-zero exit). Closing the group closes the pipes (each worker reads end
 of file and exits), then waits, then kills what is left.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -22,6 +24,7 @@ from typing import Any
 
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.distributed.channel import encode, send_encoded
+from warmgate.server.distributed.replies import ReplyReader
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +37,11 @@ class WorkerLost(RuntimeError):
 
 
 class WorkerGroup:
-    def __init__(self, processes: list[subprocess.Popen[bytes]]) -> None:
+    def __init__(self, processes: list[subprocess.Popen[bytes]],
+                 replies: ReplyReader | None = None) -> None:
         self.processes = processes
+        # Each worker's JIT events; rank 0's runner says where they go (relay_to).
+        self.replies = replies if replies is not None else ReplyReader({})
         # Set through watch() by the server (control.engine); called once, from the watchdog
         # thread (or from watch() when a worker was already gone), with a WorkerLost.
         self._on_lost: Callable[[BaseException], None] | None = None
@@ -47,17 +53,26 @@ class WorkerGroup:
     @classmethod
     def start(cls, configs: list[RunnerConfig], store_port: int) -> WorkerGroup:
         """Start one worker per config (ranks 1..N-1) and hand each its config."""
-        processes = []
+        processes, replies = [], {}
         for config in configs:
             rank = config.parallel.rank
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "warmgate.server.distributed.worker",
-                 "--rank", str(rank), "--store-port", str(store_port)],
-                stdin=subprocess.PIPE)
+            read_fd, write_fd = os.pipe()
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "warmgate.server.distributed.worker",
+                     "--rank", str(rank), "--store-port", str(store_port),
+                     "--reply-fd", str(write_fd)],
+                    stdin=subprocess.PIPE, pass_fds=(write_fd,))
+            except BaseException:
+                os.close(read_fd)
+                raise
+            finally:
+                os.close(write_fd)  # the worker holds it now: its exit is our end of file
             processes.append(proc)
+            replies[rank] = os.fdopen(read_fd, "rb")
             logger.info("tensor parallel: started rank %d/%d (pid %d)", rank,
                         config.parallel.tensor_parallel_size, proc.pid)
-        group = cls(processes)
+        group = cls(processes, ReplyReader(replies))
         for proc, config in zip(processes, configs, strict=True):
             group._write(proc, encode(config))
         return group
@@ -119,3 +134,4 @@ class WorkerGroup:
                 logger.warning("tensor parallel: pid %d did not stop; killing it", proc.pid)
                 proc.kill()
                 proc.wait()
+        self.replies.join(STOP_WAIT_S)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from warmgate.server.jit.events import CACHED_KINDS, JitEvent
+from warmgate.server.jit.events import CACHED_KINDS, COMMUNICATOR_SETUP, JitEvent
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,9 @@ class JitCounts:
     # CUDA-graph misses are counted apart: they compile nothing.
     graph_misses: int = 0
     graph_misses_after_ready: int = 0
+    # Tensor parallel: first uses of a collective (communicator set-ups), likewise apart.
+    communicator_setups: int = 0
+    communicator_setups_after_ready: int = 0
 
     @property
     def total_after_ready(self) -> int:
@@ -33,7 +36,10 @@ class JitCounts:
             cache_misses=_add(self.cache_misses, other.cache_misses),
             graph_misses=self.graph_misses + other.graph_misses,
             graph_misses_after_ready=(self.graph_misses_after_ready
-                                      + other.graph_misses_after_ready))
+                                      + other.graph_misses_after_ready),
+            communicator_setups=self.communicator_setups + other.communicator_setups,
+            communicator_setups_after_ready=(self.communicator_setups_after_ready
+                                             + other.communicator_setups_after_ready))
 
     def minus(self, earlier: JitCounts) -> JitCounts:
         """What happened since `earlier` (a snapshot of the same monitor)."""
@@ -44,7 +50,10 @@ class JitCounts:
             cache_misses=_sub(self.cache_misses, earlier.cache_misses),
             graph_misses=self.graph_misses - earlier.graph_misses,
             graph_misses_after_ready=(self.graph_misses_after_ready
-                                      - earlier.graph_misses_after_ready))
+                                      - earlier.graph_misses_after_ready),
+            communicator_setups=self.communicator_setups - earlier.communicator_setups,
+            communicator_setups_after_ready=(self.communicator_setups_after_ready
+                                             - earlier.communicator_setups_after_ready))
 
 
 def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
@@ -66,8 +75,14 @@ class CountsBuilder:
         self.cache_misses: Counter[str] = Counter()
         self.graph_misses = 0
         self.graph_misses_after_ready = 0
+        self.communicator_setups = 0
+        self.communicator_setups_after_ready = 0
 
     def add(self, event: JitEvent) -> None:
+        if event.kind == COMMUNICATOR_SETUP:
+            self.communicator_setups += 1
+            self.communicator_setups_after_ready += event.after_ready
+            return
         if not event.is_compile and event.compiled:  # a CUDA-graph miss
             self.graph_misses += 1
             self.graph_misses_after_ready += event.after_ready
@@ -86,4 +101,6 @@ class CountsBuilder:
         return JitCounts(compiles=dict(self.compiles), after_ready=dict(self.after_ready),
                          cache_hits=dict(self.cache_hits), cache_misses=dict(self.cache_misses),
                          graph_misses=self.graph_misses,
-                         graph_misses_after_ready=self.graph_misses_after_ready)
+                         graph_misses_after_ready=self.graph_misses_after_ready,
+                         communicator_setups=self.communicator_setups,
+                         communicator_setups_after_ready=self.communicator_setups_after_ready)

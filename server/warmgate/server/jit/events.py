@@ -12,8 +12,12 @@ FLASHINFER = "flashinfer"
 DYNAMO = "dynamo"
 INDUCTOR = "inductor"
 CUDA_GRAPH_MISS = "cuda_graph_miss"
+# Tensor parallel: the first use of a collective (op, dtype, group) on a rank, the moment NCCL
+# (or gloo) sets up that communicator's channels and buffers; the distributed warmup phase
+# makes every one the model uses, so one after ready is a set-up a request paid for.
+COMMUNICATOR_SETUP = "communicator_setup"
 COMPILE_KINDS = (TRITON, FLASHINFER, DYNAMO, INDUCTOR)
-KINDS = (*COMPILE_KINDS, CUDA_GRAPH_MISS)
+KINDS = (*COMPILE_KINDS, CUDA_GRAPH_MISS, COMMUNICATOR_SETUP)
 # Kinds whose builds persist in an on-disk cache, so a first use is a hit or a miss.
 CACHED_KINDS = (TRITON, FLASHINFER, INDUCTOR)
 
@@ -43,6 +47,8 @@ class JitEvent:
     name: str
     batch: BatchShape | None = None
     seconds: float = 0.0
+    # The tensor-parallel rank it happened on (0: the server process; always 0 at TP=1).
+    rank: int = 0
 
     @property
     def is_compile(self) -> bool:
@@ -53,5 +59,9 @@ class JitEvent:
         what = "compiled" if self.compiled else "loaded from cache"
         if self.kind == CUDA_GRAPH_MISS:
             what = "ran eagerly (no captured CUDA graph fits)"
+        elif self.kind == COMMUNICATOR_SETUP:
+            what = "set up (first use of this collective)"
         cause = str(self.batch) if self.batch is not None else "no batch in flight"
-        return f"{self.kind} {self.name} {what} in {self.seconds:.3f} s, caused by {cause}"
+        where = f" on rank {self.rank}" if self.rank else ""
+        return (f"{self.kind} {self.name} {what}{where} in {self.seconds:.3f} s, "
+                f"caused by {cause}")

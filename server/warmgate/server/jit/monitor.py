@@ -4,6 +4,11 @@ Observers (Triton, dynamo, FlashInfer hooks) call `record` from whatever thread 
 the runner sets `current_batch` before each forward so an event names the batch that caused
 it. Listeners (metrics, the strict-mode policy) get every event; they run on the compiling
 thread, so they must be quick and must not block on the event loop.
+
+Under tensor parallel each rank has its own monitor (`rank` stamps its events); a worker's
+events reach rank 0's monitor through `relay` (warmgate.server.distributed.replies), which
+counts them apart, per rank (`snapshot_by_rank`), and hands them to the same listeners, so
+the metrics label them with their rank and --strict-jit judges them like rank 0's own.
 """
 
 from __future__ import annotations
@@ -34,9 +39,11 @@ class Observer(Protocol):
 
 
 class JitMonitor:
-    def __init__(self) -> None:
+    def __init__(self, rank: int = 0) -> None:
+        self.rank = rank
         self._lock = threading.Lock()
         self._counts = CountsBuilder()
+        self._remote: dict[int, CountsBuilder] = {}  # other ranks' relayed events
         self._ready = False
         self._listeners: list[Listener] = []
         self._observers: list[Observer] = []
@@ -57,6 +64,13 @@ class JitMonitor:
     def mark_not_ready(self) -> None:
         """A (re-)warmup started: its compiles are the plan's, not traffic's."""
         self._ready = False
+
+    def follow(self, ready: bool) -> None:
+        """A worker rank's monitor: take rank 0's readiness (sent with every call)."""
+        if ready and not self._ready:
+            self.mark_ready()
+        elif not ready:
+            self._ready = False
 
     # -- observers and listeners --------------------------------------------------------
     def install(self, observers: Iterable[Observer]) -> list[str]:
@@ -86,19 +100,38 @@ class JitMonitor:
         """Called by observers (any thread) for every compile or cache load they see."""
         with self._lock:
             event = JitEvent(kind=kind, compiled=compiled, after_ready=self._ready, name=name,
-                             batch=self.current_batch, seconds=seconds)
+                             batch=self.current_batch, seconds=seconds, rank=self.rank)
             self._counts.add(event)
         logger.debug("jit event: %s (after_ready=%s)", event.describe(), event.after_ready)
+        self._notify(event)
+        return event
+
+    def relay(self, event: JitEvent) -> None:
+        """An event another rank recorded (after_ready as that rank judged it, from the
+        readiness this monitor sent it): counted under its rank, then to every listener."""
+        with self._lock:
+            self._remote.setdefault(event.rank, CountsBuilder()).add(event)
+        logger.debug("jit event from rank %d: %s", event.rank, event.describe())
+        self._notify(event)
+
+    def _notify(self, event: JitEvent) -> None:
         for listener in list(self._listeners):
             try:
                 listener(event)
             except Exception:  # a listener's bug must not break the compile that called us
                 logger.exception("JIT listener %r failed on %s", listener, event.kind)
-        return event
 
     def snapshot(self) -> JitCounts:
+        """This rank's own counts (the warmup's phases bill these)."""
         with self._lock:
             return self._counts.freeze()
+
+    def snapshot_by_rank(self) -> dict[int, JitCounts]:
+        """This rank's counts and every relayed rank's, by rank."""
+        with self._lock:
+            counts = {r: c.freeze() for r, c in self._remote.items()}
+            counts[self.rank] = self._counts.freeze()
+        return dict(sorted(counts.items()))
 
     def __enter__(self) -> JitMonitor:
         return self

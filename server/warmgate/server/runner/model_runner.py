@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.jit import BatchShape, JitMonitor
-from warmgate.server.jit.events import CUDA_GRAPH_MISS
+from warmgate.server.jit.events import COMMUNICATOR_SETUP, CUDA_GRAPH_MISS
 from warmgate.server.runner.attention import AttentionSpec, create_backend
 from warmgate.server.runner.attention.base import AttentionMetadata
 from warmgate.server.runner.batch import classify_batch, is_prefilling
@@ -98,6 +98,9 @@ class ModelRunner:
         # The owner installs the compiler hooks (they are process-wide); the runner only tells
         # the monitor which batch is in flight and when a uniform decode found no graph.
         self.jit_monitor = jit_monitor if jit_monitor is not None else JitMonitor()
+        if tensor_parallel is not None:  # each collective's first use, a communicator set-up
+            tensor_parallel.on_first_use = lambda name, seconds: self.jit_monitor.record(
+                COMMUNICATOR_SETUP, name=name, seconds=seconds)
         self._choose_forward()
         self.sampler = Sampler()
         # Structured output's bitmask rows: 1 per request, 1 + k with drafts, at most.

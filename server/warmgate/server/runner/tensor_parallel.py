@@ -10,6 +10,8 @@ from the file as a slice (safetensors get_slice), never the whole tensor.
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +43,17 @@ def _split_of(name: str) -> tuple[int, str] | None:
     return None
 
 
+# A communicator set-up: (what was first used, e.g. "all_reduce bfloat16 on default", and the
+# seconds that first call took).
+FirstUse = Callable[[str, float], None]
+
+
 class TensorParallel:
-    """This rank's layout and its collectives over `group` (None: the default group)."""
+    """This rank's layout and its collectives over `group` (None: the default group).
+
+    Every collective kind (op, dtype, group) is noted the first time it runs: that first call
+    is when NCCL or gloo sets up what the kind needs (the distributed warmup phase makes them
+    all before ready). `on_first_use` (the runner's JIT monitor) hears of each one."""
 
     def __init__(self, layout: ShardLayout, group: Any = None) -> None:
         self.layout = layout
@@ -51,11 +62,29 @@ class TensorParallel:
         self.size = layout.size
         # A gloo group for Python objects (per-rank timings) when `group` is NCCL's.
         self.object_group: Any = None
+        self.on_first_use: FirstUse | None = None
+        self._used: set[tuple[str, object, int]] = set()
+
+    def _first_use(self, op: str, dtype: object, group: Any) -> tuple[str, float] | None:
+        """None for a kind already used (one set lookup: this is on every layer's path)."""
+        key = (op, dtype, id(group))
+        if key in self._used:
+            return None
+        self._used.add(key)
+        name = "default" if group is None else ("objects" if group is self.object_group
+                                                else f"group {id(group):x}")
+        return f"{op} {str(dtype).removeprefix('torch.')} on {name}", time.perf_counter()
+
+    def _set_up(self, first: tuple[str, float] | None) -> None:
+        if first is not None and self.on_first_use is not None:
+            self.on_first_use(first[0], time.perf_counter() - first[1])
 
     # --- collectives on the forward path -------------------------------------------------
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of every rank's partial result (row-parallel projections), in place."""
+        first = self._first_use("all_reduce", x.dtype, self.group)
         dist.all_reduce(x, group=self.group)
+        self._set_up(first)
         return x
 
     def embed(self, input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -69,8 +98,18 @@ class TensorParallel:
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """[N, V/N] on each rank -> [N, V] on every rank (padding rows dropped)."""
         parts = [torch.empty_like(logits) for _ in range(self.size)]
+        first = self._first_use("all_gather", logits.dtype, self.group)
         dist.all_gather(parts, logits.contiguous(), group=self.group)
+        self._set_up(first)
         return torch.cat(parts, dim=-1)[:, :self.layout.vocab_size]
+
+    def gather_objects(self, value: Any) -> list[Any]:
+        """Every rank's `value`, in rank order (warmup timings; never on a step's path)."""
+        gathered: list[Any] = [None] * self.size
+        first = self._first_use("all_gather_object", "object", self.object_group)
+        dist.all_gather_object(gathered, value, group=self.object_group)
+        self._set_up(first)
+        return gathered
 
     # --- weights ----------------------------------------------------------------------------
     def shard_copies(self, copies: list[tuple[Path, TensorEntry, torch.Tensor]]

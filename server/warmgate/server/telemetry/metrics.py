@@ -4,6 +4,10 @@ A registry per server (not prometheus_client's global one) lets tests run severa
 one process. Every label value comes from a fixed set; anything else is folded into "other" so
 a surprising phase name or RPC path cannot grow the series count.
 
+The JIT series carry a `rank` label: the tensor-parallel rank the compile, graph miss or
+communicator set-up happened on ("0" at TP=1; a worker's events reach rank 0 through
+warmgate.server.distributed.replies).
+
 `warmgate_warmup_state{state}` is one gauge per state, 1 for the current state and 0 for the
 others (the usual enum pattern: `warmgate_warmup_state == 1` selects the current state and
 `sum by (state)` counts pods per state).
@@ -24,7 +28,12 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from warmgate.server.config.listen_address import address_family, bare_host, is_ipv6
 from warmgate.server.core.phases import DISTRIBUTED, LOAD, TP_PLAN_PHASES
 from warmgate.server.core.results import PhaseStatus, SkipReason, WarmupReport
-from warmgate.server.jit.events import CACHED_KINDS, CUDA_GRAPH_MISS, JitEvent
+from warmgate.server.jit.events import (
+    CACHED_KINDS,
+    COMMUNICATOR_SETUP,
+    CUDA_GRAPH_MISS,
+    JitEvent,
+)
 from warmgate.server.telemetry.serving_metrics import FINISH_REASONS, ServingMetrics
 
 logger = logging.getLogger(__name__)
@@ -57,7 +66,8 @@ def _label(value: str, allowed: Iterable[str]) -> str:
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, tensor_parallel_size: int = 1) -> None:
+        self._ranks = tuple(str(r) for r in range(max(1, tensor_parallel_size)))
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.phase_duration = Histogram(
@@ -78,13 +88,19 @@ class Metrics:
             "the distributed warmup phase.", ["rank"], registry=r)
         # Incremented by observe_jit, a JitMonitor listener.
         self.jit_compiles = Counter(
-            "warmgate_jit_compiles_total", "JIT compilations, by kind and whether health "
-            "was already SERVING.", ["kind", "after_ready"], registry=r)
+            "warmgate_jit_compiles_total", "JIT compilations, by kind, whether health "
+            "was already SERVING and tensor-parallel rank.", ["kind", "after_ready", "rank"],
+            registry=r)
         # Uniform decodes that found no captured CUDA graph (another JitMonitor event).
         self.graph_misses = Counter(
             "warmgate_cuda_graph_misses_total", "Uniform-decode batches that found no captured "
-            "CUDA graph and ran eagerly, by whether health was already SERVING.",
-            ["after_ready"], registry=r)
+            "CUDA graph and ran eagerly, by whether health was already SERVING and "
+            "tensor-parallel rank.", ["after_ready", "rank"], registry=r)
+        # Tensor parallel: first uses of a collective kind (op, dtype, process group).
+        self.communicator_setups = Counter(
+            "warmgate_communicator_setups_total", "Collective communicators set up (the "
+            "first use of a collective kind on a rank), by whether health was already SERVING "
+            "and tensor-parallel rank.", ["after_ready", "rank"], registry=r)
         self.cache_hits = Counter("warmgate_compile_cache_hits_total",
                                   "Compile cache hits, by cache.", ["cache"], registry=r)
         self.cache_misses = Counter("warmgate_compile_cache_misses_total",
@@ -111,11 +127,12 @@ class Metrics:
         for cache in CACHES:
             self.cache_hits.labels(cache=cache)
             self.cache_misses.labels(cache=cache)
-        for kind in COMPILE_KINDS:
+        for rank in self._ranks:
             for after_ready in ("true", "false"):
-                self.jit_compiles.labels(kind=kind, after_ready=after_ready)
-        for after_ready in ("true", "false"):
-            self.graph_misses.labels(after_ready=after_ready)
+                for kind in COMPILE_KINDS:
+                    self.jit_compiles.labels(kind=kind, after_ready=after_ready, rank=rank)
+                self.graph_misses.labels(after_ready=after_ready, rank=rank)
+                self.communicator_setups.labels(after_ready=after_ready, rank=rank)
         for reason in FINISH_REASONS:
             self.serving.requests.labels(finish_reason=reason)
 
@@ -148,12 +165,16 @@ class Metrics:
 
     def observe_jit(self, event: JitEvent) -> None:
         """A JitMonitor listener: compiles by kind and readiness, compile-cache hits/misses.
-        Runs on the compiling thread; prometheus_client counters are thread-safe."""
+        Runs on the compiling thread (or a worker rank's reply reader); prometheus_client
+        counters are thread-safe."""
+        after_ready, rank = str(event.after_ready).lower(), _label(str(event.rank), self._ranks)
         if event.kind == CUDA_GRAPH_MISS:
-            self.graph_misses.labels(after_ready=str(event.after_ready).lower()).inc()
+            self.graph_misses.labels(after_ready=after_ready, rank=rank).inc()
+        if event.kind == COMMUNICATOR_SETUP:
+            self.communicator_setups.labels(after_ready=after_ready, rank=rank).inc()
         if event.is_compile:
             self.jit_compiles.labels(kind=_label(event.kind, COMPILE_KINDS),
-                                     after_ready=str(event.after_ready).lower()).inc()
+                                     after_ready=after_ready, rank=rank).inc()
         if event.kind in CACHED_KINDS:
             cache = _label(event.kind, CACHES)
             (self.cache_misses if event.compiled else self.cache_hits).labels(cache=cache).inc()

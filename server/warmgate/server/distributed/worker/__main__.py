@@ -1,5 +1,8 @@
-"""A worker rank: `python -m warmgate.server.distributed.worker --rank R --store-port P`,
-started by rank 0 (workers.py), never by hand.
+"""A worker rank: `python -m warmgate.server.distributed.worker --rank R --store-port P
+--reply-fd F`, started by rank 0 (workers.py), never by hand.
+
+It installs the same JIT observers as rank 0 and sends every event they (and the runner: a
+CUDA-graph miss, a communicator set-up) record to rank 0 over the pipe F (replies.py).
 
 It reads its config from stdin, joins the process group, loads its shard, then runs each call
 rank 0 sends until stdin ends (rank 0 stopped or died) or its parent changes (rank 0 died
@@ -20,6 +23,9 @@ import torch
 
 from warmgate.server.distributed.channel import receive
 from warmgate.server.distributed.process_group import join_group, join_store
+from warmgate.server.distributed.replies import ReplySender
+from warmgate.server.jit import JitMonitor
+from warmgate.server.jit.install import install_observers
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="warmgate.server.distributed.worker")
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--store-port", type=int, required=True)
+    parser.add_argument("--reply-fd", type=int, default=None,
+                        help="the pipe this rank's JIT events go to rank 0 on")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s "
                                                    f"[rank {args.rank}] %(name)s: %(message)s")
@@ -57,15 +65,24 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     from warmgate.server.distributed.runners import WorkerRunner  # after threads are set
 
+    monitor = JitMonitor(rank=args.rank)
+    sender = None
+    if args.reply_fd is not None:
+        sender = ReplySender(os.fdopen(args.reply_fd, "wb"))
+        monitor.add_listener(sender)
+    install_observers(monitor, config)  # before the load, as rank 0 does (plan.load_runner)
     tp = join_group(config, join_store(args.store_port, size))
     from warmgate.server.warmup.gemm_shapes import sweep_gemm_shapes
 
-    runner = WorkerRunner(config, tensor_parallel=tp)
+    runner = WorkerRunner(config, tensor_parallel=tp, jit_monitor=monitor)
     runner.programs = {"sweep_gemm_shapes": sweep_gemm_shapes}
     logger.info("rank %d/%d loaded: %s", args.rank, size, runner.load_stats)
     while (message := receive(stdin)) is not None:
         runner.handle(*message)
     logger.info("rank %d: rank 0 closed the channel; exiting", args.rank)
+    monitor.close()
+    if sender is not None:
+        sender.close()
     return 0
 
 
