@@ -55,7 +55,7 @@ AFTER_READY = {
     "compiles": re.compile(r'^warmgate_jit_compiles_total\{[^}]*after_ready="true"[^}]*\} (\S+)',
                            re.M),
     "graph_misses": re.compile(
-        r'^warmgate_cuda_graph_misses_total\{after_ready="true"\} (\S+)', re.M),
+        r'^warmgate_cuda_graph_misses_total\{[^}]*after_ready="true"[^}]*\} (\S+)', re.M),
 }
 GRAMMAR_CLASSES = ("json_schema", "regex", "ebnf")
 CLASSES = ("plain", "logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
