@@ -56,7 +56,9 @@ def test_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     assert f["cold_longest_compile_s"] is None and f["cold_over_longest_compile"] is None
     warm = f["warm_breakdown"]
     assert warm["ready_s"] == f["warm_ready_s"]
-    assert 0 < warm["imports_and_config_s"] < warm["health_bound_at_s"] < warm["ready_s"]
+    # The health process binds from the flags alone, before the configuration is checked
+    # and logged (api/health_process.py).
+    assert 0 < warm["health_bound_at_s"] < warm["imports_and_config_s"] < warm["ready_s"]
     assert warm["weights_s"] > 0 and warm["weights_gb_per_s"] > 0 and warm["kv_cache_s"] >= 0
     for phase in ("load", "compile", "kernels.prefill", "kernels.decode", "mixed"):
         assert f"phase.{phase}_s" in warm

@@ -17,7 +17,9 @@ from grpc_reflection.v1alpha import reflection
 
 from warmgate.server.api.auth import AuthInterceptor
 from warmgate.server.api.generation import GenerationService
+from warmgate.server.api.grpc_options import SERVER_OPTIONS
 from warmgate.server.api.health import LIVENESS_SERVICE, HealthListener, WarmgateHealth
+from warmgate.server.api.health_link import HealthLink, start_health_link
 from warmgate.server.api.interceptor import ErrorInterceptor
 from warmgate.server.api.security import server_credentials
 from warmgate.server.api.service import WarmupService
@@ -38,16 +40,6 @@ from warmgate.v1 import generate_pb2, generate_pb2_grpc, warmup_pb2, warmup_pb2_
 
 logger = logging.getLogger(__name__)
 
-# Calls that arrived but no handler has taken yet: above gRPC's soft limit (1,000) it rejects
-# new calls at random (CANCELLED before any handler runs, so no metric sees them), all of
-# them at its hard limit (3,000). A burst of probes or status watches queues there while the
-# event loop works through it; deadlines still end calls that wait too long.
-MAX_PENDING_CALLS = 50_000
-# so_reuseport 0: otherwise a second server silently binds the same port and shares it.
-SERVER_OPTIONS = (("grpc.so_reuseport", 0),
-                  ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
-                  ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS))
-
 
 @dataclass
 class RunningServer:
@@ -58,11 +50,17 @@ class RunningServer:
     metrics: Metrics
     metrics_endpoint: MetricsEndpoint | None
     generation: GenerationService
-    # The plaintext health-only server (--health-port), if any.
-    health_server: grpc.aio.Server | None = None
-    health_port: int | None = None
+    # The health process serving --health-port (api/health_process.py), if any.
+    health_link: HealthLink | None = None
     # The engine's JIT monitor, whose process-wide compiler hooks stop() removes.
     jit_monitor: JitMonitor | None = None
+    # create_server started the health process (no caller handed one in): stop() ends it.
+    owns_health_link: bool = False
+    heartbeat: asyncio.Future[None] | None = None
+
+    @property
+    def health_port(self) -> int | None:
+        return self.health_link.port if self.health_link else None
 
     @property
     def metrics_port(self) -> int | None:
@@ -74,7 +72,9 @@ class RunningServer:
         get the draining pod restarted).
 
         The health port goes last: while the main port drains, probes there still get an
-        answer rather than a refused connection.
+        answer rather than a refused connection. A health process main.py handed in lives on
+        until the process exits (liveness SERVING to the end); one create_server started
+        ends here.
         """
         await self.health.drain()
         self.controller.begin_drain()  # warmups would preempt the streams being drained
@@ -84,8 +84,10 @@ class RunningServer:
         await self.controller.close(wait=wait_for_runner)
         await self.server.stop(None if grace is None
                                else max(0.0, grace - (time.monotonic() - start)))
-        if self.health_server is not None:
-            await self.health_server.stop(0)
+        if self.health_link is not None and self.owns_health_link:
+            if self.heartbeat is not None:
+                self.heartbeat.cancel()
+            self.health_link.close()
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.close()
         if self.jit_monitor is not None:
@@ -116,26 +118,20 @@ def _default_engine(config: ServerConfig) -> PlanEngine:
     return PlanEngine(config.runner, faults=faults, cache=compile_cache_of(config))
 
 
-def _health_only_server(config: ServerConfig, health: WarmgateHealth,
-                        metrics: Metrics) -> tuple[grpc.aio.Server, int]:
-    """Plaintext grpc.health.v1 and nothing else, sharing the main server's HealthServicer."""
-    server = grpc.aio.server(interceptors=[ErrorInterceptor(metrics)], options=SERVER_OPTIONS)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    return server, _bind(server, config.host, config.health_port, None)
-
-
 def _describe_security(security: ServerSecurity) -> str:
     tls = ("mTLS" if security.tls_client_ca else "TLS") if security.tls else "plaintext"
     return f"{tls}, {'bearer token' if security.auth else 'no'} auth"
 
 
 async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = None,
-                        text: ModelText | None = None) -> RunningServer:
+                        text: ModelText | None = None, health_link: HealthLink | None = None
+                        ) -> RunningServer:
     """Bind, register every service and start; warmup (if configured) starts in background.
 
     `engine` defaults to the real runner driven by the warmup plan; `text` to the model
     directory's tokenizer files, read here (main reads them earlier, before logging starts,
-    so that an unusable one is a single line).
+    so that an unusable one is a single line). `health_link`: the health process main
+    started for --health-port; without one, create_server starts it (and stop() ends it).
     """
     # Before anything binds: an unusable tokenizer or chat template fails the start-up.
     text = text if text is not None else load_model_text(config.runner.model)
@@ -177,8 +173,9 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     if config.security.auth and not config.security.tls:
         logger.warning("bearer tokens travel in plaintext on port %d: pass --tls-cert and "
                        "--tls-key unless the network is trusted", port)
-    health_server, health_port = (_health_only_server(config, health, metrics)
-                                  if config.health_port_enabled else (None, None))
+    owns_link = health_link is None and config.health_port_enabled
+    if owns_link:
+        health_link = start_health_link(config.host, config.health_port)
     endpoint = (MetricsEndpoint(metrics, config.host, config.metrics_port)
                 if config.metrics_enabled else None)
     # NOT_SERVING before the first RPC can arrive: HealthServicer starts "" at SERVING.
@@ -186,12 +183,17 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     # The liveness probe's service: SERVING while the process answers, whatever warmup does,
     # so a pod is never restarted (losing every compiled kernel) for being slow to warm.
     await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+    heartbeat = None
+    if health_link is not None:
+        health_link.on_count = metrics.count_rpcs
+        health.mirror_to(health_link.set)
+        heartbeat = asyncio.ensure_future(health_link.heartbeat())
     await server.start()
-    if health_server is not None:
-        await health_server.start()
-        logger.info("serving grpc.health.v1 (plaintext) on %s:%d", config.host, health_port)
+    if health_link is not None:
+        logger.info("serving grpc.health.v1 (plaintext) on %s:%d (health process %d)",
+                    config.host, health_link.port, health_link.proc.pid)
     logger.info("serving warmgate.v1.Warmup on %s:%d (model %s, %s, %s attention; %s)",
                 config.host, port, config.runner.model.name, config.runner.device.device,
                 config.runner.device.attention_backend, _describe_security(config.security))
     return RunningServer(server, port, controller, health, metrics, endpoint, generation,
-                         health_server, health_port, jit_monitor)
+                         health_link, jit_monitor, owns_link, heartbeat)

@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from warmgate.server.api.port_check import PortInUse, check_ports
 from warmgate.server.config.flags import startup_error
@@ -35,6 +35,9 @@ from warmgate.server.cpu_threads import apply_cpu_threads
 from warmgate.server.startup import load_server_config
 from warmgate.server.text.errors import TextLoadError
 from warmgate.server.text.model_text import ModelText, load_model_text
+
+if TYPE_CHECKING:
+    from warmgate.server.api.health_link import HealthLink
 
 logger = logging.getLogger(__name__)
 
@@ -57,26 +60,29 @@ def _exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _check_ports(config: ServerConfig) -> None:
-    """Exit 2 with one line naming the flag and the address if a configured port is busy."""
+def _check_ports(config: ServerConfig, health_held: bool = False) -> None:
+    """Exit 2 with one line naming the flag and the address if a configured port is busy
+    (the health port not when our own health process holds it)."""
     try:
         check_ports(config.host, (
             ("--port", config.port),
-            ("--health-port", config.health_port if config.health_port_enabled else -1),
+            ("--health-port", config.health_port
+             if config.health_port_enabled and not health_held else -1),
             ("--metrics-port", config.metrics_port if config.metrics_enabled else -1)))
     except PortInUse as exc:
         startup_error(str(exc))
 
 
-async def serve(config: ServerConfig, text: ModelText | None = None) -> int:
+async def serve(config: ServerConfig, text: ModelText | None = None,
+                health: HealthLink | None = None) -> int:
     from warmgate.server.app import create_server  # after main's CUDA context started
 
     try:
-        running = await create_server(config, text=text)
+        running = await create_server(config, text=text, health_link=health)
     except (OSError, RuntimeError):
         # grpc says RuntimeError, http.server OSError; a port taken since main's check gets
         # the same one line, anything else keeps its traceback.
-        _check_ports(config)
+        _check_ports(config, health_held=health is not None)
         raise
     if running.metrics_port is not None:
         logger.info("metrics on port %d", running.metrics_port)
@@ -112,11 +118,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # read-ahead follows once the configuration names them; both run while the tokenizer
     # loads and the servers bind (warmgate.server.control.background_startup).
     background = begin_cuda_context(requested_device(argv, os.environ))
+    # Then the health process (api/health_process.py), from the flags alone: probes get
+    # NOT_SERVING from here on, while the start-up checks and the model load go on.
+    from warmgate.server.api.health_link import start_health_link_early
+
+    health = start_health_link_early(argv, os.environ)
     config = load_server_config(argv)
     background = begin_background_startup(config.runner, background)
     text = None
     if not config.warmup_only:  # which binds nothing and serves no text
-        _check_ports(config)
+        _check_ports(config, health_held=health is not None)
         try:
             text = load_model_text(config.runner.model)
         except TextLoadError as exc:
@@ -129,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from warmgate.server.prewarm import run_warmup_only
 
         return run_warmup_only(config)
-    return asyncio.run(serve(config, text))
+    return asyncio.run(serve(config, text, health))
 
 
 if __name__ == "__main__":

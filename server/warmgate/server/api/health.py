@@ -13,7 +13,7 @@ and HealthListener, which makes health follow the controller's readiness.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -33,6 +33,21 @@ class WarmgateHealth(health_aio.HealthServicer):
         super().__init__()
         self._live_through_drain = frozenset(live_through_drain)
         self._draining = False
+        self._mirror: Callable[[str, int], None] | None = None
+
+    def mirror_to(self, push: Callable[[str, int], None]) -> None:
+        """From now on every status change also goes to `push` (the health process's table),
+        starting with every current status."""
+        self._mirror = push
+        for name, status in self.statuses().items():
+            push(name, int(status))
+
+    async def _set(self, service: str,
+                   status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
+        # Every change goes through here: set, the drain and enter_graceful_shutdown.
+        await super()._set(service, status)
+        if self._mirror is not None:
+            self._mirror(service, int(status))
 
     def statuses(self) -> dict[str, health_pb2.HealthCheckResponse.ServingStatus.ValueType]:
         """A snapshot of every registered service's status."""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 MAIN_PORT = re.compile(r"serving warmgate\.v1\.Warmup on 127\.0\.0\.1:(\d+)")
 HEALTH_PORT = re.compile(r"serving grpc\.health\.v1 \(plaintext\) on 127\.0\.0\.1:(\d+)")
+HEALTH_PID = re.compile(r"warmgate health process (\d+): serving")
 # Where the compilers keep their on-disk caches; fresh_caches points each at an empty folder.
 CACHE_ENV_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
 
@@ -42,12 +43,14 @@ class ServerProcess:
     Each log line keeps the seconds since the start that it arrived at (`timeline`), which
     is what the time-to-ready bench reads its start-up breakdown from. `inherit_env=False`
     starts the server with exactly `env` (the bench's cold runs must not inherit compiler
-    cache variables)."""
+    cache variables). `wait_for_main=False` returns once the health port (the health
+    process's, up before the model server) answers, with p.port still 0."""
 
     def __init__(self, flags: Sequence[str] = (), env: Mapping[str, str] | None = None, *,
                  device: str | None = "cpu", start_timeout_s: float = 60.0,
                  stop_signal: signal.Signals = signal.SIGKILL,
-                 fresh_caches: bool = False, inherit_env: bool = True) -> None:
+                 fresh_caches: bool = False, inherit_env: bool = True,
+                 wait_for_main: bool = True) -> None:
         self.argv = [sys.executable, "-m", "warmgate.server.main", "--host", "127.0.0.1",
                      "--port", "0", *(["--device", device] if device else []), *flags]
         self._env = {**(os.environ if inherit_env else {}), "WARMGATE_METRICS_PORT": "-1",
@@ -60,6 +63,7 @@ class ServerProcess:
             for var in CACHE_ENV_VARS:
                 self._env[var] = os.path.join(self._cache_root, var.lower())
         self.start_timeout_s = start_timeout_s
+        self.wait_for_main = wait_for_main
         self.stop_signal = stop_signal
         self._lines: list[str] = []
         self._stamps: list[float] = []
@@ -80,9 +84,11 @@ class ServerProcess:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         try:
-            self.port = int(self.wait_for(MAIN_PORT, self.start_timeout_s).group(1))
             if "--health-port" in self.argv:
-                self.health_port = int(self.wait_for(HEALTH_PORT).group(1))
+                self.health_port = int(self.wait_for(HEALTH_PORT, self.start_timeout_s)
+                                       .group(1))
+            if self.wait_for_main:
+                self.port = int(self.wait_for(MAIN_PORT, self.start_timeout_s).group(1))
         except BaseException:
             self.__exit__()
             raise
@@ -145,6 +151,10 @@ class ServerProcess:
         code = self.proc.wait(timeout)
         self._reader.join(10)
         return code
+
+    def health_pid(self) -> int:
+        """The health process's pid, from its first log line (with --health-port)."""
+        return int(self.wait_for(HEALTH_PID).group(1))
 
     def rss_mib(self) -> float:
         """The server's resident memory (Linux: /proc)."""

@@ -184,6 +184,10 @@ class Metrics:
         self.rpc_requests.labels(method=method, code=code).inc()
         self.rpc_duration.labels(method=method).observe(seconds)
 
+    def count_rpcs(self, method: str, code: str, count: int) -> None:
+        """Calls another process handled (the health process): counted, not timed."""
+        self.rpc_requests.labels(method=_label(method, RPC_METHODS), code=code).inc(count)
+
 
 class HostWSGIServer(ThreadingWSGIServer):
     """The metrics HTTP server on the address family of --host; on `::` IPv4 too (dual stack,
