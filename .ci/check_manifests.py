@@ -7,7 +7,9 @@ the objects fit together and fit the server:
     container declares (numeric where the API needs a number, by name in the PodMonitor);
   - selectors select the pods; ConfigMaps and PVCs that pods reference exist;
   - the probes ask health service names the server registers: startup and readiness one
-    gated on warmup, liveness the one that stays SERVING;
+    gated on warmup, liveness the one that stays SERVING; and they ask the port that serves
+    them: WARMGATE_HEALTH_PORT's (the health process) when the ConfigMap sets one, else the
+    main port;
   - the ConfigMap's WARMGATE_* keys are flags warmgate-server knows, with values it accepts
     (parsed by the server's own load_server_config, without resolving the device);
   - service links are off (a Service named "warmgate" would inject WARMGATE_PORT=tcp://...);
@@ -73,6 +75,15 @@ def check_config(name: str, data: dict[str, str], problems: list[str]) -> None:
         problems.append(f"ConfigMap/{name}: warmgate-server rejects it: {lines[-1]}")
 
 
+def probe_port_of(env: dict[str, str]) -> tuple[int | None, int]:
+    """(WARMGATE_HEALTH_PORT if set and on, the port the probes must ask): the health
+    process's port, else the main port (WARMGATE_PORT, default 50051)."""
+    health = int(env.get("WARMGATE_HEALTH_PORT", "-1"))
+    if health > 0:
+        return health, health
+    return None, int(env.get("WARMGATE_PORT", "50051"))
+
+
 def check_tensor_parallel(where: str, config: dict[str, str], limits: dict[str, Any],
                           spec: dict[str, Any], problems: list[str]) -> None:
     """A pod serving tensor-parallel on CUDA gets one GPU per rank, and NCCL a memory-backed
@@ -119,6 +130,10 @@ def check(objs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
         for c in spec["containers"]:
             ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
             ports_by_pod[where] = ports
+            env = {k: v for src in c.get("envFrom", [])
+                   for k, v in by_kind.get("ConfigMap", {}).get(
+                       src.get("configMapRef", {}).get("name"), {}).get("data", {}).items()}
+            health_port, probe_port = probe_port_of(env)
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 grpc = c.get(probe, {}).get("grpc")
                 if grpc is None:
@@ -126,6 +141,12 @@ def check(objs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
                 if grpc["port"] not in ports.values():
                     problems.append(f"{where}: {probe} port {grpc['port']} is not a container "
                                     "port")
+                if grpc["port"] != probe_port:
+                    problems.append(
+                        f"{where}: {probe} asks port {grpc['port']}; health for probes is on "
+                        f"{probe_port} (" + (f"WARMGATE_HEALTH_PORT={health_port}: the health "
+                                             "process" if health_port else
+                                             "the main port; no WARMGATE_HEALTH_PORT") + ")")
                 service = grpc.get("service", "")
                 want = (LIVENESS_SERVICE,) if probe == "livenessProbe" else READINESS_SERVICES
                 if service not in want:
@@ -181,7 +202,9 @@ def check(objs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
         allowed = {p["port"] for rule in np["spec"].get("ingress", [])
                    for p in rule.get("ports", [])}
         for where in chosen:
-            missing = set(ports_by_pod[where].values()) - allowed
+            # The health port is the kubelet's, which NetworkPolicy does not filter.
+            missing = {port for name, port in ports_by_pod[where].items()
+                       if name != "health"} - allowed
             if missing:
                 problems.append(f"NetworkPolicy/{name}: {where} ports {sorted(missing)} get no "
                                 "ingress")

@@ -103,3 +103,21 @@ def test_the_repositorys_builds_pass(directory: Path) -> None:
     objs = [o for o in yaml.safe_load_all(rendered) if o]
     problems, _notes = check(objs)
     assert problems == []
+
+
+def _probed(port: int, **env: str) -> list[str]:
+    objs = [{"apiVersion": "v1", **o} for o in build(**env)]  # check() reads apiVersion
+    container = objs[-1]["spec"]["template"]["spec"]["containers"][0]
+    container["ports"] = [{"name": "grpc", "containerPort": 50051},
+                          {"name": "health", "containerPort": 50052}]
+    container["startupProbe"]["grpc"]["port"] = port
+    return [p for p in check(objs)[0] if "startupProbe asks port" in p]
+
+
+def test_probes_must_ask_the_port_that_serves_them() -> None:
+    assert _probed(50052, WARMGATE_HEALTH_PORT="50052") == []
+    assert _probed(50051) == []  # no health process: the main port answers
+    # The health process is configured but the probes still ask the model server's port.
+    assert "WARMGATE_HEALTH_PORT=50052" in _probed(50051, WARMGATE_HEALTH_PORT="50052")[0]
+    # Nothing serves health on 50052 without WARMGATE_HEALTH_PORT.
+    assert "no WARMGATE_HEALTH_PORT" in _probed(50052)[0]
