@@ -3,7 +3,7 @@
 Usage: python bench/health_latency.py [--seconds 5] [--clients 50]
        [--model tiny] [--device auto] [--interval 0.02] [-- extra warmgate-server flags]
        python bench/health_latency.py --burst 3000 [--channels 10]
-       [--repeats 3]    (simultaneous Checks instead: see bench/health_burst.py)
+       [--repeats 3] [--health-port]    (simultaneous Checks instead: bench/health_burst.py)
 
 A real server (the real runner, warmup not on start) runs in this process on a loop thread,
 exactly as warmgate-server runs it. The probes run in a separate process, as the kubelet
@@ -14,6 +14,12 @@ milliseconds, so the loop keeps the worker thread busy for the whole window (on 
 a bigger preset, e.g. `--model llama-3.2-1b -- --max-model-len 2048`, and fewer loops run).
 A probe counts as "during" when it started while a warmup call was in flight.
 Loopback only; bounded to about 2 x --seconds plus start-up.
+
+`--burst N --health-port`: a real `warmgate-server` process (devtools.ServerProcess, as a
+kubelet sees it) with `--health-port 0`, warmed up; bursts on its main port and on its health
+process's port take turns, and each line gives the CPU of the model server and of the health
+process. `--during-warmup` keeps the model server busy meanwhile: forced warmups back to back
+(health answers NOT_SERVING during them: an answer all the same).
 """
 
 from __future__ import annotations
@@ -23,11 +29,12 @@ import asyncio
 import multiprocessing as mp
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from health_burst import PROBE_TIMEOUT_S, run_bursts
+from health_burst import PROBE_TIMEOUT_S, processes_cpu, run_bursts
 from load_gen import InProcessServer
 
 from warmgate.server.core.stats import percentile
@@ -96,6 +103,43 @@ def _row(name: str, lat: list[float]) -> str:
             f"{max(ms, default=float('nan')):>8.2f}")
 
 
+def _burst_server_process(args: argparse.Namespace) -> int:
+    from warmgate.client.api import WaitResult, WarmgateClient
+    from warmgate.server.devtools.server_process import ServerProcess
+
+    flags = ["--health-port", "0", "--model", args.model, *args.server_flags]
+    device = None if args.device == "auto" else args.device
+    with ServerProcess(flags, device=device, start_timeout_s=120) as server:
+        with WarmgateClient(server.target, timeout=120) as client:
+            if client.wait_ready(120) is not WaitResult.READY:
+                raise SystemExit("the server did not get ready:\n" + server.log_tail())
+        health = f"127.0.0.1:{server.health_port}"
+        print(f"warmgate-server pid {server.proc.pid} (main port {server.port}), health "
+              f"process pid {server.health_pid()} (port {server.health_port}); model "
+              f"{args.model}" + ("; forced warmups back to back" if args.during_warmup else ""))
+        stop = threading.Event()
+        warming = threading.Thread(target=_warm_until, args=(server.target, stop), daemon=True)
+        if args.during_warmup:
+            warming.start()
+        try:
+            run_bursts([("main", server.target), ("health", health)], args.burst,
+                       args.channels, args.repeats, args.timeout,
+                       processes_cpu(server.proc.pid, server.health_pid()))
+        finally:
+            stop.set()
+            if warming.is_alive():
+                warming.join(120)
+    return 0
+
+
+def _warm_until(target: str, stop: threading.Event) -> None:
+    from warmgate.client.api import WarmgateClient
+
+    with WarmgateClient(target, timeout=600) as client:
+        while not stop.is_set():
+            client.warmup_kernels(force=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="idle and warmup windows")
@@ -113,6 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="bursts, one after another")
     parser.add_argument("--timeout", type=float, default=PROBE_TIMEOUT_S,
                         help="each burst call's deadline (s); a long one measures capacity")
+    parser.add_argument("--health-port", action="store_true",
+                        help="with --burst: a warmgate-server process with --health-port; "
+                             "its main port and health port in turn")
+    parser.add_argument("--during-warmup", action="store_true",
+                        help="with --health-port: forced warmups back to back during the "
+                             "bursts")
     parser.add_argument("server_flags", nargs="*", help="more warmgate-server flags (after --)")
     args = parser.parse_args(argv)
     if args.burst < 0 or args.channels < 1 or args.repeats < 1 or not args.timeout > 0:
@@ -120,6 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seconds * 2 > 50:
         parser.error("--seconds: keep the bench under a minute (at most 25)")
 
+    if args.health_port:
+        if not args.burst:
+            parser.error("--health-port goes with --burst")
+        return _burst_server_process(args)
     if args.torch_threads is not None:
         import torch
 
