@@ -87,9 +87,12 @@ def test_constrained_outputs_match_their_grammar_beside_a_plain_request(model_di
     ({"regex": "(ab"}, "sampling.regex", "parenthesis is not closed"),
     ({"ebnf": "root ::= foo"}, "sampling.ebnf", 'Rule "foo" is not defined'),
     ({"regex": "   "}, "sampling.regex", "is empty"),
+    # A finished grammar allows only EOS, which min_tokens would mask: nothing left to sample.
+    ({"regex": "(yes|no)", "min_tokens": 6}, "sampling.min_tokens",
+     "cannot be combined with sampling.regex"),
 ])
 def test_grammars_that_do_not_compile_are_invalid_argument_with_xgrammars_message(
-        model_dir: Path, kwargs: dict[str, str], field: str, words: str) -> None:
+        model_dir: Path, kwargs: dict[str, Any], field: str, words: str) -> None:
     async def body() -> None:
         async with serving(server_config("--model", str(model_dir), "--serve-before-ready",
                                          "--no-warmup-on-start")

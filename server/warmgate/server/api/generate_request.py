@@ -115,6 +115,11 @@ def _grammar_spec(s: gen_pb.SamplingParams, text: ModelText, bad: list[FieldViol
     elif len(spec.text) > MAX_GRAMMAR_CHARS:
         bad.append(FieldViolation(spec.field, f"{len(spec.text)} characters, at most "
                                   f"{MAX_GRAMMAR_CHARS}"))
+    if s.min_tokens > 0:
+        # A complete grammar allows only EOS, which min_tokens forbids: every token would be
+        # masked, and the sampler would draw from nothing.
+        bad.append(FieldViolation("sampling.min_tokens", f"cannot be combined with {spec.field}: "
+                                  "the grammar decides where the output ends"))
     return spec
 
 

@@ -117,7 +117,8 @@ class ConstrainedSampling:
         kind: GrammarKind = self.rng.choice(sorted(GRAMMARS))
         self._live[req.req_id] = _Constrained(kind, self._backend.matcher(GRAMMARS[kind].spec))
         self.counts[f"{kind} requests"] += 1
-        # min_tokens would mask the EOS that a completed grammar allows alone.
+        # min_tokens would mask the EOS that a completed grammar allows alone (the API refuses
+        # the pair).
         if req.params is not None:
             req.params = replace(req.params, min_tokens=0, stop_token_ids=())
         req.max_new_tokens = max(req.max_new_tokens, GRAMMAR_MAX_NEW)
