@@ -191,3 +191,38 @@ def test_an_early_context_is_not_started_twice(tiny_dir: Path) -> None:
     background = begin_background_startup(config, early)
     background.join(30)
     assert background is early and background.names == ["cuda", "readahead"]
+
+
+# main with a fake CUDA context: which began first, the health process or the context.
+HEALTH_FIRST = """
+import json, sys
+from warmgate.server.api import health_link as hl
+from warmgate.server.control import background_startup as bs
+events = []
+real_init, real_start = hl.PendingHealthLink.__init__, bs.BackgroundStartup.start
+def init(self, *args, **kwargs):
+    events.append("health process (torch imported: %s)" % ("torch" in sys.modules))
+    real_init(self, *args, **kwargs)
+def start(self, name, what, work):
+    events.append(name)
+    real_start(self, name, what, lambda: "start-up: fake CUDA context")
+hl.PendingHealthLink.__init__, bs.BackgroundStartup.start = init, start
+from warmgate.server.main import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    print(json.dumps({"code": exc.code, "events": events}))
+"""
+
+
+def test_main_starts_the_health_process_before_it_imports_torch(tmp_path: Path) -> None:
+    # The health process binds while torch imports: probes get NOT_SERVING from the start.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARMGATE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "client"), str(ROOT / "server")])
+    proc = subprocess.run([sys.executable, "-c", HEALTH_FIRST, "--model",
+                           str(tmp_path / "missing"), "--device", "cuda:0", "--health-port",
+                           "0", "--port", "0", "--metrics-port", "-1"], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"code": 2, "events": ["health process (torch imported: False)", "cuda"]}

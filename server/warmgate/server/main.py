@@ -113,16 +113,18 @@ async def serve(config: ServerConfig, text: ModelText | None = None,
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    # First of all: import torch and start the CUDA context, which needs only --device; the
-    # rest of the imports and the configuration checks run beside it. The weights'
-    # read-ahead follows once the configuration names them; both run while the tokenizer
-    # loads and the servers bind (warmgate.server.control.background_startup).
-    background = begin_cuda_context(requested_device(argv, os.environ))
-    # Then the health process (api/health_process.py), from the flags alone: probes get
-    # NOT_SERVING from here on, while the start-up checks and the model load go on.
-    from warmgate.server.api.health_link import start_health_link_early
+    # First of all the health process (api/health_process.py), from the flags alone: it
+    # starts its own interpreter beside ours, and probes get NOT_SERVING from its bind on,
+    # while the start-up checks and the model load go on.
+    from warmgate.server.api.health_link import confirm_health_link, start_health_link_early
 
-    health = start_health_link_early(argv, os.environ)
+    pending_health = start_health_link_early(argv, os.environ)
+    # Then import torch and start the CUDA context, which needs only --device; the rest of
+    # the imports and the configuration checks run beside it. The weights' read-ahead follows
+    # once the configuration names them; both run while the tokenizer loads and the servers
+    # bind (warmgate.server.control.background_startup).
+    background = begin_cuda_context(requested_device(argv, os.environ))
+    health = confirm_health_link(pending_health)
     config = load_server_config(argv)
     background = begin_background_startup(config.runner, background)
     text = None

@@ -60,34 +60,9 @@ class HealthLink:
               heartbeat_timeout_s: float = wire.HEARTBEAT_TIMEOUT_S,
               timeout_s: float = wire.START_TIMEOUT_S) -> HealthLink:
         """Start the child and wait for its bind report; HealthPortError if it could not."""
-        address = grpc_address(host, port)
-        ours, theirs = socket.socketpair()
-        spec = {"host": host, "port": port, "address": address, "statuses": dict(statuses),
-                "liveness": liveness, "heartbeat_timeout_s": heartbeat_timeout_s,
-                "parent": os.getpid()}
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [SOURCE_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
-        with theirs:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", CHILD_MODULE, json.dumps(spec), str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
-        ours.settimeout(timeout_s)
-        reply = cast(BinaryIO, ours.makefile("rb"))
-        try:
-            line = reply.readline()
-        except OSError as exc:  # the timeout
-            line, error = b"", f"no answer from the health process in {timeout_s:g} s ({exc})"
-        else:
-            error = f"the health process exited (code {proc.poll()})"
-        message = wire.decode(line) if line else [
-            wire.ERROR, f"argument --health-port: cannot serve {address}: {error}"]
-        if message[0] != wire.BOUND:
-            proc.kill()
-            proc.wait()
-            ours.close()
-            raise HealthPortError(str(message[1]))
-        ours.settimeout(None)
-        return cls(proc, ours, int(message[1]), reply)
+        return PendingHealthLink(host, port, statuses, liveness=liveness,
+                                 heartbeat_timeout_s=heartbeat_timeout_s,
+                                 timeout_s=timeout_s).confirm()
 
     def _send(self, data: bytes) -> None:
         with self._lock:
@@ -136,27 +111,87 @@ class HealthLink:
             self.proc.wait()
 
 
-def start_health_link(host: str, port: int) -> HealthLink:
+class PendingHealthLink:
+    """A health process started whose bind report is not read yet: the parent goes on with
+    its own start-up (torch's import, the CUDA context) while the child imports grpc and
+    binds, and confirm() then waits for what is left of that."""
+
+    def __init__(self, host: str, port: int, statuses: Mapping[str, int], *, liveness: str,
+                 heartbeat_timeout_s: float = wire.HEARTBEAT_TIMEOUT_S,
+                 timeout_s: float = wire.START_TIMEOUT_S) -> None:
+        self._address = grpc_address(host, port)
+        self._timeout_s = timeout_s
+        self._ours, theirs = socket.socketpair()
+        spec = {"host": host, "port": port, "address": self._address,
+                "statuses": dict(statuses), "liveness": liveness,
+                "heartbeat_timeout_s": heartbeat_timeout_s, "parent": os.getpid()}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [SOURCE_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        with theirs:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", CHILD_MODULE, json.dumps(spec), str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+
+    def confirm(self) -> HealthLink:
+        """The running link once the child reports its port; HealthPortError if it could
+        not bind (or said nothing within the start timeout)."""
+        ours, proc, timeout_s = self._ours, self._proc, self._timeout_s
+        ours.settimeout(timeout_s)
+        reply = cast(BinaryIO, ours.makefile("rb"))
+        try:
+            line = reply.readline()
+        except OSError as exc:  # the timeout
+            line, error = b"", f"no answer from the health process in {timeout_s:g} s ({exc})"
+        else:
+            error = f"the health process exited (code {proc.poll()})"
+        message = wire.decode(line) if line else [
+            wire.ERROR, f"argument --health-port: cannot serve {self._address}: {error}"]
+        if message[0] != wire.BOUND:
+            proc.kill()
+            proc.wait()
+            ours.close()
+            raise HealthPortError(str(message[1]))
+        ours.settimeout(None)
+        return HealthLink(proc, ours, int(message[1]), reply)
+
+
+def spawn_health_process(host: str, port: int) -> PendingHealthLink:
     """The health process for --health-port: readiness NOT_SERVING and liveness SERVING until
     the server pushes its own."""
     statuses = {**{name: wire.NOT_SERVING for name in READINESS_SERVICES},
                 LIVENESS_SERVICE: wire.SERVING}
-    return HealthLink.start(host, port, statuses, liveness=LIVENESS_SERVICE)
+    return PendingHealthLink(host, port, statuses, liveness=LIVENESS_SERVICE)
+
+
+def start_health_link(host: str, port: int) -> HealthLink:
+    """spawn_health_process, waiting for its bind report."""
+    return spawn_health_process(host, port).confirm()
 
 
 def start_health_link_early(argv: Sequence[str], environ: Mapping[str, str]
-                            ) -> HealthLink | None:
+                            ) -> PendingHealthLink | None:
     """warmgate-server's first step: the flags parsed (no start-up check yet: those import
     torch and probe the device, seconds), every configured port checked as main checks them,
     and the health process started, so probes answer NOT_SERVING within the pod's first
-    second. None without --health-port (or with --warmup-only); a bad flag or a busy port
-    exits 2 with one line, as the full start-up would."""
+    second; confirm_health_link waits for its bind report later. None without --health-port
+    (or with --warmup-only); a bad flag or a busy port exits 2 with one line, as the full
+    start-up would."""
     args = build_parser(environ).parse_args(argv)
     if args.warmup_only or args.health_port == HEALTH_PORT_DISABLED:
         return None
     try:
         check_ports(args.host, (("--port", args.port), ("--health-port", args.health_port),
                                 ("--metrics-port", args.metrics_port)))
-        return start_health_link(args.host, args.health_port)
-    except (PortInUse, HealthPortError) as exc:
+    except PortInUse as exc:
+        startup_error(str(exc))
+    return spawn_health_process(args.host, args.health_port)
+
+
+def confirm_health_link(pending: PendingHealthLink | None) -> HealthLink | None:
+    """The early health process's link once it bound; one line and exit 2 if it could not."""
+    if pending is None:
+        return None
+    try:
+        return pending.confirm()
+    except HealthPortError as exc:
         startup_error(str(exc))

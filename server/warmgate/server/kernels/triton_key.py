@@ -2,9 +2,9 @@
 
 Every kernel Triton compiles or loads from its on-disk cache is looked up under a key that
 starts with `triton.runtime.cache.triton_key()`: a SHA-256 of Triton's own sources and of
-libtriton.so (about 500 MB). It is computed once per process (lru_cache), by the first kernel,
-which on the H200 made the warmup's first Triton kernel pay 0.43 s of its 0.54 s phase with
-every kernel already in the cache. Hashing and file reads release the GIL (hashlib does for
+libtriton.so (hundreds of MB). It is computed once per process (lru_cache), by the first
+kernel, so a warm start's first Triton kernel paid for it even with every kernel already in
+the cache (bench/results has the figure). Hashing and file reads release the GIL (hashlib does for
 buffers over 2 KiB), so a thread started before the weights load computes it beside them.
 
 The key's function also imports every package under triton.compiler, triton.backends and
