@@ -39,7 +39,8 @@ def load_model_text(model: ModelConfig) -> ModelText:
     eos, eos_source = read_eos_token_ids(directory, model.vocab_size)
     tokenizer = None
     if (directory / TOKENIZER_FILE).is_file():
-        # tokenizers and jinja2 (the chat template) cost a start-up without one ~0.25 s.
+        # tokenizers and jinja2 (the chat template) are imported only when there is a
+        # tokenizer: a start-up without one need not pay for them.
         from warmgate.server.text.tokenizer import TextTokenizer
 
         tokenizer = TextTokenizer.load(directory, model.vocab_size)
