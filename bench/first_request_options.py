@@ -5,7 +5,7 @@ Usage: python bench/first_request.py --mode options --model-dir DIR
        [--write-checkpoint PRESET] [--server-args "--device cuda --attention-backend triton"]
        [--classes plain,logprobs,...] [--steady 10] [--prompt-len 128] [--max-tokens 16]
        [--gap-s 0.25] [--temperature 0.7] [--seeded] [--same-grammar] [--keep-caches]
-       [--json] [--out FILE]
+       [--servers 1] [--shuffle] [--json] [--out FILE]
 
 The model directory needs a tokenizer and EOS ids for the grammar classes:
 --write-checkpoint PRESET writes PRESET's shapes with random weights, a small trained
@@ -25,6 +25,13 @@ Unless --keep-caches, the server gets empty TRITON_CACHE_DIR and TORCHINDUCTOR_C
 kernel the warmup missed cannot come from another run's cache); FlashInfer's JIT cache
 (FLASHINFER_WORKSPACE_BASE) is kept: it is per machine, and the warmup's flashinfer phase
 loads it whatever the options.
+Only one request per server can be first, so one ratio holds one request's noise: --servers N
+runs the whole class sequence on N fresh servers in turn (each with empty caches of its own
+unless --keep-caches; compiles they pay in warmup are before ready and not counted), the same
+requests on each; --shuffle draws each server's class order (plain stays first), so a class is
+not always measured right after the same neighbour. Per class: each server's first/steady
+ratio, their median, and the median of the N first requests over the median of all the steady
+ones (first_request_options_report.py); the JSON keeps every server's requests.
 """
 
 from __future__ import annotations
@@ -36,15 +43,15 @@ import random
 import re
 import shlex
 import signal
-import statistics
+import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from first_request_generate import _warm_client
+from first_request_options_report import ClassResult, Timed, print_table, summarise, worst
 from load_gen import positive_int, typed
 
 from warmgate.server.devtools.server_process import ServerProcess
@@ -94,45 +101,6 @@ def option_kwargs(name: str, i: int, max_tokens: int, vocab: int, rng: random.Ra
     return {name: _grammar(name, 0 if same_grammar else i)}
 
 
-@dataclass
-class Timed:
-    ttft_s: float
-    total_s: float
-    server_ttft_s: float
-    tokens: int
-    finish_reason: str
-
-
-@dataclass
-class ClassResult:
-    name: str
-    first: Timed | None = None
-    steady: list[Timed] = field(default_factory=list)
-    compiles_after_ready: float = 0.0
-    graph_misses_after_ready: float = 0.0
-    error: str = ""
-
-    def median(self, attr: str) -> float:
-        return statistics.median(getattr(t, attr) for t in self.steady)
-
-    def ratio(self, attr: str) -> float:
-        assert self.first is not None
-        return float(getattr(self.first, attr)) / self.median(attr)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"class": self.name, "error": self.error,
-                               "compiles_after_ready": self.compiles_after_ready,
-                               "graph_misses_after_ready": self.graph_misses_after_ready}
-        if self.first is not None and self.steady:
-            out.update({
-                "first": vars(self.first), "steady": [vars(t) for t in self.steady],
-                **{f"{a}_ratio": round(self.ratio(a), 4)
-                   for a in ("ttft_s", "total_s", "server_ttft_s")},
-                **{f"steady_median_{a}": round(self.median(a), 6)
-                   for a in ("ttft_s", "total_s", "server_ttft_s", "tokens")}})
-        return out
-
-
 def _parser(prog: str | None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", type=Path, required=True,
@@ -156,6 +124,10 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
                    help="one grammar text per grammar class (cached after its first request)")
     p.add_argument("--keep-caches", action="store_true",
                    help="leave TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR as they are")
+    p.add_argument("--servers", type=typed(positive_int), default=1,
+                   help="fresh servers in turn, each running every class")
+    p.add_argument("--shuffle", action="store_true",
+                   help="each server's class order drawn at random (plain first)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ready-timeout", type=float, default=900.0)
     p.add_argument("--request-timeout", type=float, default=300.0)
@@ -226,6 +198,49 @@ def _caches_env(keep: bool, root: str) -> dict[str, str]:
             for var in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
 
 
+def _order(classes: list[str], shuffle: bool, seed: int, server: int) -> list[str]:
+    """Server `server`'s class order: as given, or (--shuffle) drawn with plain first."""
+    if not shuffle:
+        return list(classes)
+    head = [c for c in classes if c == "plain"]
+    rest = [c for c in classes if c != "plain"]
+    random.Random(f"{seed}/order/{server}").shuffle(rest)
+    return head + rest
+
+
+def _run_server(flags: list[str], order: list[str], args: argparse.Namespace,
+                vocab: int) -> tuple[dict[str, Any], dict[str, ClassResult]]:
+    """One fresh server: ready, then every class of `order` in turn."""
+    from warmgate.client.api import WaitResult, WarmgateClient
+
+    results: dict[str, ClassResult] = {}
+    with tempfile.TemporaryDirectory(prefix="warmgate-options-caches-") as caches, \
+            ServerProcess(flags, _caches_env(args.keep_caches, caches), device=None,
+                          start_timeout_s=START_TIMEOUT_S, stop_signal=signal.SIGTERM
+                          ) as server, \
+            WarmgateClient(server.target, timeout=args.ready_timeout) as client:
+        metrics_port = int(server.wait_for(METRICS_PORT).group(1))
+        if client.wait_ready(args.ready_timeout) is not WaitResult.READY:
+            raise SystemExit("not ready: " + client.get_status().failure_reason + "\n"
+                             + server.log_tail())
+        ready_s = time.perf_counter() - server.started
+        status = client.get_status()
+        _warm_client(client)
+        at_ready = _after_ready(metrics_port)
+        for name in order:
+            results[name] = _run_class(client, name, args, vocab, metrics_port)
+        misses_status = client.get_status().cuda_graph_misses_after_ready
+    return {"device": status.device, "attention_backend": status.attention_backend,
+            "ready_s": round(ready_s, 3), "order": order,
+            "phases": {p.name: pb_status(p) for p in status.last_report.phases},
+            "after_ready_at_ready": at_ready,
+            "classes": [r.to_dict() for r in results.values()],
+            "compiles_after_ready": sum(r.compiles_after_ready for r in results.values()),
+            "graph_misses_after_ready": sum(r.graph_misses_after_ready
+                                            for r in results.values()),
+            "graph_misses_after_ready_status": misses_status}, results
+
+
 def main(argv: list[str], prog: str | None = None) -> int:
     args = _parser(prog).parse_args(argv)
     classes = [c.strip() for c in args.classes.split(",") if c.strip()]
@@ -243,41 +258,35 @@ def main(argv: list[str], prog: str | None = None) -> int:
 
     config = load_server_config(flags, environ=os.environ, resolve=False)
     vocab = config.runner.model.vocab_size
-    from warmgate.client.api import WaitResult, WarmgateClient
-
-    results: list[ClassResult] = []
-    with tempfile.TemporaryDirectory(prefix="warmgate-options-caches-") as caches, \
-            ServerProcess(flags, _caches_env(args.keep_caches, caches), device=None,
-                          start_timeout_s=START_TIMEOUT_S, stop_signal=signal.SIGTERM
-                          ) as server, \
-            WarmgateClient(server.target, timeout=args.ready_timeout) as client:
-        metrics_port = int(server.wait_for(METRICS_PORT).group(1))
-        if client.wait_ready(args.ready_timeout) is not WaitResult.READY:
-            raise SystemExit("not ready: " + client.get_status().failure_reason + "\n"
-                             + server.log_tail())
-        ready_s = time.perf_counter() - server.started
-        status = client.get_status()
-        phases = {p.name: pb_status(p) for p in status.last_report.phases}
-        _warm_client(client)
-        at_ready = _after_ready(metrics_port)
-        for name in classes:
-            results.append(_run_class(client, name, args, vocab, metrics_port))
-        misses_status = client.get_status().cuda_graph_misses_after_ready
+    servers: list[dict[str, Any]] = []
+    per_class: dict[str, list[ClassResult]] = {name: [] for name in classes}
+    for i in range(args.servers):
+        server, results = _run_server(flags, _order(classes, args.shuffle, args.seed, i),
+                                      args, vocab)
+        servers.append(server)
+        for name, result in results.items():
+            per_class[name].append(result)
+        if args.servers > 1:
+            print(f"server {i + 1}/{args.servers} done: ready in {server['ready_s']:.1f} s",
+                  file=sys.stderr, flush=True)
+    summaries = [summarise(name, per_class[name]) for name in classes]
     report = {
         "setup": {"model_dir": str(args.model_dir), "server_args": flags,
-                  "device": status.device, "attention_backend": status.attention_backend,
+                  "device": servers[0]["device"],
+                  "attention_backend": servers[0]["attention_backend"],
                   "num_speculative_steps": config.runner.speculative.num_speculative_steps,
                   "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
                   "steady": args.steady, "gap_s": args.gap_s,
                   "temperature": args.temperature, "seeded": args.seeded,
-                  "same_grammar": args.same_grammar,
-                  "keep_caches": args.keep_caches, "seed": args.seed},
-        "ready_s": round(ready_s, 3), "phases": phases,
-        "after_ready_at_ready": at_ready,
-        "classes": [r.to_dict() for r in results],
-        "compiles_after_ready": sum(r.compiles_after_ready for r in results),
-        "graph_misses_after_ready": sum(r.graph_misses_after_ready for r in results),
-        "graph_misses_after_ready_status": misses_status,
+                  "same_grammar": args.same_grammar, "keep_caches": args.keep_caches,
+                  "servers": args.servers, "shuffle": args.shuffle, "seed": args.seed},
+        "classes": summaries,
+        "worst": {a: worst(summaries, a) for a in ("ttft_s", "total_s")},
+        "compiles_after_ready": sum(s["compiles_after_ready"] for s in servers),
+        "graph_misses_after_ready": sum(s["graph_misses_after_ready"] for s in servers),
+        "graph_misses_after_ready_status": sum(s["graph_misses_after_ready_status"]
+                                               for s in servers),
+        "servers": servers,
     }
     text = json.dumps(report)
     if args.out:
@@ -285,42 +294,11 @@ def main(argv: list[str], prog: str | None = None) -> int:
     if args.json:
         print(text)
     else:
-        _print_table(report, results)
-    return 1 if any(r.error for r in results) else 0
+        print_table(report)
+    return 1 if any(c["error"] for c in summaries) else 0
 
 
 def pb_status(phase: Any) -> str:
     from warmgate.v1 import warmup_pb2 as pb
 
     return str(pb.PhaseStatus.Name(phase.status)).removeprefix("PHASE_STATUS_")
-
-
-def _print_table(report: dict[str, Any], results: list[ClassResult]) -> None:
-    s = report["setup"]
-    print(f"first request per option after ready / steady median: {s['model_dir']} on "
-          f"{s['device']} ({s['attention_backend']}), k={s['num_speculative_steps']}, prompt "
-          f"{s['prompt_len']}, max_tokens {s['max_tokens']}, temperature {s['temperature']:g}, "
-          f"{s['steady']} steady per class, {s['gap_s']:g} s idle before each; ready in "
-          f"{report['ready_s']:.1f} s")
-    print("phases: " + ", ".join(f"{n} {st}" for n, st in report["phases"].items()))
-    print(f"{'class':<19} {'ttft_first':>10} {'ttft_med':>9} {'ratio':>6}   "
-          f"{'total_first':>11} {'total_med':>9} {'ratio':>6}   {'srv_ratio':>9} "
-          f"{'tokens':>7} {'compiles':>8} {'misses':>6}")
-    for r in results:
-        if r.first is None or not r.steady:
-            print(f"{r.name:<19} error: {r.error}")
-            continue
-        print(f"{r.name:<19} {r.first.ttft_s * 1e3:>10.2f} {r.median('ttft_s') * 1e3:>9.2f} "
-              f"{r.ratio('ttft_s'):>6.2f}   {r.first.total_s * 1e3:>11.2f} "
-              f"{r.median('total_s') * 1e3:>9.2f} {r.ratio('total_s'):>6.2f}   "
-              f"{r.ratio('server_ttft_s'):>9.2f} "
-              f"{r.first.tokens:>3}/{r.median('tokens'):<3g} "
-              f"{r.compiles_after_ready:>8g} {r.graph_misses_after_ready:>6g}")
-    ok = [r for r in results if r.first is not None and r.steady]
-    if ok:
-        worst = max(ok, key=lambda r: r.ratio("ttft_s"))
-        worst_total = max(ok, key=lambda r: r.ratio("total_s"))
-        print(f"worst first/steady: TTFT {worst.ratio('ttft_s'):.2f} ({worst.name}), whole "
-              f"request {worst_total.ratio('total_s'):.2f} ({worst_total.name})")
-    print(f"compiles_after_ready: {report['compiles_after_ready']:g}")
-    print(f"cuda_graph_misses_after_ready: {report['graph_misses_after_ready']:g}")

@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# Issue 21's H200 evidence in one call (about 6 minutes, under 8): bench/coverage.py with every
-# sampling option and grammar rows (JSON schema / regex / EBNF through xgrammar) drawn at random,
-# 2,000 batches after ready for triton and flashinfer at k=0 and k=3, then bench/first_request.py
-# --mode options (the first request that uses each option after ready / steady) on one server per
-# backend. The model is llama-3.2-1b's shapes with random weights and a small trained tokenizer
-# (written once into $CKPT). Each command's raw stdout goes to $OUT/<name>.txt, stderr beside it
-# in <name>.err (xgrammar warns there about the random drafts it rejects), the options runs' JSON
-# to $OUT/first-options-<backend>.json.
+# Issue 21's H200 evidence: bench/coverage.py with every sampling option and grammar rows (JSON
+# schema / regex / EBNF through xgrammar) drawn at random, 2,000 batches after ready for triton
+# and flashinfer at k=0 and k=3 (about 4 minutes), then bench/first_request.py --mode options
+# (the first request that uses each option after ready / steady) on FIRST_SERVERS fresh servers
+# per backend in turn (default 3, class order shuffled per server; ~60-80 s per server per
+# backend, so ~6-8 minutes at 3). Together that is over 10 minutes: where one command is limited
+# to 10, run PARTS=coverage and PARTS=first as two calls. The model is llama-3.2-1b's shapes
+# with random weights and a small trained tokenizer (written once into $CKPT). Each command's
+# raw stdout goes to $OUT/<name>.txt, stderr beside it in <name>.err (xgrammar warns there about
+# the random drafts it rejects), the options runs' JSON (every server's requests) to
+# $OUT/first-options-<backend>.json.
 #   OUT=/tmp/out bash bench/gpu_options.sh        (PARTS="coverage" or "first" runs one half;
-#   COVERAGE="triton:3 flashinfer:0" picks coverage runs, backend:k; FIRST_K=0 for the options runs)
+#   COVERAGE="triton:3 flashinfer:0" picks coverage runs, backend:k; FIRST_K=0 for the options
+#   runs, FIRST_SERVERS=1 for one server per backend, FIRST_BACKENDS=triton for one backend)
 # Coverage runs two lanes at once (flashinfer's in the background: its cold JIT, 70-90 s once per
 # machine, overlaps the triton runs); each coverage process gets empty Triton and Inductor caches
 # of its own, so no run's compiles after ready are hidden by (or mistaken for) another's. The
-# first-request runs go one at a time, alone on the machine, since they time requests.
+# first-request runs go one at a time, alone on the machine, since they time requests; each of
+# their servers gets empty Triton and Inductor caches of its own too (its warmup compiles again,
+# before ready, so not counted).
 set -uo pipefail
 OUT=${OUT:-/tmp/warmgate-out}
 mkdir -p "$OUT"
@@ -25,6 +31,8 @@ export PYTHONPATH=$PWD/client:$PWD/server${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUF
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-base}
 CKPT=${CKPT:-/tmp/ckpt-1b-text}
 FIRST_K=${FIRST_K:-3}
+FIRST_SERVERS=${FIRST_SERVERS:-3}
+FIRST_BACKENDS=${FIRST_BACKENDS:-triton flashinfer}
 PARTS=${PARTS:-coverage first}
 COVERAGE=${COVERAGE:-flashinfer:0 flashinfer:3 triton:0 triton:3}
 LIMITS="--max-num-seqs 16 --max-num-batched-tokens 1024 --max-model-len 1024"
@@ -60,9 +68,10 @@ if [[ " $PARTS " == *" coverage "* ]]; then
 fi
 
 if [[ " $PARTS " == *" first "* ]]; then
-  for b in triton flashinfer; do
-    stage "first request per option, $b, k=$FIRST_K"
-    timeout 240 python3 bench/first_request.py --mode options --model-dir "$CKPT" \
+  for b in $FIRST_BACKENDS; do
+    stage "first request per option, $b, k=$FIRST_K, $FIRST_SERVERS servers"
+    timeout $(( 60 + 120 * FIRST_SERVERS )) python3 bench/first_request.py --mode options \
+      --model-dir "$CKPT" --servers "$FIRST_SERVERS" --shuffle \
       --server-args "--device cuda --attention-backend $b --num-speculative-steps $FIRST_K $LIMITS" \
       --out "$OUT/first-options-$b.json" >"$OUT/first-options-$b.txt" 2>"$OUT/first-options-$b.err"
     echo "exit $?"

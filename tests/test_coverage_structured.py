@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -125,24 +126,47 @@ def test_coverage_runs_grammar_rows_on_a_checkpoint_it_writes(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_first_request_options_reports_every_class(tmp_path: Path) -> None:
+def test_first_request_options_reports_every_class_on_each_server(tmp_path: Path) -> None:
     out = tmp_path / "options.json"
     proc = run_bench("bench/first_request.py", [
         "--mode", "options", "--write-checkpoint", "tiny", "--model-dir", str(tmp_path / "m"),
         "--server-args", "--device cpu --max-num-seqs 4 --max-num-batched-tokens 64 "
         "--max-model-len 128 --num-speculative-steps 2", "--steady", "2", "--prompt-len", "8",
-        "--max-tokens", "6", "--gap-s", "0", "--out", str(out)])
+        "--max-tokens", "6", "--gap-s", "0", "--servers", "2", "--shuffle", "--out", str(out)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert [c["class"] for c in report["classes"]] == OPTION_CLASSES
-    assert report["setup"]["num_speculative_steps"] == 2
-    assert report["phases"]["structured"] == "RAN" and report["phases"]["kernels.sampler"] == "RAN"
+    assert report["setup"]["num_speculative_steps"] == 2 and report["setup"]["servers"] == 2
+    orders = [s["order"] for s in report["servers"]]
+    assert len(orders) == 2 and all(o[0] == "plain" and sorted(o) == sorted(OPTION_CLASSES)
+                                    for o in orders)
+    for server in report["servers"]:
+        assert server["phases"]["structured"] == server["phases"]["kernels.sampler"] == "RAN"
+        for c in server["classes"]:  # every server's own requests are kept
+            assert c["error"] == "" and len(c["steady"]) == 2 and c["first"]["tokens"] >= 1
     for c in report["classes"]:
-        assert c["error"] == "", c
+        assert c["error"] == "" and c["servers_ok"] == 2, c
         assert c["compiles_after_ready"] == c["graph_misses_after_ready"] == 0
-        assert len(c["steady"]) == 2 and c["first"]["tokens"] >= 1
-        assert {"ttft_s_ratio", "total_s_ratio", "server_ttft_s_ratio"} <= set(c)
-    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line}
-    assert set(OPTION_CLASSES) <= set(rows)
-    assert len(rows["json_schema"]) == 11  # class, 8 figures, compiles, misses
+        own = [next(x for x in s["classes"] if x["class"] == c["class"])
+               for s in report["servers"]]
+        for a in ("ttft_s", "total_s", "server_ttft_s"):  # N ratios, their median, med/med
+            assert c[f"{a}_ratios"] == [x[f"{a}_ratio"] for x in own]
+            assert c[f"{a}_ratio_median"] == pytest.approx(
+                statistics.median(c[f"{a}_ratios"]), abs=1e-3)
+            assert c[f"{a}_med_over_med"] == pytest.approx(
+                c[f"first_median_{a}"] / c[f"steady_median_{a}"], rel=1e-3)
+            assert c[f"steady_median_{a}"] == pytest.approx(statistics.median(
+                t[a] for x in own for t in x["steady"]), abs=1e-6)
+    assert report["worst"]["ttft_s"]["class"] in OPTION_CLASSES
+    assert report["compiles_after_ready"] == report["graph_misses_after_ready"] == 0
+    lines = proc.stdout.splitlines()
+    table = lines.index(next(x for x in lines if x.startswith("class ")))
+    rows = {x.split()[0]: x.split() for x in lines[table + 1:table + 1 + len(OPTION_CLASSES)]}
+    assert list(rows) == OPTION_CLASSES
+    assert len(rows["json_schema"]) == 13  # class, 10 figures, compiles, misses
+    per_server = lines.index(next(x for x in lines if x.startswith("per server")))
+    row = lines[per_server + 1 + OPTION_CLASSES.index("json_schema")].split()
+    assert row[0] == "json_schema" and len(row) == 6  # class, 2 TTFT | 2 whole request
+    assert sum(x.startswith("server ") and "ready in" in x for x in lines) == 2
+    assert "worst first/steady by the median of 2 ratios: TTFT" in proc.stdout
     assert "compiles_after_ready: 0" in proc.stdout
