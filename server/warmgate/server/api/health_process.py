@@ -48,7 +48,7 @@ class HealthTable:
                  ) -> None:
         self._statuses = dict(statuses)
         self._liveness = liveness
-        self._timeout_s = heartbeat_timeout_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self._last_beat: float | None = None  # the watchdog is armed by the first heartbeat
         self.stale = False
         self._bytes: dict[int, bytes] = {
@@ -64,9 +64,12 @@ class HealthTable:
             return wire.NOT_SERVING
         return self._statuses.get(service)
 
+    def _answer(self, status: int | None) -> bytes:
+        return self._bytes[status if status is not None else wire.SERVICE_UNKNOWN]
+
     def _refresh(self, service: str) -> None:
         status = self.status(service)
-        answer = self._bytes[status if status is not None else wire.SERVICE_UNKNOWN]
+        answer = self._answer(status)
         if status is not None:
             self.answers[service] = answer
         for queue in self._watchers.get(service, ()):
@@ -88,7 +91,7 @@ class HealthTable:
         if self._last_beat is None or self.stale:
             return
         silent = time.monotonic() - self._last_beat
-        if silent > self._timeout_s:
+        if silent > self.heartbeat_timeout_s:
             self.stale = True
             print(f"warmgate health process: no heartbeat from the server's event loop for "
                   f"{silent:.1f} s; liveness NOT_SERVING", file=sys.stderr, flush=True)
@@ -103,8 +106,7 @@ class HealthTable:
     def watch(self, service: str) -> asyncio.Queue[bytes]:
         queue: asyncio.Queue[bytes] = asyncio.Queue()
         self._watchers[service].add(queue)
-        status = self.status(service)
-        queue.put_nowait(self._bytes[status if status is not None else wire.SERVICE_UNKNOWN])
+        queue.put_nowait(self._answer(self.status(service)))
         return queue
 
     def unwatch(self, service: str, queue: asyncio.Queue[bytes]) -> None:
@@ -148,7 +150,6 @@ def handlers(table: HealthTable, counts: collections.Counter[tuple[str, str]]
                                 "not a valid grpc.health.v1.HealthCheckRequest")
         assert service is not None
         queue, last = table.watch(service), b""
-        code = "CANCELLED"
         try:
             while True:
                 answer = await queue.get()
@@ -157,7 +158,7 @@ def handlers(table: HealthTable, counts: collections.Counter[tuple[str, str]]
                     last = answer
         finally:
             table.unwatch(service, queue)
-            counts[(watch_name, code)] += 1
+            counts[(watch_name, "CANCELLED")] += 1  # a Watch ends only when its caller leaves
 
     async def list_(data: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         counts[(list_name, "OK")] += 1
@@ -222,7 +223,7 @@ async def serve(spec: dict[str, Any], sock: Any) -> int:
         counts.clear()
 
     tasks = [asyncio.ensure_future(_every(FLUSH_S, flush)),
-             asyncio.ensure_future(_every(min(1.0, table._timeout_s / 4),
+             asyncio.ensure_future(_every(min(1.0, table.heartbeat_timeout_s / 4),
                                           table.check_heartbeat))]
     try:
         await _follow_parent(reader, table)
