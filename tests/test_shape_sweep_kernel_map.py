@@ -1,6 +1,6 @@
-"""The shape sweeps' kernel map: learned once by the full sweep (a fake probe stands in for the
+"""The shape sweeps' kernel maps: learned once by the full sweep (a fake probe stands in for the
 profiler here), kept in the compile-cache entry, trusted only for the same GPU, libraries and
-GEMMs; anything else sweeps every size again."""
+sweeps; anything else sweeps every size again. GEMMs and sampler rows alike."""
 
 from __future__ import annotations
 
@@ -13,15 +13,18 @@ import torch
 
 from tests.runner_helpers import make_runner
 from warmgate.server.cache import CACHE_ENV_VARS, apply_cache_env
-from warmgate.server.cache.shape_sweeps import ENV_VAR, FILE_NAME, kernel_map_dir
-from warmgate.server.warmup import gemm_shapes
-from warmgate.server.warmup.gemm_kernels import (
+from warmgate.server.cache.shape_sweeps import ENV_VAR, GEMM_FILE, kernel_map_dir
+from warmgate.server.warmup import gemm_shapes, size_sweeps
+from warmgate.server.warmup.gemm_shapes import gemm_key, gemm_plan, sweep_gemm_shapes
+from warmgate.server.warmup.kernel_probe import (
     MARKER,
     ProbeError,
     distinct_sizes,
     split_at_markers,
 )
-from warmgate.server.warmup.gemm_shapes import gemm_key, gemm_plan, sweep_gemm_shapes
+from warmgate.server.warmup.size_sweeps import SizeSweep
+
+FILE_NAME = GEMM_FILE
 
 # Kernel changes at these Ms (as cuBLAS switches tiles): 1-8 "small", 9-63 "mid", 64+ "big".
 BOUNDARIES = ((64, "big"), (9, "mid"), (1, "small"))
@@ -31,15 +34,17 @@ def _kernel(m: int) -> str:
     return next(name for start, name in BOUNDARIES if m >= start)
 
 
-def fake_probe(calls: list[tuple[tuple[int, ...], int]]) -> Callable[[torch.Tensor, int],
-                                                                     list[tuple[str, ...]]]:
-    def probe(weight: torch.Tensor, max_m: int) -> list[tuple[str, ...]]:
-        calls.append((tuple(weight.shape), max_m))
-        return [(f"gemm_{_kernel(m)}_{weight.shape[0]}",) for m in range(1, max_m + 1)]
+def fake_probe(calls: list[tuple[str, int]]) -> Callable[[SizeSweep], list[tuple[str, ...]]]:
+    """Runs every size (as the profiler does) and names its kernel by BOUNDARIES."""
+    def probe(sweep: SizeSweep) -> list[tuple[str, ...]]:
+        calls.append((sweep.key, sweep.max_size))
+        for m in range(1, sweep.max_size + 1):
+            sweep.call(m)
+        return [(f"k_{_kernel(m)}_{sweep.key}",) for m in range(1, sweep.max_size + 1)]
     return probe
 
 
-def _no_probe(weight: torch.Tensor, max_m: int) -> list[tuple[str, ...]]:
+def _no_probe(sweep: SizeSweep) -> list[tuple[str, ...]]:
     raise AssertionError("a kept kernel map must not be probed again")
 
 
@@ -76,9 +81,9 @@ def test_learn_once_then_sweep_only_distinct_kernels(tmp_path: Path,
     runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
     plan = gemm_plan(runner)
     full = sum(m for _, m in plan)
-    probed: list[tuple[tuple[int, ...], int]] = []
+    probed: list[tuple[str, int]] = []
     assert sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=fake_probe(probed)) == full
-    assert len(probed) == len(plan)
+    assert probed == [(gemm_key(w, m), m) for w, m in plan]
     kept = json.loads((tmp_path / FILE_NAME).read_text())
     layer_key = gemm_key(*plan[0])
     assert kept["sizes"][layer_key] == [1, 9, 64]
@@ -100,7 +105,7 @@ def test_a_map_of_another_gpu_or_torch_is_not_trusted(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     data["identity"]["torch"] = "0.0.1"
     path.write_text(json.dumps(data))
-    probed: list[tuple[tuple[int, ...], int]] = []
+    probed: list[tuple[str, int]] = []
     full = sum(m for _, m in gemm_plan(runner))
     assert sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=fake_probe(probed)) == full
     assert probed  # learned again, for this identity
@@ -135,7 +140,7 @@ def test_a_failed_probe_sweeps_plainly_and_keeps_nothing(tmp_path: Path,
     runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
     plan = gemm_plan(runner)
 
-    def broken(weight: torch.Tensor, max_m: int) -> list[tuple[str, ...]]:
+    def broken(sweep: SizeSweep) -> list[tuple[str, ...]]:
         raise ProbeError("the profile holds 3 markers")
 
     assert sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=broken) == sum(
@@ -148,7 +153,7 @@ def test_a_device_failure_inside_the_probe_is_not_taken_for_a_failed_probe(
         tmp_path: Path) -> None:
     runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
 
-    def lost(weight: torch.Tensor, max_m: int) -> list[tuple[str, ...]]:
+    def lost(sweep: SizeSweep) -> list[tuple[str, ...]]:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     with pytest.raises(RuntimeError, match="illegal memory access"):
@@ -160,7 +165,7 @@ def test_a_map_that_cannot_be_written_costs_the_warmup_nothing(
     runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
     blocked = tmp_path / "shape_sweeps"
     blocked.write_text("a file where the directory should be")
-    caplog.set_level("INFO", logger=gemm_shapes.__name__)
+    caplog.set_level("INFO", logger=size_sweeps.__name__)
     full = sum(m for _, m in gemm_plan(runner))
     assert sweep_gemm_shapes(runner, kernel_dir=blocked, probe=fake_probe([])) == full
     assert "not kept" in caplog.text and "the next start sweeps every size" in caplog.text

@@ -12,21 +12,23 @@ from safetensors.torch import save_file
 from tests.runner_helpers import make_runner
 from warmgate.server.config.weight_files import read_header
 from warmgate.server.runner.weight_stream import stream_into
-from warmgate.server.warmup.gemm_kernels import distinct_sizes, profile_kernels
-from warmgate.server.warmup.gemm_shapes import gemm_plan, sweep_gemm_shapes
+from warmgate.server.warmup.gemm_shapes import gemm_plan, gemm_sweep, sweep_gemm_shapes
+from warmgate.server.warmup.kernel_probe import distinct_sizes
+from warmgate.server.warmup.sampler_rows import sampler_sweeps, sweep_sampler_rows
+from warmgate.server.warmup.size_sweeps import profile_sweep
 
 pytestmark = pytest.mark.gpu
 
 
 def test_the_profiler_sees_each_m_and_few_distinct_kernels() -> None:
     weight = torch.randn(6144, 2048, device="cuda", dtype=torch.bfloat16)
-    signatures = profile_kernels(weight, 512)
+    signatures = profile_sweep(gemm_sweep(weight, 512))
     assert len(signatures) == 512
     assert all(signatures), "every M launched at least one kernel"
     sizes = distinct_sizes(signatures)
     assert sizes[0] == 1 and len(sizes) < 512 // 4, sizes
     # Deterministic: a second profile makes the same choices.
-    assert distinct_sizes(profile_kernels(weight, 512)) == sizes
+    assert distinct_sizes(profile_sweep(gemm_sweep(weight, 512))) == sizes
 
 
 def test_a_kept_map_sweeps_fewer_gemms_on_cuda(tmp_path: Path) -> None:
@@ -35,6 +37,15 @@ def test_a_kept_map_sweeps_fewer_gemms_on_cuda(tmp_path: Path) -> None:
     full = sum(m for _, m in gemm_plan(runner))
     assert sweep_gemm_shapes(runner, kernel_dir=tmp_path) == full  # learns
     assert sweep_gemm_shapes(runner, kernel_dir=tmp_path) < full  # uses it
+
+
+def test_the_sampler_rows_learn_a_smaller_map_on_cuda(tmp_path: Path) -> None:
+    runner = make_runner(device="cuda", dtype="bfloat16", num_spec=2, max_num_seqs=64)
+    sweeps = sampler_sweeps(runner)
+    full = sum(s.max_size for s in sweeps)
+    assert all(profile_sweep(s)[0] for s in sweeps), "size 1 of every sweep launched kernels"
+    assert sweep_sampler_rows(runner, kernel_dir=tmp_path) == full  # learns
+    assert sweep_sampler_rows(runner, kernel_dir=tmp_path) < full // 2  # uses it
 
 
 @pytest.mark.parametrize("file_dtype", [torch.bfloat16, torch.float32])

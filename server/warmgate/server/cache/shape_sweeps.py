@@ -1,11 +1,12 @@
-"""The shape sweeps' kernel map: an entry kind of the compile cache, beside triton/, flashinfer/
+"""The shape sweeps' kernel maps: an entry kind of the compile cache, beside triton/, flashinfer/
 and inductor/.
 
-For each dense GEMM the sweeps run (a weight shape and dtype, token counts 1..M), the token
-counts that pick distinct kernels, learned once by the sweep that ran every count (see
-warmup/gemm_kernels.py). A warm start sweeps only those. The entry's key already holds the GPU,
-torch and the configuration; the map repeats the GPU and library identity and is ignored
-(every count is swept) when they differ, or when it lacks one of the GEMMs asked for.
+For each sweep (a dense GEMM's weight shape and dtype over token counts 1..M; a sampler variant
+over batch sizes 1..N), the sizes that pick distinct kernels, learned once by the sweep that ran
+every size (see warmup/kernel_probe.py). A warm start sweeps only those. One file per family
+of sweeps (GEMM_FILE, SAMPLER_FILE). The entry's key already holds the GPU, torch and the
+configuration; a map repeats the GPU and library identity and is ignored (every size is swept)
+when they differ, or when it lacks one of the sweeps asked for.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 
 # Set by apply_cache_env to the entry's shape_sweeps/ directory (cache/env.py).
 ENV_VAR = "WARMGATE_SHAPE_SWEEP_DIR"
-FILE_NAME = "gemm_kernels.json"
+GEMM_FILE = "gemm_kernels.json"
+SAMPLER_FILE = "sampler_kernels.json"
 FORMAT_VERSION = 1
 
 
@@ -26,7 +28,7 @@ FORMAT_VERSION = 1
 class KernelMap:
     # The GPU and libraries the map was learned on (name -> version).
     identity: dict[str, str]
-    # GEMM key (warmup.gemm_shapes.gemm_key) -> the token counts that pick distinct kernels.
+    # Sweep key (warmup.size_sweeps.SizeSweep.key) -> the sizes that pick distinct kernels.
     sizes: dict[str, list[int]]
 
 
@@ -36,11 +38,11 @@ def kernel_map_dir(environ: Mapping[str, str] | None = None) -> Path | None:
     return Path(value) if value else None
 
 
-def load_kernel_map(directory: Path, identity: Mapping[str, str], keys: list[str]
-                    ) -> tuple[KernelMap | None, str]:
-    """(the map, "") when it is there, readable, of this identity and holds every key;
-    else (None, why not)."""
-    path = directory / FILE_NAME
+def load_kernel_map(directory: Path, file_name: str, identity: Mapping[str, str],
+                    keys: list[str]) -> tuple[KernelMap | None, str]:
+    """(the map, "") when directory/file_name is there, readable, of this identity and holds
+    every key; else (None, why not)."""
+    path = directory / file_name
     if not path.exists():
         return None, f"no {path} yet"
     try:
@@ -56,14 +58,14 @@ def load_kernel_map(directory: Path, identity: Mapping[str, str], keys: list[str
         return None, f"{path} was learned on {found.identity}, this is {dict(identity)}"
     missing = [k for k in keys if k not in found.sizes]
     if missing:
-        return None, f"{path} lacks the GEMM {missing[0]}"
+        return None, f"{path} lacks the sweep {missing[0]}"
     return found, ""
 
 
-def save_kernel_map(directory: Path, kernel_map: KernelMap) -> Path:
+def save_kernel_map(directory: Path, file_name: str, kernel_map: KernelMap) -> Path:
     """Write the map (atomically: a reader never sees half a file); returns its path."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / FILE_NAME
+    path = directory / file_name
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({"version": FORMAT_VERSION, "identity": kernel_map.identity,
                                "sizes": kernel_map.sizes}, indent=1, sort_keys=True) + "\n")

@@ -20,8 +20,11 @@ import, which the compile-cache entry sets later, on the worker thread.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -160,3 +163,29 @@ def begin_background_startup(config: RunnerConfig,
         startup.start("readahead", f"read-ahead of {len(files)} weight files",
                       lambda: read_ahead(files))
     return startup
+
+
+def import_in_background(module: str) -> threading.Thread | None:
+    """Start importing `module` (the attention backend's library) on a thread of its own, so
+    the import runs beside the weights' load (file reads and host-to-device copies, which
+    release the GIL); the backend's own `import` then waits for it on the import lock. None
+    when the module is already imported or not installed (the backend reports that itself).
+    Called once the compile-cache entry has set the environment the library reads at import.
+    """
+    if module in sys.modules or importlib.util.find_spec(module) is None:
+        return None
+
+    def run() -> None:
+        start = time.perf_counter()
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # the backend imports it again and reports the failure
+            logger.info("start-up: importing %s in the background failed (%s: %s); the "
+                        "attention backend will report it", module, type(exc).__name__, exc)
+            return
+        logger.info("start-up: %s imported in the background in %.3f s (beside the weights' "
+                    "load)", module, time.perf_counter() - start)
+
+    thread = threading.Thread(target=run, name=f"warmgate-import-{module}")
+    thread.start()
+    return thread

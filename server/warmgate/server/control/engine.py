@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from warmgate.server.cache.session import open_compile_cache, run_plan_with_cache
 from warmgate.server.cache.store import CompileCache
+from warmgate.server.config.attention_backends import ATTENTION_BACKENDS
 from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.control.background_startup import import_in_background
 from warmgate.server.control.faults import FaultInjector
 from warmgate.server.core.failures import (
     FatalDeviceError,
@@ -111,6 +113,9 @@ class PlanEngine:
             if self._faults is not None:
                 self._faults.enter(LOAD)
             open_compile_cache(self._cache, self._config)  # before anything reads the env
+            backend = ATTENTION_BACKENDS.get(self._config.device.attention_backend)
+            if backend is not None:  # "auto" is resolved by now; a test's config may not be
+                import_in_background(backend.library)
             self._runner, phase = plan.load_runner(self._config, jit_monitor=self.jit_monitor)
             if self._faults is not None:
                 self._faults.wrap_runner(self._runner)

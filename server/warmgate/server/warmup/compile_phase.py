@@ -135,16 +135,17 @@ def _runs_shape_sweeps(model_runner: WarmupRunner) -> bool:
 
 
 def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None) -> int:
-    """Dense GEMMs at every token count (or, with the compile cache's kernel map, at the
-    counts that pick distinct kernels), then (generative models) the sampler at every row
-    count; returns the calls made."""
+    """Dense GEMMs at every token count, then (generative models) the sampler at every row
+    count; with the compile cache's kernel maps, only the sizes that pick distinct kernels.
+    Returns the calls made."""
     from warmgate.server.cache.shape_sweeps import kernel_map_dir
     from warmgate.server.warmup.gemm_shapes import sweep_gemm_shapes  # torch, only on CUDA
     from warmgate.server.warmup.sampler_rows import sweep_sampler_rows
 
-    calls = sweep_gemm_shapes(model_runner, tracker, kernel_dir=kernel_map_dir())
+    kernel_dir = kernel_map_dir()
+    calls = sweep_gemm_shapes(model_runner, tracker, kernel_dir=kernel_dir)
     if not model_runner.is_pooling_model:
-        calls += sweep_sampler_rows(model_runner)
+        calls += sweep_sampler_rows(model_runner, kernel_dir=kernel_dir)
     return calls
 
 
@@ -164,7 +165,8 @@ def _gemm_only_phase(model_runner: WarmupRunner, progress: ProgressCallback | No
         num_steps=len(plan), shapes={"gemm_weights": len(plan),
                                      "gemm_max_m": [m for _, m in plan]},
         detail=f"torch.compile is off; ran the dense GEMMs of {len(plan)} weights at every "
-               "token count 1..M (or, with the compile cache's kernel map, at the counts that "
-               f"pick distinct kernels) and the sampler at every batch size, {num_calls} calls, "
+               "token count 1..M and the sampler at every batch size (or, with the compile "
+               "cache's kernel maps, at the sizes that pick distinct kernels), "
+               f"{num_calls} calls, "
                "so no first batch of a new size pays for algorithm choice or kernel loading")
     return WarmupResult(ran=True, phases=[phase])

@@ -7,33 +7,22 @@ of a decoder layer repeat in every layer, so one sweep over M = 1..max_num_batch
 distinct weight (and M = 1..max logits rows for the vocabulary head) covers every layer. On
 CUDA only: the CPU's GEMMs keep no per-shape state.
 
-The first sweep with a compile cache runs every M and learns which pick distinct kernels
-(gemm_kernels.py); the kernel map it leaves in the cache entry lets a warm start run only
-those (cache/shape_sweeps.py says when the map is not trusted, and every M runs again).
+With a compile cache, only the token counts that pick distinct kernels run after the first
+start (size_sweeps.py).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from warmgate.server.cache.shape_sweeps import KernelMap, load_kernel_map, save_kernel_map
-from warmgate.server.core.failures import is_fatal_device_error, is_out_of_memory
+from warmgate.server.cache.shape_sweeps import GEMM_FILE
 from warmgate.server.core.progress import PhaseProgress
-from warmgate.server.warmup.gemm_kernels import (
-    KernelProbe,
-    distinct_sizes,
-    kernel_identity,
-    profile_kernels,
-)
 from warmgate.server.warmup.runner_contract import WarmupRunner
-
-logger = logging.getLogger(__name__)
+from warmgate.server.warmup.size_sweeps import KernelProbe, SizeSweep, run_size_sweeps
 
 
 def layer_weights(model: Any) -> list[torch.Tensor]:
@@ -65,61 +54,18 @@ def gemm_key(weight: torch.Tensor, max_m: int) -> str:
     return f"{n}x{k}:{str(weight.dtype).removeprefix('torch.')}:m1..{max_m}"
 
 
-def _run(weight: torch.Tensor, sizes: Sequence[int]) -> int:
-    x = torch.zeros(max(sizes), weight.shape[1], device=weight.device, dtype=weight.dtype)
-    for m in sizes:
-        F.linear(x[:m], weight)
-    return len(sizes)
+def gemm_sweep(weight: torch.Tensor, max_m: int) -> SizeSweep:
+    """F.linear of `weight` at M = 1..max_m tokens (one zero input, sliced)."""
+    x = torch.zeros(max_m, weight.shape[1], device=weight.device, dtype=weight.dtype)
+    return SizeSweep(gemm_key(weight, max_m), max_m, lambda m: F.linear(x[:m], weight),
+                     weight.device)
 
 
 @torch.inference_mode()
 def sweep_gemm_shapes(model_runner: WarmupRunner, tracker: PhaseProgress | None = None, *,
                       kernel_dir: Path | None = None, probe: KernelProbe | None = None) -> int:
-    """Every (weight, M) of gemm_plan once, or, with a kernel map in kernel_dir learned on this
-    GPU and these libraries, only the Ms that pick distinct kernels. Without a map the full
-    sweep runs under `probe` (default: the profiler) and leaves one there. Returns the number
-    of GEMMs run."""
-    plan = gemm_plan(model_runner)
-    keys = [gemm_key(w, m) for w, m in plan]
-    total = sum(m for _, m in plan)
-    kept: KernelMap | None = None
-    why = "no compile cache (--cache-dir) to keep a kernel map in"
-    identity: dict[str, str] = {}
-    if kernel_dir is not None:
-        identity = kernel_identity(plan[0][0].device) if plan else {}
-        kept, why = load_kernel_map(kernel_dir, identity, keys)
-    learned: dict[str, list[int]] | None = {} if kernel_dir is not None and kept is None else None
-    count = 0
-    for (weight, max_m), key in zip(plan, keys, strict=True):
-        if kept is not None:
-            count += _run(weight, kept.sizes[key])
-        elif learned is not None:
-            try:
-                learned[key] = distinct_sizes((probe or profile_kernels)(weight, max_m))
-                count += max_m
-            except RuntimeError as exc:  # ProbeError, or the profiler's own failures
-                if is_fatal_device_error(exc) or is_out_of_memory(exc):
-                    raise  # the device's failure, not the probe's: the phase reports it
-                # Whether the probe's calls ran is unknown: run them plainly; learn nothing.
-                logger.info("shape sweeps: kernel probe of %s failed (%s: %s); sweeping every "
-                            "size without learning", key, type(exc).__name__, exc)
-                learned = None
-                count += _run(weight, range(1, max_m + 1))
-        else:
-            count += _run(weight, range(1, max_m + 1))
-        if tracker is not None:
-            tracker.step()
-    if kept is not None:
-        logger.info("shape sweeps: %d of %d GEMM sizes, the distinct kernels of %d weights "
-                    "(kernel map in %s)", count, total, len(plan), kernel_dir)
-    elif learned is not None and kernel_dir is not None:
-        distinct = sum(map(len, learned.values()))
-        try:
-            where = f"kept in {save_kernel_map(kernel_dir, KernelMap(identity, learned))}"
-        except OSError as exc:  # a read-only or full cache volume costs the next start only
-            where = f"not kept ({type(exc).__name__}: {exc}): the next start sweeps every size"
-        logger.info("shape sweeps: every GEMM size, %d (%s); learned %d that pick distinct "
-                    "kernels, %s", count, why, distinct, where)
-    else:
-        logger.info("shape sweeps: every GEMM size, %d (%s)", count, why)
-    return count
+    """Every (weight, M) of gemm_plan once, or, with a kernel map in kernel_dir, only the Ms
+    that pick distinct kernels (size_sweeps.run_size_sweeps). Returns the GEMMs run."""
+    return run_size_sweeps([gemm_sweep(w, m) for w, m in gemm_plan(model_runner)],
+                           what="dense GEMMs", file_name=GEMM_FILE, kernel_dir=kernel_dir,
+                           probe=probe, tracker=tracker)

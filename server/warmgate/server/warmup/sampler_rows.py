@@ -7,20 +7,25 @@ bench/results/README.md). Each sampling variant (greedy, temperature only, top-k
 seeded, a batch mixing them, every sampling feature in every row, and features beside plain
 rows) runs for 1..max_num_seqs requests, and with num_speculative_steps > 0 the verifier
 too; the logprobs gather runs at every logits row count, with the largest top-n and with
-none. CUDA only.
+none. CUDA only. With a compile cache, only the sizes that pick distinct kernels run after the
+first start (size_sweeps.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
+from warmgate.server.cache.shape_sweeps import SAMPLER_FILE
 from warmgate.server.runner.sampling import MAX_LOGPROBS, SeededStream, TokenHistory
 from warmgate.server.runner.sampling.logprobs import gather_logprobs
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
 from warmgate.server.warmup.kernels import SEEDED, STOCHASTIC
 from warmgate.server.warmup.runner_contract import WarmupRunner
+from warmgate.server.warmup.size_sweeps import KernelProbe, SizeSweep, run_size_sweeps
 
 TEMPERATURE_ONLY = SamplingParams(temperature=0.8)  # the stochastic path without top-k/p
 # Every logits processor and min_p at once (each processor's own kernels at this row count).
@@ -44,29 +49,54 @@ def _streams(params: list[SamplingParams]) -> list[SeededStream | None]:
             for p in params]
 
 
-@torch.inference_mode()
-def sweep_sampler_rows(model_runner: WarmupRunner) -> int:
-    """sample() (and verify() with k drafts each) for 1..max_num_seqs requests per variant,
-    then the logprobs gather for every logits row count; returns the number of calls."""
+def _variant_name(variant: tuple[SamplingParams, ...]) -> str:
+    """Its place in VARIANTS and a digest of its parameters: a map learned for other
+    parameters (an older VARIANTS) lacks the name, and is not trusted."""
+    digest = hashlib.sha256(repr(variant).encode()).hexdigest()[:12]
+    return f"{VARIANTS.index(variant)}.{digest}"
+
+
+def sampler_sweeps(model_runner: WarmupRunner) -> list[SizeSweep]:
+    """sample() for 1..max_num_seqs requests per variant (and verify() with k drafts each),
+    then the logprobs gather for 1..every logits row, with no top-n and the largest."""
     device = model_runner.device
     vocab = model_runner.config.model.vocab_size
     k = model_runner.num_speculative_steps
     max_reqs = model_runner.max_num_reqs
     logits = torch.randn(max_reqs * (1 + k), vocab, device=device, dtype=torch.float32)
     sampler = model_runner.sampler
-    calls = 0
-    for variant in VARIANTS:
-        for n in range(1, max_reqs + 1):
+
+    def sample(variant: tuple[SamplingParams, ...]) -> SizeSweep:
+        def call(n: int) -> object:
             params = _batch(variant, n)
-            sampler.sample(logits[:n], params, _streams(params), [_HISTORY] * n)
-            calls += 1
-            if k:
-                drafts = [[0] * k for _ in range(n)]
-                sampler.verify(logits[:n * (1 + k)], drafts, params, _streams(params),
-                               [_HISTORY] * n)
-                calls += 1
-    for m in range(1, logits.shape[0] + 1):
-        for top in (0, MAX_LOGPROBS):
-            gather_logprobs(logits, range(m), [0] * m, [top] * m)
-            calls += 1
-    return calls
+            return sampler.sample(logits[:n], params, _streams(params), [_HISTORY] * n)
+        return SizeSweep(f"sample:{_variant_name(variant)}:v{vocab}:n1..{max_reqs}",
+                         max_reqs, call, device)
+
+    def verify(variant: tuple[SamplingParams, ...]) -> SizeSweep:
+        def call(n: int) -> object:
+            params = _batch(variant, n)
+            return sampler.verify(logits[:n * (1 + k)], [[0] * k for _ in range(n)], params,
+                                  _streams(params), [_HISTORY] * n)
+        return SizeSweep(f"verify:{_variant_name(variant)}:k{k}:v{vocab}:n1..{max_reqs}",
+                         max_reqs, call, device)
+
+    def logprobs(top: int) -> SizeSweep:
+        rows = logits.shape[0]
+        return SizeSweep(f"logprobs:top{top}:v{vocab}:m1..{rows}", rows,
+                         lambda m: gather_logprobs(logits, range(m), [0] * m, [top] * m),
+                         device)
+
+    sweeps = [sample(v) for v in VARIANTS]
+    if k:
+        sweeps += [verify(v) for v in VARIANTS]
+    return [*sweeps, logprobs(0), logprobs(MAX_LOGPROBS)]
+
+
+@torch.inference_mode()
+def sweep_sampler_rows(model_runner: WarmupRunner, *, kernel_dir: Path | None = None,
+                       probe: KernelProbe | None = None) -> int:
+    """Every sampler_sweeps size once, or, with a kernel map in kernel_dir, only the sizes
+    that pick distinct kernels (size_sweeps.run_size_sweeps); returns the calls made."""
+    return run_size_sweeps(sampler_sweeps(model_runner), what="sampler rows",
+                           file_name=SAMPLER_FILE, kernel_dir=kernel_dir, probe=probe)

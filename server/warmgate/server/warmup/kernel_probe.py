@@ -1,10 +1,12 @@
-"""Which token counts of a GEMM pick distinct kernels: learned by profiling the full sweep.
+"""Which sizes of a size-indexed call pick distinct kernels: learned by profiling the full sweep.
 
-cuBLAS's choice for a weight of fixed shape is a deterministic function of the token count M,
-and it changes at a handful of M (tile shapes, split-K), not at each one. The sweep exists so
-that no first batch loads a kernel module or runs a kernel for the first time; one M per
-distinct kernel sequence does that. The full sweep is run under the profiler once, with a
-marker kernel after each M, so the kernels between two markers are that M's.
+A sweep calls one operation at every size 1..N (a GEMM at every token count, the sampler at
+every batch size) so that no first batch loads a kernel module or runs a kernel for the first
+time. The kernels an operation launches are a deterministic function of its size, and they
+change at a handful of sizes (cuBLAS's tile shapes and split-K, a sort's block size), not at
+each one; one size per distinct kernel sequence does the sweep's work. The full sweep is run
+under the profiler once, with a marker kernel after each size, so the kernels between two
+markers are that size's.
 """
 
 from __future__ import annotations
@@ -12,21 +14,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
-# The kernel torch.cuda._sleep launches (ATen's Sleep.cu), used as the boundary between Ms.
+# The kernel torch.cuda._sleep launches (ATen's Sleep.cu), used as the boundary between sizes.
 MARKER = "spin_kernel"
-# What a probe returns: for M = 1..max_m, the kernels (names) that M's GEMM launched.
-KernelProbe = Callable[[torch.Tensor, int], list[tuple[str, ...]]]
 
 
 class ProbeError(RuntimeError):
-    """The profile could not be split into one kernel sequence per M (nothing is kept)."""
+    """The profile could not be split into one kernel sequence per size (nothing is kept)."""
 
 
 def distinct_sizes(signatures: Sequence[tuple[str, ...]]) -> list[int]:
-    """The smallest M of each distinct kernel sequence (M = index + 1); an M whose sequence
-    is unknown (empty) is always kept."""
+    """The smallest size of each distinct kernel sequence (size = index + 1); a size whose
+    sequence is unknown (empty) is always kept."""
     first: dict[tuple[str, ...], int] = {}
     unknown: list[int] = []
     for m, signature in enumerate(signatures, start=1):
@@ -38,8 +37,8 @@ def distinct_sizes(signatures: Sequence[tuple[str, ...]]) -> list[int]:
 
 
 def split_at_markers(kernel_names: Sequence[str], num_sizes: int) -> list[tuple[str, ...]]:
-    """The kernels between consecutive markers, one tuple per M; ProbeError unless exactly
-    num_sizes markers were seen (a dropped event would shift every M after it)."""
+    """The kernels between consecutive markers, one tuple per size; ProbeError unless exactly
+    num_sizes markers were seen (a dropped event would shift every size after it)."""
     groups: list[tuple[str, ...]] = []
     current: list[str] = []
     for name in kernel_names:
@@ -55,8 +54,9 @@ def split_at_markers(kernel_names: Sequence[str], num_sizes: int) -> list[tuple[
 
 
 @torch.inference_mode()
-def profile_kernels(weight: torch.Tensor, max_m: int) -> list[tuple[str, ...]]:
-    """Run F.linear at M = 1..max_m (the full sweep) under the profiler; each M's kernels.
+def profile_calls(call: Callable[[int], object], max_size: int, device: torch.device
+                  ) -> list[tuple[str, ...]]:
+    """Run call(1..max_size) (the full sweep) under the profiler; each size's kernels.
 
     Device activity only, read from the raw kineto events: the per-op event tree the
     profiler can build is not needed and would cost more than the sweep itself.
@@ -64,22 +64,21 @@ def profile_kernels(weight: torch.Tensor, max_m: int) -> list[tuple[str, ...]]:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    x = torch.zeros(max_m, weight.shape[1], device=weight.device, dtype=weight.dtype)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for m in range(1, max_m + 1):
-            F.linear(x[:m], weight)
+        for m in range(1, max_size + 1):
+            call(m)
             torch.cuda._sleep(1)
-        torch.cuda.synchronize(weight.device)
+        torch.cuda.synchronize(device)
     results = getattr(prof.profiler, "kineto_results", None)
     if results is None:
         raise ProbeError("the profiler kept no kineto results")
     kernels = sorted((e for e in results.events() if e.device_type() == DeviceType.CUDA),
                      key=lambda e: e.start_ns())
-    return split_at_markers([e.name() for e in kernels], max_m)
+    return split_at_markers([e.name() for e in kernels], max_size)
 
 
 def kernel_identity(device: torch.device) -> dict[str, str]:
-    """What the kernel choice depends on besides the shapes: the GPU and the libraries."""
+    """What the kernel choice depends on besides the sizes: the GPU and the libraries."""
     if device.type != "cuda":
         return {"gpu": device.type, "torch": torch.__version__}
     major, minor = torch.cuda.get_device_capability(device)
