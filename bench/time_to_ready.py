@@ -31,6 +31,7 @@ bench, they measure nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -202,14 +203,29 @@ def server_argv(args: argparse.Namespace, cache_dir: str, *, debug: bool) -> lis
             "--log-level", "DEBUG" if debug else "INFO", *args.server_flag]
 
 
+def _save_log(args: argparse.Namespace, name: str, run: ReadyRun) -> None:
+    """With --log-dir: the run's stamped log lines, for a look at where its seconds went."""
+    if args.log_dir is not None:
+        args.log_dir.mkdir(parents=True, exist_ok=True)
+        (args.log_dir / f"{name}.log").write_text(
+            "".join(f"{at:8.3f} {line}\n" for at, line in run.lines))
+
+
 def measure_ready(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in COMPILER_CACHE_ENV} | ENV
     set_page_cache(files, warm=True)
-    with tempfile.TemporaryDirectory(prefix="warmgate-ready-cache.") as cache_dir:
+    with contextlib.ExitStack() as stack:
+        cache_dir = (str(args.keep_cache_dir) if args.keep_cache_dir is not None else
+                     stack.enter_context(tempfile.TemporaryDirectory(
+                         prefix="warmgate-ready-cache.")))
         # The cold run logs at DEBUG: the JIT events, with each compile's seconds, are there.
         cold = run_to_ready(server_argv(args, cache_dir, debug=True), env, args.timeout)
-        warm: list[ReadyRun] = [run_to_ready(server_argv(args, cache_dir, debug=False), env,
-                                             args.timeout) for _ in range(args.runs)]
+        _save_log(args, "cold", cold)
+        warm: list[ReadyRun] = []
+        for i in range(args.runs):
+            warm.append(run_to_ready(server_argv(args, cache_dir, debug=False), env,
+                                     args.timeout))
+            _save_log(args, f"warm-{i + 1}", warm[-1])
     warm_ready = _median([r.ready_s for r in warm])
     median_run = min(warm, key=lambda r: abs(r.ready_s - warm_ready))
     longest = cold.longest_compile_s()
@@ -271,6 +287,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bytecode-dir", type=Path, help="put every .pyc here (PYTHONPYCACHEPREFIX "
                    "for every process) instead of beside its source; the default where a "
                    "directory to compile is not writable: $TMPDIR/warmgate-pycache")
+    p.add_argument("--keep-cache-dir", type=Path, help="fill this (new or empty) directory as "
+                   "the servers' --cache-dir instead of a temporary one, and leave it")
+    p.add_argument("--log-dir", type=Path, help="write each server's stamped log here "
+                   "(cold.log, warm-N.log)")
     p.add_argument("--server-flag", action="append", default=[],
                    help="extra warmgate-server flag (repeat), e.g. --server-flag=--compile=true")
     return p.parse_args(argv)
@@ -278,6 +298,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.keep_cache_dir is not None and args.keep_cache_dir.exists() and any(
+            args.keep_cache_dir.iterdir()):
+        print(f"--keep-cache-dir {args.keep_cache_dir}: not empty (the cold run needs an "
+              "empty cache)", file=sys.stderr)
+        return 2
     figures: dict[str, Any] = {"preset": args.write_checkpoint or args.preset,
                                "device": args.device, "attention_backend": args.attention_backend,
                                "model_dir": str(args.model_dir)}

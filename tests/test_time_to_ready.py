@@ -26,10 +26,16 @@ def _figures(out: str) -> dict:
 
 def test_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     model_dir = tmp_path / "tiny"
+    kept, logs = tmp_path / "kept-cache", tmp_path / "logs"
     out = time_to_ready("--write-checkpoint", "tiny", "--model-dir", str(model_dir),
                         "--device", "cpu", "--attention-backend", "torch", "--runs", "1",
-                        "--timeout", "240")
+                        "--timeout", "240", "--keep-cache-dir", str(kept),
+                        "--log-dir", str(logs))
     f = _figures(out)
+    # The servers' cache is the one asked for, left filled; each server's log is kept.
+    assert any(kept.iterdir())
+    assert sorted(p.name for p in logs.iterdir()) == ["cold.log", "warm-1.log"]
+    assert "config_hash=" in (logs / "warm-1.log").read_text()
     assert (model_dir / "config.json").exists() and f["checkpoint"].startswith("wrote tiny")
     # The processes' imports were byte-compiled first (in place where every directory is
     # writable), the repository's server among them, and it said so and how long it took.
@@ -63,6 +69,13 @@ def test_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     for phase in ("load", "compile", "kernels.prefill", "kernels.decode", "mixed"):
         assert f"phase.{phase}_s" in warm
     assert warm["warmup_total_s"] > 0
+
+
+def test_a_kept_cache_that_is_not_empty_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "old-entry").mkdir()
+    proc = run_bench("bench/time_to_ready.py", ["--model-dir", str(tmp_path), "--device", "cpu",
+                                                "--keep-cache-dir", str(tmp_path)], timeout=60)
+    assert proc.returncode == 2 and "not empty" in proc.stderr
 
 
 def test_load_only_compares_bare_and_warmgate(tmp_path: Path) -> None:
