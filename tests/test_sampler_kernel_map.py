@@ -44,12 +44,15 @@ def test_learned_once_then_only_the_distinct_sizes_run(tmp_path: Path,
     assert probed == [(s.key, s.max_size) for s in sweeps]
     assert (tmp_path / SAMPLER_FILE).exists() and not (tmp_path / GEMM_FILE).exists()
     kept = json.loads((tmp_path / SAMPLER_FILE).read_text())["sizes"]
-    # The fake's kernels change at 9 and 64: 16 requests keep 1 and 9, 48 logits rows too.
-    assert all(sizes == [1, 9] for sizes in kept.values()), kept
+    # The fake's kernels change at 9 and 64: 16 requests keep 1, 9 and the largest, 16; the
+    # 48 logits rows of the gather 1, 9 and 48.
+    assert {k: v for k, v in kept.items() if not k.startswith("logprobs")} == {
+        s.key: [1, 9, 16] for s in sweeps if not s.key.startswith("logprobs")}
+    assert [v for k, v in kept.items() if k.startswith("logprobs")] == [[1, 9, 48]] * 2
     rows = _count_rows(monkeypatch, runner)
-    assert sweep_sampler_rows(runner, kernel_dir=tmp_path, probe=_no_probe) == 2 * len(sweeps)
-    assert rows == [("sample", n) for _ in VARIANTS for n in (1, 9)] + [
-        ("verify", n) for _ in VARIANTS for n in (1, 9)]
+    assert sweep_sampler_rows(runner, kernel_dir=tmp_path, probe=_no_probe) == 3 * len(sweeps)
+    assert rows == [("sample", n) for _ in VARIANTS for n in (1, 9, 16)] + [
+        ("verify", n) for _ in VARIANTS for n in (1, 9, 16)]
 
 
 def test_a_changed_variant_is_learned_again(tmp_path: Path,

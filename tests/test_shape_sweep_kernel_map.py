@@ -86,8 +86,9 @@ def test_learn_once_then_sweep_only_distinct_kernels(tmp_path: Path,
     assert probed == [(gemm_key(w, m), m) for w, m in plan]
     kept = json.loads((tmp_path / FILE_NAME).read_text())
     layer_key = gemm_key(*plan[0])
-    assert kept["sizes"][layer_key] == [1, 9, 64]
-    assert plan[-1][1] == 8 and kept["sizes"][gemm_key(*plan[-1])] == [1]  # the head: 8 rows
+    # The first M of each kernel, and the largest (its temporaries are the biggest).
+    assert kept["sizes"][layer_key] == [1, 9, 64, 128]
+    assert plan[-1][1] == 8 and kept["sizes"][gemm_key(*plan[-1])] == [1, 8]  # head: 8 rows
     linear_ms.clear()
     warm = sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=_no_probe)
     assert warm == sum(len(v) for v in kept["sizes"].values()) < full

@@ -108,7 +108,9 @@ def _learn(sweep: SizeSweep, probe: KernelProbe, learning: _Learning) -> int:
     """Every size of one sweep under the probe, its distinct sizes added to the map; if the
     probe fails, every size again without it and the map is dropped."""
     try:
-        learning.sizes[sweep.key] = distinct_sizes(probe(sweep))
+        # The largest size too: its temporaries are the biggest the allocator must hold, so
+        # no first batch of that size grows the cache (cudaMalloc) where the sweep did not.
+        learning.sizes[sweep.key] = sorted({*distinct_sizes(probe(sweep)), sweep.max_size})
         return sweep.max_size
     except RuntimeError as exc:  # ProbeError, or the profiler's own failures
         if is_fatal_device_error(exc) or is_out_of_memory(exc):
