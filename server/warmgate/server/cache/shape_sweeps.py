@@ -21,7 +21,8 @@ from pathlib import Path
 ENV_VAR = "WARMGATE_SHAPE_SWEEP_DIR"
 GEMM_FILE = "gemm_kernels.json"
 SAMPLER_FILE = "sampler_kernels.json"
-FORMAT_VERSION = 1
+# 2: each sweep keeps its largest size as well (size_sweeps._learn); a map of 1 lacks it.
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
