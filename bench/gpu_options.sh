@@ -15,7 +15,9 @@
 #   runs, FIRST_SERVERS=1 for one server per backend, FIRST_BACKENDS=triton for one backend,
 #   FIRST_CACHE_DIR=<dir> gives the options servers one --cache-dir per backend under it: the
 #   first server fills it, the next ones start warm, as a restarted pod does, and sweep only
-#   the sizes the kernel maps keep)
+#   the sizes the kernel maps keep; FIRST_STEADY=5 takes 5 steady requests per class per server
+#   instead of 10, so more servers fit in one call: each server gives each class one first
+#   request, and more of those is what narrows the ratio)
 # Coverage runs two lanes at once (flashinfer's in the background: its cold JIT, 70-90 s once per
 # machine, overlaps the triton runs); each coverage process gets empty Triton and Inductor caches
 # of its own, so no run's compiles after ready are hidden by (or mistaken for) another's. The
@@ -37,6 +39,7 @@ FIRST_K=${FIRST_K:-3}
 FIRST_SERVERS=${FIRST_SERVERS:-3}
 FIRST_BACKENDS=${FIRST_BACKENDS:-triton flashinfer}
 FIRST_CACHE_DIR=${FIRST_CACHE_DIR:-}
+FIRST_STEADY=${FIRST_STEADY:-10}
 PARTS=${PARTS:-coverage first}
 COVERAGE=${COVERAGE:-flashinfer:0 flashinfer:3 triton:0 triton:3}
 LIMITS="--max-num-seqs 16 --max-num-batched-tokens 1024 --max-model-len 1024"
@@ -75,7 +78,7 @@ if [[ " $PARTS " == *" first "* ]]; then
   for b in $FIRST_BACKENDS; do
     stage "first request per option, $b, k=$FIRST_K, $FIRST_SERVERS servers${FIRST_CACHE_DIR:+, --cache-dir $FIRST_CACHE_DIR/$b}"
     timeout $(( 60 + 120 * FIRST_SERVERS )) python3 bench/first_request.py --mode options \
-      --model-dir "$CKPT" --servers "$FIRST_SERVERS" --shuffle \
+      --model-dir "$CKPT" --servers "$FIRST_SERVERS" --steady "$FIRST_STEADY" --shuffle \
       --server-args "--device cuda --attention-backend $b --num-speculative-steps $FIRST_K $LIMITS${FIRST_CACHE_DIR:+ --cache-dir $FIRST_CACHE_DIR/$b}" \
       --out "$OUT/first-options-$b.json" >"$OUT/first-options-$b.txt" 2>"$OUT/first-options-$b.err"
     echo "exit $?"
