@@ -178,3 +178,29 @@ def test_the_cache_entry_holds_the_kernel_map(tmp_path: Path) -> None:
     assert CACHE_ENV_VARS[ENV_VAR] == "shape_sweeps"
     assert kernel_map_dir(env) == tmp_path / "entry" / "shape_sweeps"
     assert kernel_map_dir({}) is None
+
+
+def test_a_gemm_sweep_holds_its_input_only_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's sweeps are built at once; each allocates its input at its first call and
+    drops it at its last (max M), so only one is alive at a time."""
+    import weakref
+
+    made: list[weakref.ref[torch.Tensor]] = []
+    real_zeros = torch.zeros
+
+    def zeros(*args: object, **kwargs: object) -> torch.Tensor:
+        t = real_zeros(*args, **kwargs)
+        made.append(weakref.ref(t))
+        return t
+
+    monkeypatch.setattr(gemm_shapes.torch, "zeros", zeros)
+    weight = torch.randn(6, 4)
+    sweep = gemm_shapes.gemm_sweep(weight, 3)
+    assert not made  # building the sweep allocates nothing
+    sweep.call(1)
+    sweep.call(2)
+    assert len(made) == 1 and made[0]() is not None
+    sweep.call(3)
+    assert made[0]() is None  # released at max M
+    sweep.call(1)  # a second run allocates again
+    assert len(made) == 2

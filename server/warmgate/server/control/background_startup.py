@@ -14,8 +14,10 @@ entry) does not need to wait for:
 
 Neither changes what the load does: a failure here is logged as such and the load, which does
 the same work again, reports it the usual way (health FAILED with the reason).
-FlashInfer is not imported here: it reads its workspace directory from the environment at
-import, which the compile-cache entry sets later, on the worker thread.
+FlashInfer is not imported at this point: it reads its workspace directory from the
+environment at import, which the compile-cache entry sets later, on the worker thread; the
+engine then starts its import on a thread of its own (`import_in_background`), beside the
+weights' load.
 """
 
 from __future__ import annotations

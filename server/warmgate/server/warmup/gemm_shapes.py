@@ -55,10 +55,20 @@ def gemm_key(weight: torch.Tensor, max_m: int) -> str:
 
 
 def gemm_sweep(weight: torch.Tensor, max_m: int) -> SizeSweep:
-    """F.linear of `weight` at M = 1..max_m tokens (one zero input, sliced)."""
-    x = torch.zeros(max_m, weight.shape[1], device=weight.device, dtype=weight.dtype)
-    return SizeSweep(gemm_key(weight, max_m), max_m, lambda m: F.linear(x[:m], weight),
-                     weight.device)
+    """F.linear of `weight` at M = 1..max_m tokens, on one zero input sliced to M. The input
+    exists from the sweep's first call to its call at max_m (every run of a sweep ends there):
+    the plan's sweeps are built at once, and inputs held for all of them would add up."""
+    held: list[torch.Tensor] = []
+
+    def call(m: int) -> torch.Tensor:
+        if not held:
+            held.append(torch.zeros(max_m, weight.shape[1], device=weight.device,
+                                    dtype=weight.dtype))
+        out = F.linear(held[0][:m], weight)
+        if m == max_m:
+            held.clear()
+        return out
+    return SizeSweep(gemm_key(weight, max_m), max_m, call, weight.device)
 
 
 @torch.inference_mode()
