@@ -12,6 +12,9 @@ figure, ready_over_floor = warm ready / (CUDA init + bare load), warm_over_cold,
 cold_over_longest_compile = the cold warmup / its longest single compile, then the warm start-up
 breakdown from the server's log, and a last `json:` line with everything. The CUDA init is
 noisy (3.9-5.2 s on one H200): it runs --runs times too, each run printed, the median kept.
+The floor runs are not done first: each warm start comes right after a CUDA init and a bare
+load of its own, so the host's drift falls on both sides of the ratio, and
+ready_over_floor_runs gives each round's own ratio beside the ratio of the medians.
 
 First it byte-compiles what the processes import (compileall over the PYTHONPATH entries, i.e.
 the repository's client/ and server/ and any --target directory, and the site-packages
@@ -211,9 +214,23 @@ def _save_log(args: argparse.Namespace, name: str, run: ReadyRun) -> None:
             "".join(f"{at:8.3f} {line}\n" for at, line in run.lines))
 
 
+def floor_run(args: argparse.Namespace, files: list[str], i: int) -> tuple[float, float]:
+    """One CUDA init and one bare load, fresh processes (each printed); their seconds."""
+    init = _python(CUDA_INIT, args.device)[0]
+    print(f"floor run {i + 1}/{args.runs}: CUDA init {init:.3f} s", flush=True)
+    load = float(_python(BARE_LOAD, args.device, *files)[1]["seconds"])
+    print(f"floor run {i + 1}/{args.runs}: bare load {load:.3f} s", flush=True)
+    return init, load
+
+
 def measure_ready(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
+    """The cold start, then --runs rounds of (CUDA init, bare load, warm start): each warm start
+    right after its own floor runs, so a drift in the host's speed lands on both sides of the
+    ratio (one H200 host spread the warm starts of one command by 1.3 s)."""
     env = {k: v for k, v in os.environ.items() if k not in COMPILER_CACHE_ENV} | ENV
     set_page_cache(files, warm=True)
+    inits: list[float] = []
+    loads: list[float] = []
     with contextlib.ExitStack() as stack:
         cache_dir = (str(args.keep_cache_dir) if args.keep_cache_dir is not None else
                      stack.enter_context(tempfile.TemporaryDirectory(
@@ -223,36 +240,31 @@ def measure_ready(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
         _save_log(args, "cold", cold)
         warm: list[ReadyRun] = []
         for i in range(args.runs):
+            init, load = floor_run(args, files, i)
+            inits.append(init)
+            loads.append(load)
             warm.append(run_to_ready(server_argv(args, cache_dir, debug=False), env,
                                      args.timeout))
             _save_log(args, f"warm-{i + 1}", warm[-1])
+            print(f"warm run {i + 1}/{args.runs}: ready in {warm[-1].ready_s:.3f} s, "
+                  f"{warm[-1].ready_s / (init + load):.3f}x its floor", flush=True)
+    floor = _median(inits) + _median(loads)
     warm_ready = _median([r.ready_s for r in warm])
     median_run = min(warm, key=lambda r: abs(r.ready_s - warm_ready))
     longest = cold.longest_compile_s()
     cold_warmup = cold.breakdown()["warmup_total_s"]
-    return {"cold_ready_s": cold.ready_s, "warm_ready_s": warm_ready,
+    return {"cuda_init_s": _median(inits), "bare_load_s": _median(loads), "floor_s": floor,
+            "cuda_init_runs_s": inits, "bare_load_runs_s": loads,
+            "ready_over_floor": warm_ready / floor,
+            "ready_over_floor_runs": [r.ready_s / (i + b)
+                                      for r, i, b in zip(warm, inits, loads, strict=True)],
+            "cold_ready_s": cold.ready_s, "warm_ready_s": warm_ready,
             "warm_ready_runs_s": [r.ready_s for r in warm],
             "warm_over_cold": warm_ready / cold.ready_s,
             "cold_warmup_s": cold_warmup, "cold_longest_compile_s": longest,
             "cold_over_longest_compile": (cold_warmup / longest
                                           if longest and cold_warmup is not None else None),
             "warm_breakdown": median_run.breakdown(), "cold_breakdown": cold.breakdown()}
-
-
-def measure_floor(args: argparse.Namespace, files: list[str]) -> dict[str, Any]:
-    """CUDA init and bare load, --runs each in fresh processes (each run printed), medians."""
-    inits: list[float] = []
-    for i in range(args.runs):
-        inits.append(_python(CUDA_INIT, args.device)[0])
-        print(f"floor run {i + 1}/{args.runs}: CUDA init {inits[-1]:.3f} s", flush=True)
-    set_page_cache(files, warm=True)
-    loads: list[float] = []
-    for i in range(args.runs):
-        loads.append(_python(BARE_LOAD, args.device, *files)[1]["seconds"])
-        print(f"floor run {i + 1}/{args.runs}: bare load {loads[-1]:.3f} s", flush=True)
-    return {"cuda_init_s": _median(inits), "bare_load_s": _median(loads),
-            "floor_s": _median(inits) + _median(loads), "cuda_init_runs_s": inits,
-            "bare_load_runs_s": loads}
 
 
 def _print(figures: dict[str, Any], prefix: str = "") -> None:
@@ -321,11 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cold_page_cache:
             figures["load_page_cache_cold"] = measure_load(args, files, warm=False)
     else:
-        floor = measure_floor(args, files)
-        ready = measure_ready(args, files)
-        figures.update(floor)
-        figures["ready_over_floor"] = ready["warm_ready_s"] / floor["floor_s"]
-        figures.update(ready)
+        figures.update(measure_ready(args, files))
     _print(figures)
     print("json: " + json.dumps(figures, sort_keys=True))
     return 0
