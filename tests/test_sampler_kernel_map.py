@@ -33,8 +33,8 @@ def _count_rows(monkeypatch: pytest.MonkeyPatch, runner: Any) -> list[tuple[str,
     return seen
 
 
-def test_learned_once_then_only_the_distinct_sizes_run(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_learned_once_then_only_the_kept_sizes_run(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     runner = make_runner(num_spec=2, max_num_seqs=16)
     sweeps = sampler_sweeps(runner)
     assert len({s.key for s in sweeps}) == len(sweeps) == 2 * len(VARIANTS) + 2

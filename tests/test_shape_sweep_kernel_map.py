@@ -19,7 +19,7 @@ from warmgate.server.warmup.gemm_shapes import gemm_key, gemm_plan, sweep_gemm_s
 from warmgate.server.warmup.kernel_probe import (
     MARKER,
     ProbeError,
-    distinct_sizes,
+    covering_sizes,
     split_at_markers,
 )
 from warmgate.server.warmup.size_sweeps import SizeSweep
@@ -62,9 +62,17 @@ def linear_ms(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return seen
 
 
-def test_distinct_sizes_keeps_the_first_m_of_each_kernel_and_every_unknown() -> None:
+def test_covering_sizes_keeps_each_first_launch_and_every_unknown() -> None:
     signatures = [("a",), ("a",), ("b",), ("a",), (), ("c", "r"), ("c", "r")]
-    assert distinct_sizes(signatures) == [1, 3, 5, 6]
+    assert covering_sizes(signatures) == [1, 3, 5, 6]
+    # A new sequence of kernels already launched (b then a; a alone) adds no size.
+    signatures = [("a",), ("a", "b"), ("b", "a"), ("b",), ("a", "r"), ("r", "b")]
+    assert covering_sizes(signatures) == [1, 2, 5]
+
+
+def test_sizes_to_keep_adds_the_largest() -> None:
+    assert size_sweeps.sizes_to_keep([("a",), ("a",), ("a",)]) == [1, 3]
+    assert size_sweeps.sizes_to_keep([("a",), ("b",)]) == [1, 2]
 
 
 def test_split_at_markers_gives_each_m_its_kernels_or_refuses() -> None:
@@ -76,7 +84,7 @@ def test_split_at_markers_gives_each_m_its_kernels_or_refuses() -> None:
         split_at_markers([*names, "gemm_c"], 2)
 
 
-def test_learn_once_then_sweep_only_distinct_kernels(tmp_path: Path,
+def test_learn_once_then_sweep_only_the_first_launches(tmp_path: Path,
                                                      linear_ms: list[int]) -> None:
     runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
     plan = gemm_plan(runner)
@@ -136,13 +144,20 @@ def test_without_a_cache_every_size_runs_and_nothing_is_probed(linear_ms: list[i
     assert linear_ms == [m for _, mm in plan for m in range(1, mm + 1)]
 
 
-def test_a_failed_probe_sweeps_plainly_and_keeps_nothing(tmp_path: Path,
-                                                         linear_ms: list[int]) -> None:
+def _raises(sweep: SizeSweep) -> list[tuple[str, ...]]:
+    raise ProbeError("the profile holds 3 markers")
+
+
+def _one_short(sweep: SizeSweep) -> list[tuple[str, ...]]:
+    return [("k",)] * (sweep.max_size - 1)  # a map from it would leave the largest size out
+
+
+@pytest.mark.parametrize("broken", [_raises, _one_short])
+def test_a_failed_probe_sweeps_plainly_and_keeps_nothing(
+        tmp_path: Path, linear_ms: list[int],
+        broken: Callable[[SizeSweep], list[tuple[str, ...]]]) -> None:
     runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
     plan = gemm_plan(runner)
-
-    def broken(sweep: SizeSweep) -> list[tuple[str, ...]]:
-        raise ProbeError("the profile holds 3 markers")
 
     assert sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=broken) == sum(
         m for _, m in plan)

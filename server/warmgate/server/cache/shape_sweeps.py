@@ -2,9 +2,10 @@
 and inductor/.
 
 For each sweep (a dense GEMM's weight shape and dtype over token counts 1..M; a sampler variant
-over batch sizes 1..N), the sizes that pick distinct kernels, learned once by the sweep that ran
-every size (see warmup/kernel_probe.py). A warm start sweeps only those. One file per family
-of sweeps (GEMM_FILE, SAMPLER_FILE). The entry's key already holds the GPU, torch and the
+over batch sizes 1..N), the sizes at which a kernel launches for the first time, and the
+largest, learned once by the sweep that ran every size (warmup/kernel_probe.py,
+size_sweeps.py). A warm start sweeps only those. One file per family of sweeps (GEMM_FILE,
+SAMPLER_FILE). The entry's key already holds the GPU, torch and the
 configuration; a map repeats the GPU and library identity and is ignored (every size is swept)
 when they differ, or when it lacks one of the sweeps asked for.
 """
@@ -21,15 +22,17 @@ from pathlib import Path
 ENV_VAR = "WARMGATE_SHAPE_SWEEP_DIR"
 GEMM_FILE = "gemm_kernels.json"
 SAMPLER_FILE = "sampler_kernels.json"
-# 2: each sweep keeps its largest size as well (size_sweeps._learn); a map of 1 lacks it.
-FORMAT_VERSION = 2
+# 2: each sweep keeps its largest size as well; a map of 1 lacks it.
+# 3: the sizes where a kernel first launches, not the first size of each distinct sequence of
+# kernels (size_sweeps.sizes_to_keep): a map of 2 holds more sizes than needed.
+FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True)
 class KernelMap:
     # The GPU and libraries the map was learned on (name -> version).
     identity: dict[str, str]
-    # Sweep key (warmup.size_sweeps.SizeSweep.key) -> the sizes that pick distinct kernels.
+    # Sweep key (warmup.size_sweeps.SizeSweep.key) -> the sizes a warm start runs.
     sizes: dict[str, list[int]]
 
 

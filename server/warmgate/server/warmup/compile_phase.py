@@ -136,7 +136,7 @@ def _runs_shape_sweeps(model_runner: WarmupRunner) -> bool:
 
 def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None) -> int:
     """Dense GEMMs at every token count, then (generative models) the sampler at every row
-    count; with the compile cache's kernel maps, only the sizes that pick distinct kernels.
+    count; with the compile cache's kernel maps, only the sizes that launch every kernel.
     Returns the calls made."""
     from warmgate.server.cache.shape_sweeps import kernel_map_dir
     from warmgate.server.warmup.gemm_shapes import sweep_gemm_shapes  # torch, only on CUDA
@@ -166,7 +166,7 @@ def _gemm_only_phase(model_runner: WarmupRunner, progress: ProgressCallback | No
                                      "gemm_max_m": [m for _, m in plan]},
         detail=f"torch.compile is off; ran the dense GEMMs of {len(plan)} weights at every "
                "token count 1..M and the sampler at every batch size (or, with the compile "
-               "cache's kernel maps, at the sizes that pick distinct kernels), "
+               "cache's kernel maps, at the sizes that launch every kernel), "
                f"{num_calls} calls, "
                "so no first batch of a new size pays for algorithm choice or kernel loading")
     return WarmupResult(ran=True, phases=[phase])

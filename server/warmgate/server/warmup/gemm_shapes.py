@@ -7,7 +7,7 @@ of a decoder layer repeat in every layer, so one sweep over M = 1..max_num_batch
 distinct weight (and M = 1..max logits rows for the vocabulary head) covers every layer. On
 CUDA only: the CPU's GEMMs keep no per-shape state.
 
-With a compile cache, only the token counts that pick distinct kernels run after the first
+With a compile cache, only the token counts that launch every kernel run after the first
 start (size_sweeps.py).
 """
 
@@ -75,7 +75,7 @@ def gemm_sweep(weight: torch.Tensor, max_m: int) -> SizeSweep:
 def sweep_gemm_shapes(model_runner: WarmupRunner, tracker: PhaseProgress | None = None, *,
                       kernel_dir: Path | None = None, probe: KernelProbe | None = None) -> int:
     """Every (weight, M) of gemm_plan once, or, with a kernel map in kernel_dir, only the Ms
-    that pick distinct kernels (size_sweeps.run_size_sweeps). Returns the GEMMs run."""
+    that launch every kernel (size_sweeps.run_size_sweeps). Returns the GEMMs run."""
     return run_size_sweeps([gemm_sweep(w, m) for w, m in gemm_plan(model_runner)],
                            what="dense GEMMs", file_name=GEMM_FILE, kernel_dir=kernel_dir,
                            probe=probe, tracker=tracker)

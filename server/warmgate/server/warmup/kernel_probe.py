@@ -1,12 +1,12 @@
-"""Which sizes of a size-indexed call pick distinct kernels: learned by profiling the full sweep.
+"""Which sizes of a size-indexed call a warm start must run: learned by profiling the full sweep.
 
 A sweep calls one operation at every size 1..N (a GEMM at every token count, the sampler at
 every batch size) so that no first batch loads a kernel module or runs a kernel for the first
-time. The kernels an operation launches are a deterministic function of its size, and they
-change at a handful of sizes (cuBLAS's tile shapes and split-K, a sort's block size), not at
-each one; one size per distinct kernel sequence does the sweep's work. The full sweep is run
-under the profiler once, with a marker kernel after each size, so the kernels between two
-markers are that size's.
+time. The kernels an operation launches are a deterministic function of its size, drawn from a
+small set (cuBLAS's tile shapes and split-K, a sort's block size). Running each kernel once
+loads its module, and that is the sweep's work: the sizes where a kernel launches for the first
+time cover it (covering_sizes). The full sweep is run under the profiler once, with a marker
+kernel after each size, so the kernels between two markers are that size's.
 """
 
 from __future__ import annotations
@@ -23,17 +23,17 @@ class ProbeError(RuntimeError):
     """The profile could not be split into one kernel sequence per size (nothing is kept)."""
 
 
-def distinct_sizes(signatures: Sequence[tuple[str, ...]]) -> list[int]:
-    """The smallest size of each distinct kernel sequence (size = index + 1); a size whose
-    sequence is unknown (empty) is always kept."""
-    first: dict[tuple[str, ...], int] = {}
-    unknown: list[int] = []
+def covering_sizes(signatures: Sequence[tuple[str, ...]]) -> list[int]:
+    """The sizes (size = index + 1) where a kernel launches for the first time in the sweep,
+    in order: run at these alone, every kernel of the full sweep runs at least once. A size
+    whose kernels are unknown (empty) is always kept."""
+    seen: set[str] = set()
+    kept: list[int] = []
     for m, signature in enumerate(signatures, start=1):
-        if not signature:
-            unknown.append(m)
-        else:
-            first.setdefault(signature, m)
-    return sorted([*first.values(), *unknown])
+        if not signature or not seen.issuperset(signature):
+            kept.append(m)
+            seen.update(signature)
+    return kept
 
 
 def split_at_markers(kernel_names: Sequence[str], num_sizes: int) -> list[tuple[str, ...]]:

@@ -7,7 +7,7 @@ bench/results/README.md). Each sampling variant (greedy, temperature only, top-k
 seeded, a batch mixing them, every sampling feature in every row, and features beside plain
 rows) runs for 1..max_num_seqs requests, and with num_speculative_steps > 0 the verifier
 too; the logprobs gather runs at every logits row count, with the largest top-n and with
-none. CUDA only. With a compile cache, only the sizes that pick distinct kernels run after the
+none. CUDA only. With a compile cache, only the sizes that launch every kernel run after the
 first start (size_sweeps.py).
 """
 
@@ -97,6 +97,6 @@ def sampler_sweeps(model_runner: WarmupRunner) -> list[SizeSweep]:
 def sweep_sampler_rows(model_runner: WarmupRunner, *, kernel_dir: Path | None = None,
                        probe: KernelProbe | None = None) -> int:
     """Every sampler_sweeps size once, or, with a kernel map in kernel_dir, only the sizes
-    that pick distinct kernels (size_sweeps.run_size_sweeps); returns the calls made."""
+    that launch every kernel (size_sweeps.run_size_sweeps); returns the calls made."""
     return run_size_sweeps(sampler_sweeps(model_runner), what="sampler rows",
                            file_name=SAMPLER_FILE, kernel_dir=kernel_dir, probe=probe)

@@ -2,9 +2,10 @@
 
 A size sweep calls one operation at sizes 1..N (gemm_shapes: a weight's GEMM at every token
 count; sampler_rows: a sampling variant at every batch size). With a compile cache, the first
-start runs every size under the probe (kernel_probe.py), keeps in the entry the sizes that pick
-distinct kernels, and later starts run only those; cache/shape_sweeps.py says when a kept map is
-not trusted (another GPU or library, a sweep it lacks), and then every size runs again.
+start runs every size under the probe (kernel_probe.py), keeps in the entry the sizes where a
+kernel launches for the first time (and the largest), and later starts run only those;
+cache/shape_sweeps.py says when a kept map is not trusted (another GPU or library, a sweep it
+lacks), and then every size runs again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ import torch
 from warmgate.server.cache.shape_sweeps import KernelMap, load_kernel_map, save_kernel_map
 from warmgate.server.core.failures import is_fatal_device_error, is_out_of_memory
 from warmgate.server.core.progress import PhaseProgress
-from warmgate.server.warmup.kernel_probe import distinct_sizes, kernel_identity, profile_calls
+from warmgate.server.warmup.kernel_probe import (
+    ProbeError,
+    covering_sizes,
+    kernel_identity,
+    profile_calls,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +48,14 @@ KernelProbe = Callable[[SizeSweep], list[tuple[str, ...]]]
 def profile_sweep(sweep: SizeSweep) -> list[tuple[str, ...]]:
     """The default probe: the profiler (kernel_probe.profile_calls)."""
     return profile_calls(sweep.call, sweep.max_size, sweep.device)
+
+
+def sizes_to_keep(signatures: Sequence[tuple[str, ...]]) -> list[int]:
+    """What a kernel map keeps of a sweep whose sizes 1..len(signatures) launched these
+    kernels: the sizes that cover every kernel, and the largest size too: its temporaries are
+    the biggest the allocator must hold, so no first batch of that size grows the cache
+    (cudaMalloc) where the sweep did not."""
+    return sorted({*covering_sizes(signatures), len(signatures)})
 
 
 def _run(sweep: SizeSweep, sizes: Sequence[int]) -> int:
@@ -86,18 +100,18 @@ def run_size_sweeps(sweeps: Sequence[SizeSweep], *, what: str, file_name: str,
             tracker.step()
     seconds = time.perf_counter() - start
     if kept is not None:
-        logger.info("shape sweeps: %s: %d of %d sizes, the distinct kernels of %d sweeps, in "
+        logger.info("shape sweeps: %s: %d of %d sizes, every kernel of %d sweeps, in "
                     "%.3f s (kernel map in %s)", what, count, total, len(sweeps), seconds,
                     kernel_dir / file_name if kernel_dir else "-")
     elif learning is not None and not learning.failed and kernel_dir is not None:
-        distinct = sum(map(len, learning.sizes.values()))
+        learned = sum(map(len, learning.sizes.values()))
         try:
             path = save_kernel_map(kernel_dir, file_name, KernelMap(identity, learning.sizes))
             where = f"kept in {path}"
         except OSError as exc:  # a read-only or full cache volume costs the next start only
             where = f"not kept ({type(exc).__name__}: {exc}): the next start sweeps every size"
-        logger.info("shape sweeps: %s: every size, %d in %.3f s (%s); learned %d that pick "
-                    "distinct kernels, %s", what, count, seconds, why, distinct, where)
+        logger.info("shape sweeps: %s: every size, %d in %.3f s (%s); learned %d that launch "
+                    "every kernel, %s", what, count, seconds, why, learned, where)
     else:
         logger.info("shape sweeps: %s: every size, %d in %.3f s (%s)", what, count, seconds,
                     why)
@@ -105,12 +119,13 @@ def run_size_sweeps(sweeps: Sequence[SizeSweep], *, what: str, file_name: str,
 
 
 def _learn(sweep: SizeSweep, probe: KernelProbe, learning: _Learning) -> int:
-    """Every size of one sweep under the probe, its distinct sizes added to the map; if the
+    """Every size of one sweep under the probe, the sizes it keeps added to the map; if the
     probe fails, every size again without it and the map is dropped."""
     try:
-        # The largest size too: its temporaries are the biggest the allocator must hold, so
-        # no first batch of that size grows the cache (cudaMalloc) where the sweep did not.
-        learning.sizes[sweep.key] = sorted({*distinct_sizes(probe(sweep)), sweep.max_size})
+        signatures = probe(sweep)
+        if len(signatures) != sweep.max_size:
+            raise ProbeError(f"the probe gave {len(signatures)} sizes of {sweep.max_size}")
+        learning.sizes[sweep.key] = sizes_to_keep(signatures)
         return sweep.max_size
     except RuntimeError as exc:  # ProbeError, or the profiler's own failures
         if is_fatal_device_error(exc) or is_out_of_memory(exc):
