@@ -51,7 +51,7 @@ from warmgate.server.devtools.runner_setup import (
     warm,
 )
 from warmgate.server.runner.scheduler_output import SamplingParams
-from warmgate.server.warmup.gemm_shapes import gemm_plan, sweep_gemm_shapes
+from warmgate.server.warmup.gemm_shapes import gemm_plan, layer_weights, sweep_gemm_shapes
 
 GC_PAUSES: list[tuple[int, float]] = []
 _gc_start: list[float] = []
@@ -217,7 +217,8 @@ def _ms(fn: Callable[[], object]) -> float:
 def gemm_first_touch(runner: Any, token_counts: list[int]) -> None:
     """The weights the warmup's GEMM sweep runs (one per distinct projection shape, and the
     vocabulary head), each at token counts the warmup never ran: first call vs second."""
-    weights = [w for w, _ in gemm_plan(runner)]
+    every = [*layer_weights(runner.model), *(w for w, _ in gemm_plan(runner))]
+    weights = list({id(w): w for w in every}.values())
     hidden = runner.config.model.hidden_size
     print(f"1. dense GEMMs at new token counts ({len(weights)} weight shapes)")
     for m in token_counts:
@@ -289,9 +290,9 @@ def touch(argv: list[str], prog: str | None = None) -> int:
     start = time.perf_counter()
     sweep_gemm_shapes(runner)  # what the compile phase's --shape-sweeps runs
     _sync()
-    print(f"3. ran the warmup's GEMM sweep (M=1..{args.max_num_batched_tokens}, the head up "
-          f"to the logits rows) in {time.perf_counter() - start:.2f} s; a new prefill shape "
-          "now:")
+    print(f"3. ran the warmup's GEMM sweep (the token counts a forward can run outside a "
+          f"graph, the head up to the logits rows) in {time.perf_counter() - start:.2f} s; a "
+          "new prefill shape now:")
     compare("prefill 4x31", lambda: prefill_ms(Case(sched, "q", rng), 31), args.repeats)
     print(f"   (prompt length of the decode set-up: {PROMPT_LEN})")
     monitor.close()

@@ -1,21 +1,25 @@
-"""The first call at a size the kernel map skipped: does it cost more than the same call again?
+"""The first call at a size a kernel map skipped: does it cost more than the same call again?
 
     python bench/kernel_map_touch.py --device cuda --model llama-3.2-1b [runner flags]
         [--samples 24] [--policies every,sequences,kept,none] [--json FILE]
 
-A warm start with kernel maps sweeps only some sizes of each shape sweep (the dense GEMMs at
-token counts 1..budget, the sampler rows at batch sizes 1..max_num_seqs): what
+A warm start with a kernel map sweeps only some sizes of a shape sweep: what
 size_sweeps.sizes_to_keep keeps, the sizes where a kernel launches for the first time and the
-largest. The maps promise that a first batch at any other size pays nothing a steady one does
+largest. The map promises that a first batch at any other size pays nothing a steady one does
 not: the kernels it launches are loaded, and nothing else is chosen per size that costs time.
-This checks the promise directly. One process profiles every size of every sweep once (the
+The sampler rows keep that promise. The dense GEMMs (every layer weight over the whole token
+budget here, and the head) do not: cuBLAS chooses an algorithm at every new shape, and that is
+why warmup now sweeps every token count a forward can run outside a graph, with no map
+(warmup/gemm_shapes.py).
+
+It checks the promise directly. One process profiles every size of every sweep once (the
 maps' own probe). Then each policy runs in a fresh process of its own (nothing one ran can
 help another):
 
   every      every size (a start without a map)
   sequences  the first size of each distinct kernel sequence, and the largest (the maps of
              format 2, before the current rule)
-  kept       what the maps keep now (size_sweeps.sizes_to_keep)
+  kept       what a map keeps now (size_sweeps.sizes_to_keep)
   none       no size at all (what the sweeps are for)
 
 and after its sweep times, at sizes that neither map kept (drawn per sweep, the same for every
@@ -43,7 +47,7 @@ from typing import Any
 import torch
 
 from warmgate.server.devtools.runner_setup import add_runner_args, build, runner_config
-from warmgate.server.warmup.gemm_shapes import gemm_plan, gemm_sweep
+from warmgate.server.warmup.gemm_shapes import gemm_plan, gemm_sweep, layer_weights
 from warmgate.server.warmup.sampler_rows import sampler_sweeps
 from warmgate.server.warmup.size_sweeps import SizeSweep, profile_sweep, sizes_to_keep
 
@@ -70,7 +74,11 @@ def policy_sizes(policy: str, signatures: Signatures) -> list[int]:
 
 
 def families(runner: Any) -> dict[str, list[SizeSweep]]:
-    return {"dense GEMMs": [gemm_sweep(w, m) for w, m in gemm_plan(runner)],
+    """Every layer weight over the whole token budget (whatever the graphs would take from
+    it), the head over its logits rows, and the sampler rows as the compile phase has them."""
+    head, rows = gemm_plan(runner)[-1]
+    layers = [gemm_sweep(w, runner.max_num_tokens) for w in layer_weights(runner.model)]
+    return {"dense GEMMs": [*layers, gemm_sweep(head, rows[-1])],
             "sampler rows": sampler_sweeps(runner)}
 
 

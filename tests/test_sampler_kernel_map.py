@@ -13,7 +13,7 @@ import pytest
 
 from tests.runner_helpers import make_runner
 from tests.test_shape_sweep_kernel_map import _no_probe, fake_probe
-from warmgate.server.cache.shape_sweeps import GEMM_FILE, SAMPLER_FILE
+from warmgate.server.cache.shape_sweeps import SAMPLER_FILE
 from warmgate.server.runner.scheduler_output import GREEDY
 from warmgate.server.warmup import sampler_rows
 from warmgate.server.warmup.sampler_rows import VARIANTS, sampler_sweeps, sweep_sampler_rows
@@ -42,7 +42,7 @@ def test_learned_once_then_only_the_kept_sizes_run(tmp_path: Path,
     probed: list[tuple[str, int]] = []
     assert sweep_sampler_rows(runner, kernel_dir=tmp_path, probe=fake_probe(probed)) == full
     assert probed == [(s.key, s.max_size) for s in sweeps]
-    assert (tmp_path / SAMPLER_FILE).exists() and not (tmp_path / GEMM_FILE).exists()
+    assert [p.name for p in tmp_path.iterdir()] == [SAMPLER_FILE]
     kept = json.loads((tmp_path / SAMPLER_FILE).read_text())["sizes"]
     # The fake's kernels change at 9 and 64: 16 requests keep 1, 9 and the largest, 16; the
     # 48 logits rows of the gather 1, 9 and 48.

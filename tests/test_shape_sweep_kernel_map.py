@@ -1,6 +1,7 @@
-"""The shape sweeps' kernel maps: learned once by the full sweep (a fake probe stands in for the
-profiler here), kept in the compile-cache entry, trusted only for the same GPU, libraries and
-sweeps; anything else sweeps every size again. GEMMs and sampler rows alike."""
+"""The shape sweeps' kernel maps (size_sweeps.run_size_sweeps, which the sampler rows use):
+learned once by the full sweep (a fake probe stands in for the profiler here), kept in the
+compile-cache entry, trusted only for the same GPU, libraries and sweeps; anything else sweeps
+every size again. The sweeps here are synthetic: each records the sizes it is called at."""
 
 from __future__ import annotations
 
@@ -11,30 +12,30 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.runner_helpers import make_runner
 from warmgate.server.cache import CACHE_ENV_VARS, apply_cache_env
-from warmgate.server.cache.shape_sweeps import ENV_VAR, GEMM_FILE, kernel_map_dir
-from warmgate.server.warmup import gemm_shapes, size_sweeps
-from warmgate.server.warmup.gemm_shapes import gemm_key, gemm_plan, sweep_gemm_shapes
+from warmgate.server.cache.shape_sweeps import ENV_VAR, kernel_map_dir
+from warmgate.server.warmup import size_sweeps
 from warmgate.server.warmup.kernel_probe import (
     MARKER,
     ProbeError,
     covering_sizes,
     split_at_markers,
 )
-from warmgate.server.warmup.size_sweeps import SizeSweep
+from warmgate.server.warmup.size_sweeps import SizeSweep, run_size_sweeps
 
-FILE_NAME = GEMM_FILE
+FILE_NAME = "test_kernels.json"
 
-# Kernel changes at these Ms (as cuBLAS switches tiles): 1-8 "small", 9-63 "mid", 64+ "big".
+# Kernel changes at these sizes: 1-8 "small", 9-63 "mid", 64+ "big".
 BOUNDARIES = ((64, "big"), (9, "mid"), (1, "small"))
+
+Probe = Callable[[SizeSweep], list[tuple[str, ...]]]
 
 
 def _kernel(m: int) -> str:
     return next(name for start, name in BOUNDARIES if m >= start)
 
 
-def fake_probe(calls: list[tuple[str, int]]) -> Callable[[SizeSweep], list[tuple[str, ...]]]:
+def fake_probe(calls: list[tuple[str, int]]) -> Probe:
     """Runs every size (as the profiler does) and names its kernel by BOUNDARIES."""
     def probe(sweep: SizeSweep) -> list[tuple[str, ...]]:
         calls.append((sweep.key, sweep.max_size))
@@ -48,18 +49,24 @@ def _no_probe(sweep: SizeSweep) -> list[tuple[str, ...]]:
     raise AssertionError("a kept kernel map must not be probed again")
 
 
-@pytest.fixture
-def linear_ms(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The M of every GEMM the sweep runs itself."""
-    seen: list[int] = []
-    real = gemm_shapes.F.linear
+def family(calls: list[tuple[str, int]], **max_sizes: int) -> list[SizeSweep]:
+    """One sweep per keyword (its key, sizes 1..value), each call recorded in `calls`."""
+    def sweep(key: str, max_size: int) -> SizeSweep:
+        return SizeSweep(key, max_size, lambda m: calls.append((key, m)), torch.device("cpu"))
+    return [sweep(key, n) for key, n in max_sizes.items()]
 
-    def counting(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        seen.append(x.shape[0])
-        return real(x, w)
 
-    monkeypatch.setattr(gemm_shapes.F, "linear", counting)
-    return seen
+def run(sweeps: list[SizeSweep], directory: Path | None, probe: Probe) -> int:
+    return run_size_sweeps(sweeps, what="test sweeps", file_name=FILE_NAME,
+                           kernel_dir=directory, probe=probe)
+
+
+def _full(sweeps: list[SizeSweep]) -> int:
+    return sum(s.max_size for s in sweeps)
+
+
+def _every_size(sweeps: list[SizeSweep]) -> list[tuple[str, int]]:
+    return [(s.key, m) for s in sweeps for m in range(1, s.max_size + 1)]
 
 
 def test_covering_sizes_keeps_each_first_launch_and_every_unknown() -> None:
@@ -84,64 +91,53 @@ def test_split_at_markers_gives_each_m_its_kernels_or_refuses() -> None:
         split_at_markers([*names, "gemm_c"], 2)
 
 
-def test_learn_once_then_sweep_only_the_first_launches(tmp_path: Path,
-                                                     linear_ms: list[int]) -> None:
-    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
-    plan = gemm_plan(runner)
-    full = sum(m for _, m in plan)
+def test_learn_once_then_sweep_only_the_first_launches(tmp_path: Path) -> None:
+    calls: list[tuple[str, int]] = []
+    sweeps = family(calls, a=128, b=8)
     probed: list[tuple[str, int]] = []
-    assert sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=fake_probe(probed)) == full
-    assert probed == [(gemm_key(w, m), m) for w, m in plan]
-    kept = json.loads((tmp_path / FILE_NAME).read_text())
-    layer_key = gemm_key(*plan[0])
-    # The first M of each kernel, and the largest (its temporaries are the biggest).
-    assert kept["sizes"][layer_key] == [1, 9, 64, 128]
-    assert plan[-1][1] == 8 and kept["sizes"][gemm_key(*plan[-1])] == [1, 8]  # head: 8 rows
-    linear_ms.clear()
-    warm = sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=_no_probe)
-    assert warm == sum(len(v) for v in kept["sizes"].values()) < full
-    assert linear_ms == [m for w, mm in plan for m in kept["sizes"][gemm_key(w, mm)]]
-
-
-def _learn(runner: object, directory: Path) -> None:
-    sweep_gemm_shapes(runner, kernel_dir=directory, probe=fake_probe([]))
+    assert run(sweeps, tmp_path, fake_probe(probed)) == _full(sweeps)
+    assert probed == [("a", 128), ("b", 8)]
+    kept = json.loads((tmp_path / FILE_NAME).read_text())["sizes"]
+    # The first size of each kernel, and the largest (its temporaries are the biggest).
+    assert kept == {"a": [1, 9, 64, 128], "b": [1, 8]}
+    calls.clear()
+    assert run(sweeps, tmp_path, _no_probe) == 6
+    assert calls == [("a", 1), ("a", 9), ("a", 64), ("a", 128), ("b", 1), ("b", 8)]
 
 
 def test_a_map_of_another_gpu_or_torch_is_not_trusted(tmp_path: Path) -> None:
-    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
-    _learn(runner, tmp_path)
+    sweeps = family([], a=128)
+    run(sweeps, tmp_path, fake_probe([]))
     path = tmp_path / FILE_NAME
     data = json.loads(path.read_text())
     data["identity"]["torch"] = "0.0.1"
     path.write_text(json.dumps(data))
     probed: list[tuple[str, int]] = []
-    full = sum(m for _, m in gemm_plan(runner))
-    assert sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=fake_probe(probed)) == full
+    assert run(sweeps, tmp_path, fake_probe(probed)) == 128
     assert probed  # learned again, for this identity
     assert json.loads(path.read_text())["identity"]["torch"] == torch.__version__
 
 
-def test_a_map_without_this_budget_sweeps_everything(tmp_path: Path) -> None:
-    _learn(make_runner(max_num_seqs=8, max_num_batched_tokens=128), tmp_path)
-    bigger = make_runner(max_num_seqs=8, max_num_batched_tokens=256)
-    full = sum(m for _, m in gemm_plan(bigger))
-    assert sweep_gemm_shapes(bigger, kernel_dir=tmp_path, probe=fake_probe([])) == full
+def test_a_map_without_one_of_the_sweeps_sweeps_everything(tmp_path: Path) -> None:
+    run(family([], a=128), tmp_path, fake_probe([]))
+    bigger = family([], a=128, a_at_256=256)  # a new budget names a new sweep
+    probed: list[tuple[str, int]] = []
+    assert run(bigger, tmp_path, fake_probe(probed)) == 384
+    assert probed == [("a", 128), ("a_at_256", 256)]
 
 
 @pytest.mark.parametrize("content", ["{not json", '{"version": 99, "identity": {}, '
                                                   '"sizes": {}}'])
 def test_an_unreadable_map_sweeps_everything(tmp_path: Path, content: str) -> None:
-    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
     (tmp_path / FILE_NAME).write_text(content)
-    full = sum(m for _, m in gemm_plan(runner))
-    assert sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=fake_probe([])) == full
+    assert run(family([], a=128), tmp_path, fake_probe([])) == 128
 
 
-def test_without_a_cache_every_size_runs_and_nothing_is_probed(linear_ms: list[int]) -> None:
-    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
-    plan = gemm_plan(runner)
-    assert sweep_gemm_shapes(runner, probe=_no_probe) == sum(m for _, m in plan)
-    assert linear_ms == [m for _, mm in plan for m in range(1, mm + 1)]
+def test_without_a_cache_every_size_runs_and_nothing_is_probed() -> None:
+    calls: list[tuple[str, int]] = []
+    sweeps = family(calls, a=16, b=3)
+    assert run(sweeps, None, _no_probe) == 19
+    assert calls == _every_size(sweeps)
 
 
 def _raises(sweep: SizeSweep) -> list[tuple[str, ...]]:
@@ -153,37 +149,30 @@ def _one_short(sweep: SizeSweep) -> list[tuple[str, ...]]:
 
 
 @pytest.mark.parametrize("broken", [_raises, _one_short])
-def test_a_failed_probe_sweeps_plainly_and_keeps_nothing(
-        tmp_path: Path, linear_ms: list[int],
-        broken: Callable[[SizeSweep], list[tuple[str, ...]]]) -> None:
-    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
-    plan = gemm_plan(runner)
-
-    assert sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=broken) == sum(
-        m for _, m in plan)
-    assert linear_ms == [m for _, mm in plan for m in range(1, mm + 1)]
+def test_a_failed_probe_sweeps_plainly_and_keeps_nothing(tmp_path: Path,
+                                                         broken: Probe) -> None:
+    calls: list[tuple[str, int]] = []
+    sweeps = family(calls, a=16, b=3)
+    assert run(sweeps, tmp_path, broken) == 19
+    assert calls[-19:] == _every_size(sweeps)
     assert not (tmp_path / FILE_NAME).exists()
 
 
 def test_a_device_failure_inside_the_probe_is_not_taken_for_a_failed_probe(
         tmp_path: Path) -> None:
-    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
-
     def lost(sweep: SizeSweep) -> list[tuple[str, ...]]:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     with pytest.raises(RuntimeError, match="illegal memory access"):
-        sweep_gemm_shapes(runner, kernel_dir=tmp_path, probe=lost)
+        run(family([], a=16), tmp_path, lost)
 
 
 def test_a_map_that_cannot_be_written_costs_the_warmup_nothing(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    runner = make_runner(max_num_seqs=8, max_num_batched_tokens=128)
     blocked = tmp_path / "shape_sweeps"
     blocked.write_text("a file where the directory should be")
     caplog.set_level("INFO", logger=size_sweeps.__name__)
-    full = sum(m for _, m in gemm_plan(runner))
-    assert sweep_gemm_shapes(runner, kernel_dir=blocked, probe=fake_probe([])) == full
+    assert run(family([], a=16), blocked, fake_probe([])) == 16
     assert "not kept" in caplog.text and "the next start sweeps every size" in caplog.text
 
 
@@ -193,29 +182,3 @@ def test_the_cache_entry_holds_the_kernel_map(tmp_path: Path) -> None:
     assert CACHE_ENV_VARS[ENV_VAR] == "shape_sweeps"
     assert kernel_map_dir(env) == tmp_path / "entry" / "shape_sweeps"
     assert kernel_map_dir({}) is None
-
-
-def test_a_gemm_sweep_holds_its_input_only_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The plan's sweeps are built at once; each allocates its input at its first call and
-    drops it at its last (max M), so only one is alive at a time."""
-    import weakref
-
-    made: list[weakref.ref[torch.Tensor]] = []
-    real_zeros = torch.zeros
-
-    def zeros(*args: object, **kwargs: object) -> torch.Tensor:
-        t = real_zeros(*args, **kwargs)
-        made.append(weakref.ref(t))
-        return t
-
-    monkeypatch.setattr(gemm_shapes.torch, "zeros", zeros)
-    weight = torch.randn(6, 4)
-    sweep = gemm_shapes.gemm_sweep(weight, 3)
-    assert not made  # building the sweep allocates nothing
-    sweep.call(1)
-    sweep.call(2)
-    assert len(made) == 1 and made[0]() is not None
-    sweep.call(3)
-    assert made[0]() is None  # released at max M
-    sweep.call(1)  # a second run allocates again
-    assert len(made) == 2

@@ -1,25 +1,117 @@
-"""The compile phase's shape sweeps (CUDA only in the plan) cover what a step can issue."""
+"""The compile phase's shape sweeps (CUDA only in the plan) cover what a step can issue: the
+dense GEMMs at every token count a forward can run outside a CUDA graph (cuBLAS chooses an
+algorithm per new shape), the sampler at every batch size."""
 
 from __future__ import annotations
 
 import dataclasses
+import weakref
+from typing import Any
+
+import pytest
+import torch
 
 from tests.runner_helpers import make_runner
 from warmgate.server.core.results import PhaseStatus
+from warmgate.server.warmup import gemm_shapes
 from warmgate.server.warmup.compile_phase import _runs_shape_sweeps, run_compile_warmup
 from warmgate.server.warmup.gemm_shapes import gemm_plan, layer_weights, sweep_gemm_shapes
 from warmgate.server.warmup.sampler_rows import VARIANTS, sweep_sampler_rows
 
 
-def test_gemm_plan_has_each_projection_shape_once_and_the_head_up_to_logits_rows() -> None:
+@pytest.fixture
+def linear_ms(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The M of every GEMM the sweep runs itself."""
+    seen: list[int] = []
+    real = gemm_shapes.F.linear
+
+    def counting(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        seen.append(x.shape[0])
+        return real(x, w)
+
+    monkeypatch.setattr(gemm_shapes.F, "linear", counting)
+    return seen
+
+
+def test_gemm_plan_has_each_projection_shape_once_and_the_head_up_to_logits_rows(
+        linear_ms: list[int]) -> None:
     runner = make_runner(num_spec=3, max_num_seqs=8, max_num_batched_tokens=128)
     layer = runner.model.layers[0]
     shapes = {tuple(w.shape) for w in layer_weights(runner.model)}
     assert shapes == {tuple(getattr(layer, n).shape)
                       for n in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
     plan = gemm_plan(runner)
-    assert [m for _, m in plan] == [128] * len(shapes) + [8 * 4]  # head: 8 reqs x (1 + 3)
+    # On the CPU no graph is captured: the layers at every count; the head: 8 reqs x (1 + 3).
+    assert [ms for _, ms in plan] == [list(range(1, 129))] * len(shapes) + [
+        list(range(1, 33))]
     assert sweep_gemm_shapes(runner) == 128 * len(shapes) + 32
+    assert linear_ms == [*list(range(1, 129)) * len(shapes), *range(1, 33)]
+
+
+def _on_cuda(runner: Any) -> Any:
+    """The runner as the CUDA plan sees it (graphs get captured): only the device differs."""
+    runner.device = torch.device("cuda")
+    return runner
+
+
+def test_with_ragged_graphs_only_uniform_decodes_past_the_largest_graph_run_eagerly(
+        linear_ms: list[int]) -> None:
+    runner = _on_cuda(make_runner(attention_backend="triton", max_num_seqs=8))
+    assert runner.config.compilation.cuda_graph_sizes == (1, 2, 4, 8)
+    assert runner.eager_token_counts() == []  # ragged graphs up to the budget, decode to 8
+    assert [len(ms) for _, ms in gemm_plan(runner)] == [8]  # the head alone
+    assert sweep_gemm_shapes(runner) == 8 and linear_ms == list(range(1, 9))
+    # Graphs for up to 8 requests of 12 (the default sizes would reach 12): 9..12 x (1 + 3).
+    wider = _on_cuda(make_runner(attention_backend="triton", max_num_seqs=12, num_spec=3))
+    wider.config = dataclasses.replace(wider.config, compilation=dataclasses.replace(
+        wider.config.compilation, cuda_graph_sizes=(1, 2, 4, 8)))
+    assert wider.eager_token_counts() == [4 * n for n in range(9, 13)]
+
+
+def test_without_graphs_for_every_batch_any_count_runs_eagerly() -> None:
+    every = list(range(1, 129))
+    # The torch backend captures no ragged graphs; the CPU captures none at all.
+    assert _on_cuda(make_runner()).eager_token_counts() == every
+    assert make_runner(attention_backend="triton").eager_token_counts() == every
+    runner = _on_cuda(make_runner(attention_backend="triton"))
+    for off in ({"enable_cuda_graphs": False}, {"ragged_cuda_graphs": False},
+                {"cuda_graph_sizes": ()}):
+        runner.config = dataclasses.replace(runner.config, compilation=dataclasses.replace(
+            runner.config.compilation, **off))
+        assert runner.eager_token_counts() == every, off
+    pooling = _on_cuda(make_runner(attention_backend="triton", pooling=True))
+    assert pooling.eager_token_counts() == every
+    assert [len(ms) for _, ms in gemm_plan(pooling)] == [128] * 4  # no head
+
+
+def test_with_torch_compile_every_forward_pads_to_a_bucket() -> None:
+    runner = _on_cuda(make_runner(attention_backend="triton"))
+    runner.compile_buckets = (4, 8, 64, 128)
+    assert runner.eager_token_counts() == [4, 8, 64, 128]
+
+
+def test_a_gemm_sweep_holds_its_input_only_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's sweeps are built at once; each allocates its input at its first call and
+    drops it at its last (max M), so only one is alive at a time."""
+    made: list[weakref.ref[torch.Tensor]] = []
+    real_zeros = torch.zeros
+
+    def zeros(*args: object, **kwargs: object) -> torch.Tensor:
+        t = real_zeros(*args, **kwargs)
+        made.append(weakref.ref(t))
+        return t
+
+    monkeypatch.setattr(gemm_shapes.torch, "zeros", zeros)
+    weight = torch.randn(6, 4)
+    sweep = gemm_shapes.gemm_sweep(weight, 3)
+    assert not made  # building the sweep allocates nothing
+    sweep.call(1)
+    sweep.call(2)
+    assert len(made) == 1 and made[0]() is not None
+    sweep.call(3)
+    assert made[0]() is None  # released at max M
+    sweep.call(1)  # a second run allocates again
+    assert len(made) == 2
 
 
 def test_sampler_sweep_runs_sample_and_verify_for_every_batch_size() -> None:

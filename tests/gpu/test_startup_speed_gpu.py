@@ -1,18 +1,24 @@
-"""Issue 20 on the GPU: the profiler probe of the shape sweeps' kernel map, and the staged
-weight reader (pinned slices, side stream) into CUDA tensors."""
+"""Issue 20 on the GPU: the profiler probe of the sampler rows' kernel map, the GEMM sweep's
+coverage of every GEMM a forward runs outside a graph after ready, and the staged weight reader
+(pinned slices, side stream) into CUDA tensors."""
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.runner_helpers import make_runner
+from tests.runner_helpers import MiniScheduler, make_runner, prompt, tiny_config
 from warmgate.server.config.weight_files import read_header
+from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.weight_stream import stream_into
-from warmgate.server.warmup.gemm_shapes import gemm_plan, gemm_sweep, sweep_gemm_shapes
+from warmgate.server.warmup import run_warmup_plan
+from warmgate.server.warmup.gemm_shapes import gemm_plan, gemm_sweep
 from warmgate.server.warmup.kernel_probe import covering_sizes
 from warmgate.server.warmup.sampler_rows import sampler_sweeps, sweep_sampler_rows
 from warmgate.server.warmup.size_sweeps import profile_sweep
@@ -31,12 +37,75 @@ def test_the_profiler_sees_each_m_and_few_first_launches() -> None:
     assert covering_sizes(profile_sweep(gemm_sweep(weight, 512))) == sizes
 
 
-def test_a_kept_map_sweeps_fewer_gemms_on_cuda(tmp_path: Path) -> None:
-    runner = make_runner(device="cuda", dtype="bfloat16", max_num_seqs=16,
-                         max_num_batched_tokens=512)
-    full = sum(m for _, m in gemm_plan(runner))
-    assert sweep_gemm_shapes(runner, kernel_dir=tmp_path) == full  # learns
-    assert sweep_gemm_shapes(runner, kernel_dir=tmp_path) < full  # uses it
+def _warm_runner(backend: str, num_spec: int, sizes: tuple[int, ...] | None) -> ModelRunner:
+    # head_dim 64: FlashInfer's SM90 prefill has no kernel for the tiny preset's 16.
+    cfg = tiny_config(device="cuda", dtype="bfloat16", attention_backend=backend,
+                      num_spec=num_spec, block_size=16, num_blocks=512, max_model_len=256,
+                      max_num_seqs=8, max_num_batched_tokens=256, hidden_size=256,
+                      head_dim=64)
+    if sizes is not None:
+        cfg = dataclasses.replace(cfg, compilation=dataclasses.replace(
+            cfg.compilation, cuda_graph_sizes=sizes))
+    runner = ModelRunner(cfg)
+    report = run_warmup_plan(runner)
+    assert report.succeeded, [p.detail for p in report.phases]
+    return runner
+
+
+def _random_traffic(runner: ModelRunner, num_spec: int, rounds: int = 12) -> None:
+    """Rounds of 1..max_num_seqs new requests of random lengths, prefilled in random chunks
+    beside the ones already decoding, then decoded with drafts."""
+    sched = MiniScheduler(runner)
+    rng = random.Random(0)
+    for r in range(rounds):
+        ids = [f"r{r}_{i}" for i in range(rng.randint(1, runner.max_num_reqs))]
+        for i, rid in enumerate(ids):
+            sched.add(rid, prompt(rng.randint(1, 40), offset=i))
+        while True:
+            left = {rid: max(0, sched.reqs[rid].remaining_prompt) for rid in ids}
+            if not any(left.values()):
+                break
+            sched.step({rid: min(n, rng.randint(1, 24)) if n else 1 + num_spec
+                        for rid, n in left.items()},
+                       drafts={rid: [3] * num_spec for rid, n in left.items() if not n})
+        for _ in range(2):
+            sched.step(drafts={rid: [3] * num_spec for rid in ids})
+        for rid in ids:
+            sched.finish(rid)
+
+
+@pytest.mark.parametrize(("backend", "num_spec", "sizes"),
+                         [("triton", 0, None), ("triton", 3, (1, 2, 4)), ("torch", 0, None)])
+def test_every_eager_gemm_after_ready_is_at_a_swept_size(
+        backend: str, num_spec: int, sizes: tuple[int, ...] | None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GEMM sweep covers eager_token_counts and the head's rows: no forward outside a
+    graph, and no logits, after ready at a size the sweep did not run."""
+    runner = _warm_runner(backend, num_spec, sizes)
+    swept = {tuple(w.shape): set(ms) for w, ms in gemm_plan(runner)}
+    head = runner.model.embed_tokens if runner.model.lm_head is None else runner.model.lm_head
+    eager: list[int] = []
+    rows: list[int] = []
+    forward, logits = runner._eager_forward, runner.model.compute_logits
+
+    def eager_forward(ids: torch.Tensor, pos: torch.Tensor, meta: Any) -> torch.Tensor:
+        eager.append(meta.num_tokens)
+        return forward(ids, pos, meta)
+
+    def compute_logits(hidden: torch.Tensor) -> torch.Tensor:
+        rows.append(hidden.shape[0])
+        return logits(hidden)
+
+    monkeypatch.setattr(runner, "_eager_forward", eager_forward)
+    monkeypatch.setattr(runner.model, "compute_logits", compute_logits)
+    _random_traffic(runner, num_spec)
+    assert rows and set(rows) <= swept[tuple(head.shape)]
+    assert set(eager) <= set(runner.eager_token_counts()), sorted(set(eager))
+    layer = tuple(runner.model.layers[0].o_proj.shape)
+    if eager:
+        assert set(eager) <= swept[layer]
+    if backend == "torch":  # no ragged graphs: prefills run eagerly, at many counts
+        assert len(set(eager)) > 5
 
 
 def test_the_sampler_rows_learn_a_smaller_map_on_cuda(tmp_path: Path) -> None:

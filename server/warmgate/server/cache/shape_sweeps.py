@@ -1,13 +1,13 @@
 """The shape sweeps' kernel maps: an entry kind of the compile cache, beside triton/, flashinfer/
 and inductor/.
 
-For each sweep (a dense GEMM's weight shape and dtype over token counts 1..M; a sampler variant
-over batch sizes 1..N), the sizes at which a kernel launches for the first time, and the
-largest, learned once by the sweep that ran every size (warmup/kernel_probe.py,
-size_sweeps.py). A warm start sweeps only those. One file per family of sweeps (GEMM_FILE,
-SAMPLER_FILE). The entry's key already holds the GPU, torch and the
-configuration; a map repeats the GPU and library identity and is ignored (every size is swept)
-when they differ, or when it lacks one of the sweeps asked for.
+For each sweep of the sampler rows (a sampling variant, the verifier, the logprobs gather over
+batch sizes 1..N), the sizes at which a kernel launches for the first time, and the largest,
+learned once by the sweep that ran every size (warmup/kernel_probe.py, size_sweeps.py). A warm
+start sweeps only those. The dense GEMMs keep no map: cuBLAS pays at every new shape
+(warmup/gemm_shapes.py). The entry's key already holds the GPU, torch and the configuration; a
+map repeats the GPU and library identity and is ignored (every size is swept) when they
+differ, or when it lacks one of the sweeps asked for.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from pathlib import Path
 
 # Set by apply_cache_env to the entry's shape_sweeps/ directory (cache/env.py).
 ENV_VAR = "WARMGATE_SHAPE_SWEEP_DIR"
-GEMM_FILE = "gemm_kernels.json"
 SAMPLER_FILE = "sampler_kernels.json"
 # 2: each sweep keeps its largest size as well; a map of 1 lacks it.
 # 3: the sizes where a kernel first launches, not the first size of each distinct sequence of

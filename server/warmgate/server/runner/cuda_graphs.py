@@ -49,6 +49,12 @@ logger = logging.getLogger(__name__)
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 
 
+def capturable_sizes(sizes: Sequence[int], max_reqs: int, decode_query_len: int,
+                     max_tokens: int) -> list[int]:
+    """The uniform-decode capture sizes (requests) that fit the batch buffers, ascending."""
+    return sorted({s for s in sizes if s <= max_reqs and s * decode_query_len <= max_tokens})
+
+
 def _free_bytes(device: torch.device) -> int:
     free, _ = torch.cuda.mem_get_info(device)
     return int(free)
@@ -91,8 +97,7 @@ class CudaGraphRunner:
         self.device = device
         max_reqs = buffers.seq_lens.gpu.shape[0]
         max_tokens = buffers.input_ids.gpu.shape[0]
-        self.sizes = sorted({s for s in sizes if s <= max_reqs
-                             and s * decode_query_len <= max_tokens})
+        self.sizes = capturable_sizes(sizes, max_reqs, decode_query_len, max_tokens)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         # Ragged batches: token bucket -> graph, output [bucket, H].

@@ -24,7 +24,7 @@ from warmgate.server.runner.attention import AttentionSpec, create_backend
 from warmgate.server.runner.attention.base import AttentionMetadata
 from warmgate.server.runner.batch import classify_batch, is_prefilling
 from warmgate.server.runner.compile_buckets import compile_buckets
-from warmgate.server.runner.cuda_graphs import CudaGraphRunner
+from warmgate.server.runner.cuda_graphs import CudaGraphRunner, capturable_sizes
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.loading import allocate_kv, load_model, load_stats
 from warmgate.server.runner.ops import TorchOps
@@ -255,6 +255,28 @@ class ModelRunner:
         return self.compile_buckets or compile_buckets(
             self.config.compilation.cuda_graph_sizes or (), self.decode_query_len,
             self.max_num_tokens)
+
+    def eager_token_counts(self) -> list[int]:
+        """The token counts a forward can run at outside a captured graph once warmup is done
+        (_run_model): what the dense GEMM sweep must cover, since cuBLAS pays for choosing an
+        algorithm at every new GEMM shape, also where it picks a kernel it ran before
+        (bench/kernel_map_touch.py). With torch.compile every forward pads to a bucket; with
+        ragged graphs up to the token budget only a uniform decode of more requests than the
+        largest graph runs eagerly; otherwise any count can."""
+        if self.compile_buckets:
+            return list(self.compile_buckets)
+        every = list(range(1, self.max_num_tokens + 1))
+        cfg = self.config.compilation
+        if self.device.type != "cuda" or self.is_pooling_model or not cfg.enable_cuda_graphs:
+            return every  # the cuda_graphs phase captures nothing (its skip reasons)
+        q = self.decode_query_len
+        sizes = capturable_sizes(cfg.cuda_graph_sizes or (), self.max_num_reqs, q,
+                                 self.max_num_tokens)
+        ragged = self.ragged_graph_buckets()
+        if not sizes or not ragged or max(ragged) < self.max_num_tokens:
+            return every
+        return [n * q for n in range(sizes[-1] + 1, self.max_num_reqs + 1)
+                if n * q <= self.max_num_tokens]
 
     def capture_cuda_graphs(self) -> dict[str, object]:
         """Capture uniform-decode graphs for the configured sizes, and ragged-batch graphs for

@@ -135,17 +135,16 @@ def _runs_shape_sweeps(model_runner: WarmupRunner) -> bool:
 
 
 def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None) -> int:
-    """Dense GEMMs at every token count, then (generative models) the sampler at every row
-    count; with the compile cache's kernel maps, only the sizes that launch every kernel.
-    Returns the calls made."""
+    """Dense GEMMs at every token count a forward can run outside a CUDA graph, then
+    (generative models) the sampler at every row count; the sampler, with the compile cache's
+    kernel map, only at the sizes that launch every kernel. Returns the calls made."""
     from warmgate.server.cache.shape_sweeps import kernel_map_dir
     from warmgate.server.warmup.gemm_shapes import sweep_gemm_shapes  # torch, only on CUDA
     from warmgate.server.warmup.sampler_rows import sweep_sampler_rows
 
-    kernel_dir = kernel_map_dir()
-    calls = sweep_gemm_shapes(model_runner, tracker, kernel_dir=kernel_dir)
+    calls = sweep_gemm_shapes(model_runner, tracker)
     if not model_runner.is_pooling_model:
-        calls += sweep_sampler_rows(model_runner, kernel_dir=kernel_dir)
+        calls += sweep_sampler_rows(model_runner, kernel_dir=kernel_map_dir())
     return calls
 
 
@@ -157,16 +156,16 @@ def _gemm_only_phase(model_runner: WarmupRunner, progress: ProgressCallback | No
     with synced_timer(model_runner) as t:
         num_calls = _sweep(model_runner, tracker)
         tracker.step()
-    logger.info("compile phase: %d shape-sweep calls (dense GEMMs over %d weights, M up to "
-                "%d; sampler rows up to %d requests) in %.3f s", num_calls, len(plan),
-                model_runner.max_num_tokens, model_runner.max_num_reqs, t[0])
+    logger.info("compile phase: %d shape-sweep calls (dense GEMMs over %d weights, up to %d "
+                "Ms each; sampler rows up to %d requests) in %.3f s", num_calls, len(plan),
+                max((len(ms) for _, ms in plan), default=0), model_runner.max_num_reqs, t[0])
     phase = PhaseResult(
         name=COMPILE, status=PhaseStatus.RAN, duration_s=t[0], num_tokens=num_calls,
         num_steps=len(plan), shapes={"gemm_weights": len(plan),
-                                     "gemm_max_m": [m for _, m in plan]},
+                                     "gemm_ms": [len(ms) for _, ms in plan]},
         detail=f"torch.compile is off; ran the dense GEMMs of {len(plan)} weights at every "
-               "token count 1..M and the sampler at every batch size (or, with the compile "
-               "cache's kernel maps, at the sizes that launch every kernel), "
-               f"{num_calls} calls, "
-               "so no first batch of a new size pays for algorithm choice or kernel loading")
+               "token count a forward can run outside a CUDA graph and the sampler at every "
+               "batch size (with the compile cache's kernel map, at the sizes that launch "
+               f"every sampler kernel), {num_calls} calls, so no first batch of a new size "
+               "pays for algorithm choice or kernel loading")
     return WarmupResult(ran=True, phases=[phase])

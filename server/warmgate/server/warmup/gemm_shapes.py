@@ -1,28 +1,33 @@
-"""Run every dense GEMM the model can issue, at every token count a step can have, once.
+"""Run every dense GEMM the model can issue outside a CUDA graph after ready, once, at every
+token count it can have there.
 
-A GEMM at a problem shape cuBLAS has not seen makes it pick an algorithm first (heuristics,
+A GEMM at a problem shape cuBLAS has not seen makes it choose an algorithm first (heuristics,
 then a cached plan per shape): nothing compiles, so the JIT observers see nothing, but the
-first batch with a new token count pays it on each distinct weight shape. The four projections
-of a decoder layer repeat in every layer, so one sweep over M = 1..max_num_batched_tokens per
-distinct weight (and M = 1..max logits rows for the vocabulary head) covers every layer. On
-CUDA only: the CPU's GEMMs keep no per-shape state.
-
-With a compile cache, only the token counts that launch every kernel run after the first
-start (size_sweeps.py).
+first batch with a new token count pays it on each distinct weight shape. Every new shape pays,
+also one that picks a kernel an earlier size already ran: 115-170 us per GEMM on the H200 after
+a sweep of only the sizes that launch distinct kernels, against 5 us after the full sweep
+(bench/kernel_map_touch.py). So no size can be skipped, and no kernel map is kept for GEMMs;
+what shrinks the sweep is running only the token counts a forward can have outside a captured
+graph (ModelRunner.eager_token_counts), since a graph replay chooses nothing. The four
+projections of a decoder layer repeat in every layer, so one sweep per distinct weight covers
+every layer; the vocabulary head runs eagerly on every step, at 1..max logits rows. On CUDA
+only: the CPU's GEMMs keep no per-shape state.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import logging
+import time
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from warmgate.server.cache.shape_sweeps import GEMM_FILE
 from warmgate.server.core.progress import PhaseProgress
 from warmgate.server.warmup.runner_contract import WarmupRunner
-from warmgate.server.warmup.size_sweeps import KernelProbe, SizeSweep, run_size_sweeps
+from warmgate.server.warmup.size_sweeps import SizeSweep
+
+logger = logging.getLogger(__name__)
 
 
 def layer_weights(model: Any) -> list[torch.Tensor]:
@@ -35,21 +40,23 @@ def layer_weights(model: Any) -> list[torch.Tensor]:
     return list(seen.values())
 
 
-def gemm_plan(model_runner: WarmupRunner) -> list[tuple[torch.Tensor, int]]:
-    """[(weight, largest M)]: layer projections up to the token budget, the vocabulary head
-    up to the most logits rows a step can ask for (every request's 1 + k query rows)."""
+def gemm_plan(model_runner: WarmupRunner) -> list[tuple[torch.Tensor, list[int]]]:
+    """[(weight, its Ms, ascending)]: layer projections at the token counts a forward can run
+    outside a graph, the vocabulary head at 1..the most logits rows a step can ask for (every
+    request's 1 + k query rows; prompt logprobs take at most max_num_reqs rows at a time)."""
     model = model_runner.model
-    plan = [(w, int(model_runner.max_num_tokens)) for w in layer_weights(model)]
+    counts = model_runner.eager_token_counts()
+    plan = [(w, counts) for w in layer_weights(model)] if counts else []
     if not model_runner.is_pooling_model:
         head = model.embed_tokens if model.lm_head is None else model.lm_head
         rows = min(model_runner.max_num_tokens,
                    model_runner.max_num_reqs * model_runner.decode_query_len)
-        plan.append((head, int(rows)))
+        plan.append((head, list(range(1, rows + 1))))
     return plan
 
 
 def gemm_key(weight: torch.Tensor, max_m: int) -> str:
-    """The kernel map's name for one sweep: the weight's shape and dtype, and the Ms."""
+    """A sweep's name: the weight's shape and dtype, and the Ms."""
     n, k = weight.shape
     return f"{n}x{k}:{str(weight.dtype).removeprefix('torch.')}:m1..{max_m}"
 
@@ -72,10 +79,21 @@ def gemm_sweep(weight: torch.Tensor, max_m: int) -> SizeSweep:
 
 
 @torch.inference_mode()
-def sweep_gemm_shapes(model_runner: WarmupRunner, tracker: PhaseProgress | None = None, *,
-                      kernel_dir: Path | None = None, probe: KernelProbe | None = None) -> int:
-    """Every (weight, M) of gemm_plan once, or, with a kernel map in kernel_dir, only the Ms
-    that launch every kernel (size_sweeps.run_size_sweeps). Returns the GEMMs run."""
-    return run_size_sweeps([gemm_sweep(w, m) for w, m in gemm_plan(model_runner)],
-                           what="dense GEMMs", file_name=GEMM_FILE, kernel_dir=kernel_dir,
-                           probe=probe, tracker=tracker)
+def sweep_gemm_shapes(model_runner: WarmupRunner, tracker: PhaseProgress | None = None) -> int:
+    """Every (weight, M) of gemm_plan once. Returns the GEMMs run."""
+    start = time.perf_counter()
+    plan = gemm_plan(model_runner)
+    count = 0
+    for weight, ms in plan:
+        if ms:
+            call = gemm_sweep(weight, ms[-1]).call
+            for m in ms:
+                call(m)
+            count += len(ms)
+        if tracker is not None:
+            tracker.step()
+    logger.info("shape sweeps: dense GEMMs: %d in %.3f s, Ms per weight %s (layer weights at "
+                "the token counts a forward can run outside a CUDA graph, the head at every "
+                "logits row count)", count, time.perf_counter() - start,
+                [len(ms) for _, ms in plan])
+    return count

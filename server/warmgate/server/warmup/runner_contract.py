@@ -52,6 +52,9 @@ class WarmupRunner(Protocol):
 
     def capture_cuda_graphs(self) -> dict[str, object]: ...
 
+    def eager_token_counts(self) -> list[int]:
+        """The token counts a forward can run at outside a captured graph after warmup."""
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         """One forward over a scheduled step (a step that only frees requests runs none)."""
 
