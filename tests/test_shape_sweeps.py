@@ -13,6 +13,7 @@ import torch
 
 from tests.runner_helpers import make_runner
 from warmgate.server.core.results import PhaseStatus
+from warmgate.server.runner.model_runner import EAGER_TOKEN_GRANULE
 from warmgate.server.warmup import gemm_shapes
 from warmgate.server.warmup.compile_phase import _runs_shape_sweeps, run_compile_warmup
 from warmgate.server.warmup.gemm_shapes import gemm_plan, layer_weights, sweep_gemm_shapes
@@ -49,9 +50,14 @@ def test_gemm_plan_has_each_projection_shape_once_and_the_head_up_to_logits_rows
 
 
 def _on_cuda(runner: Any) -> Any:
-    """The runner as the CUDA plan sees it (graphs get captured): only the device differs."""
+    """The runner as it is built on CUDA (graphs get captured, eager batches pad to the
+    granule): only the device and the granule differ."""
     runner.device = torch.device("cuda")
+    runner.eager_granule = EAGER_TOKEN_GRANULE
     return runner
+
+
+GRANULES = list(range(EAGER_TOKEN_GRANULE, 129, EAGER_TOKEN_GRANULE))  # of a 128 budget
 
 
 def test_with_ragged_graphs_only_uniform_decodes_past_the_largest_graph_run_eagerly(
@@ -68,20 +74,33 @@ def test_with_ragged_graphs_only_uniform_decodes_past_the_largest_graph_run_eage
     assert wider.eager_token_counts() == [4 * n for n in range(9, 13)]
 
 
-def test_without_graphs_for_every_batch_any_count_runs_eagerly() -> None:
-    every = list(range(1, 129))
-    # The torch backend captures no ragged graphs; the CPU captures none at all.
-    assert _on_cuda(make_runner()).eager_token_counts() == every
-    assert make_runner(attention_backend="triton").eager_token_counts() == every
+def test_without_graphs_for_every_batch_eager_batches_run_at_the_granules() -> None:
+    # The torch backend captures no ragged graphs: other batches at the granules; decodes fit.
+    assert _on_cuda(make_runner()).eager_token_counts() == GRANULES
     runner = _on_cuda(make_runner(attention_backend="triton"))
-    for off in ({"enable_cuda_graphs": False}, {"ragged_cuda_graphs": False},
-                {"cuda_graph_sizes": ()}):
-        runner.config = dataclasses.replace(runner.config, compilation=dataclasses.replace(
-            runner.config.compilation, **off))
-        assert runner.eager_token_counts() == every, off
+    base = runner.config
+    decodes = list(range(1, 9))  # 1..8 requests of 1 token
+    for off, counts in (({"enable_cuda_graphs": False}, sorted({*decodes, *GRANULES})),
+                        ({"ragged_cuda_graphs": False}, GRANULES),
+                        ({"cuda_graph_sizes": ()}, sorted({*decodes, *GRANULES}))):
+        runner.config = dataclasses.replace(base, compilation=dataclasses.replace(
+            base.compilation, **off))
+        assert runner.eager_token_counts() == counts, off
     pooling = _on_cuda(make_runner(attention_backend="triton", pooling=True))
-    assert pooling.eager_token_counts() == every
-    assert [len(ms) for _, ms in gemm_plan(pooling)] == [128] * 4  # no head
+    assert pooling.eager_token_counts() == sorted({*decodes, *GRANULES})
+    assert [len(ms) for _, ms in gemm_plan(pooling)] == [len(decodes) + len(GRANULES)] * 4
+
+
+def test_on_the_cpu_nothing_pads_and_every_count_runs() -> None:
+    runner = make_runner(attention_backend="triton")
+    assert runner.eager_granule == 1 and runner.eager_tokens(5) == 5
+    assert runner.eager_token_counts() == list(range(1, 129))
+
+
+def test_eager_tokens_round_up_to_the_granule_within_the_budget() -> None:
+    runner = _on_cuda(make_runner(max_num_batched_tokens=120))
+    assert [runner.eager_tokens(n) for n in (1, 16, 17, 112, 113, 120)] == [
+        16, 16, 32, 112, 120, 120]
 
 
 def test_with_torch_compile_every_forward_pads_to_a_bucket() -> None:

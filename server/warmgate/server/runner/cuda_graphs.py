@@ -121,13 +121,6 @@ class CudaGraphRunner:
         i = bisect.bisect_left(sizes, num_reqs)
         return sizes[i] if i < len(sizes) else None
 
-    def _zero_tokens(self, start: int, end: int) -> None:
-        """Padding tokens: token 0 at position 0, written to slot 0 of the null block."""
-        b = self.buffers
-        b.input_ids.gpu[start:end].zero_()
-        b.positions.gpu[start:end].zero_()
-        b.slot_mapping.gpu[start:end].zero_()
-
     def _graph_meta(self, num_reqs: int, num_tokens: int, max_query_len: int,
                     uniform: bool) -> AttentionMetadata:
         """Graph metadata: views of the first num_reqs / num_tokens rows of the buffers."""
@@ -145,7 +138,7 @@ class CudaGraphRunner:
         """Fill rows num_reqs..size of every buffer with a harmless request on the null block,
         and return graph metadata over the first `size` rows."""
         b, q = self.buffers, self.decode_query_len
-        self._zero_tokens(num_reqs * q, size * q)
+        self.buffers.zero_tokens(num_reqs * q, size * q)
         b.block_table.gpu[num_reqs:size].zero_()
         b.seq_lens.gpu[num_reqs:size].fill_(q)
         b.query_start_loc.gpu[:size + 1].copy_(self._uniform_qsl_gpu[:size + 1])
@@ -164,7 +157,7 @@ class CudaGraphRunner:
         requests of query length 0 and tokens that no request owns, written to the null
         block."""
         b, r_pad = self.buffers, self.ragged_reqs(bucket)
-        self._zero_tokens(num_tokens, bucket)
+        self.buffers.zero_tokens(num_tokens, bucket)
         b.query_start_loc.gpu[num_reqs + 1:r_pad + 1].fill_(num_tokens)
         b.seq_lens.gpu[num_reqs:r_pad].zero_()
         b.block_table.gpu[num_reqs:r_pad].zero_()  # stale rows would name live blocks

@@ -8,7 +8,7 @@ storage and replay after padding it in place.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -66,6 +66,24 @@ class InputBatch:
         # The pinned host buffers are refilled every step: wait until the last step's
         # non-blocking copies have left them.
         self._copies_done = torch.cuda.Event() if device.type == "cuda" else None
+
+    def zero_tokens(self, start: int, end: int) -> None:
+        """Device rows start..end as padding tokens: token 0 at position 0, written to slot 0
+        of the null block (no request reads it)."""
+        self.input_ids.gpu[start:end].zero_()
+        self.positions.gpu[start:end].zero_()
+        self.slot_mapping.gpu[start:end].zero_()
+
+    def padded(self, meta: AttentionMetadata, num_tokens: int
+               ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """This step's inputs and metadata over num_tokens rows: its own tokens first, then
+        padding tokens that no request owns (query_start_loc still ends at the step's own
+        count, so attention leaves their rows alone; every other op is row-wise)."""
+        self.zero_tokens(meta.num_tokens, num_tokens)
+        positions = self.positions.gpu[:num_tokens]
+        return (self.input_ids.gpu[:num_tokens], positions,
+                replace(meta, num_tokens=num_tokens, positions=positions,
+                        slot_mapping=self.slot_mapping.gpu[:num_tokens]))
 
     def update_states(self, so: SchedulerOutput) -> list[ScheduledRequest]:
         """Apply a validated SchedulerOutput; returns the step's requests in schedule order."""

@@ -80,6 +80,14 @@ def _require_resolved(config: RunnerConfig) -> None:
                          "first, or use warmgate.server.runner.build_runner")
 
 
+# On CUDA an eager forward that is not a uniform decode runs at its token count rounded up to
+# a multiple of this (padding tokens that no request owns): cuBLAS chooses an algorithm at
+# every new GEMM shape, so every count the forward can run at must be swept before ready
+# (warmup/gemm_shapes.py), and a granule of 16 leaves 1/16 of them at the cost of at most 15
+# rows of row-wise work.
+EAGER_TOKEN_GRANULE = 16
+
+
 class ModelRunner:
     def __init__(self, config: RunnerConfig, ops: TorchOps | None = None,
                  jit_monitor: JitMonitor | None = None,
@@ -147,8 +155,12 @@ class ModelRunner:
         (compiled later by the warmup's compile phase)."""
         self.compile_buckets: tuple[int, ...] = ()
         self._forward: ModelForward = self.model
+        # What eager_tokens rounds to: the CPU's GEMMs keep no per-shape state, and a compiled
+        # forward pads to its own buckets.
+        self.eager_granule = EAGER_TOKEN_GRANULE if self.device.type == "cuda" else 1
         if not self.config.compilation.compile:
             return
+        self.eager_granule = 1
         from warmgate.server.runner.compiled_forward import CompiledForward  # torch._dynamo
 
         self.compile_buckets = compile_buckets(self.config.compilation.cuda_graph_sizes or (),
@@ -225,8 +237,21 @@ class ModelRunner:
             hidden = self.graph_runner.run_ragged(meta)
             if hidden is not None:
                 return hidden
-        self.attention_backend.plan(meta)
-        return self._eager_forward(input_ids, positions, meta)
+        num_tokens = meta.num_tokens if meta.is_uniform_decode else self.eager_tokens(
+            meta.num_tokens)
+        if num_tokens == meta.num_tokens:
+            self.attention_backend.plan(meta)
+            return self._eager_forward(input_ids, positions, meta)
+        input_ids, positions, padded = self.input_batch.padded(meta, num_tokens)
+        self.attention_backend.plan(padded)
+        return self._eager_forward(input_ids, positions, padded)[:meta.num_tokens]
+
+    def eager_tokens(self, num_tokens: int) -> int:
+        """The token count an eager forward of num_tokens that is not a uniform decode runs
+        at: rounded up to the eager granule (EAGER_TOKEN_GRANULE on CUDA), at most the
+        budget."""
+        g = self.eager_granule
+        return min(-(-num_tokens // g) * g, self.max_num_tokens)
 
     def _eager_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                        meta: AttentionMetadata) -> torch.Tensor:
@@ -260,23 +285,25 @@ class ModelRunner:
         """The token counts a forward can run at outside a captured graph once warmup is done
         (_run_model): what the dense GEMM sweep must cover, since cuBLAS pays for choosing an
         algorithm at every new GEMM shape, also where it picks a kernel it ran before
-        (bench/kernel_map_touch.py). With torch.compile every forward pads to a bucket; with
-        ragged graphs up to the token budget only a uniform decode of more requests than the
-        largest graph runs eagerly; otherwise any count can."""
+        (bench/kernel_map_touch.py). With torch.compile every forward pads to a bucket.
+        Otherwise a uniform decode runs at its own count when no graph holds it, and any other
+        batch at eager_tokens of its count unless a ragged graph holds every batch."""
         if self.compile_buckets:
             return list(self.compile_buckets)
-        every = list(range(1, self.max_num_tokens + 1))
+        q, budget = self.decode_query_len, self.max_num_tokens
+        padded = {self.eager_tokens(n) for n in range(1, budget + 1)}
+        decodes = [n * q for n in range(1, self.max_num_reqs + 1) if n * q <= budget]
         cfg = self.config.compilation
         if self.device.type != "cuda" or self.is_pooling_model or not cfg.enable_cuda_graphs:
-            return every  # the cuda_graphs phase captures nothing (its skip reasons)
-        q = self.decode_query_len
-        sizes = capturable_sizes(cfg.cuda_graph_sizes or (), self.max_num_reqs, q,
-                                 self.max_num_tokens)
+            return sorted(padded.union(decodes))  # no graphs (the cuda_graphs phase skips)
+        sizes = capturable_sizes(cfg.cuda_graph_sizes or (), self.max_num_reqs, q, budget)
+        if not sizes:
+            return sorted(padded.union(decodes))
+        misses = [t for t in decodes if t > sizes[-1] * q]
         ragged = self.ragged_graph_buckets()
-        if not sizes or not ragged or max(ragged) < self.max_num_tokens:
-            return every
-        return [n * q for n in range(sizes[-1] + 1, self.max_num_reqs + 1)
-                if n * q <= self.max_num_tokens]
+        if not ragged or max(ragged) < budget:
+            return sorted(padded.union(misses))
+        return misses
 
     def capture_cuda_graphs(self) -> dict[str, object]:
         """Capture uniform-decode graphs for the configured sizes, and ragged-batch graphs for
