@@ -109,7 +109,8 @@ def test_every_eager_gemm_after_ready_is_at_a_swept_size(
     monkeypatch.setattr(runner, "_eager_forward", eager_forward)
     monkeypatch.setattr(runner.model, "compute_logits", compute_logits)
     _random_traffic(runner, num_spec)
-    assert rows and set(rows) <= swept[tuple(head.shape)]
+    # A step whose requests all end mid-prompt asks for 0 rows: no GEMM runs at all.
+    assert rows and set(rows) - {0} <= swept[tuple(head.shape)]
     assert set(eager) <= set(runner.eager_token_counts()), sorted(set(eager))
     layer = tuple(runner.model.layers[0].o_proj.shape)
     if eager:
@@ -135,7 +136,8 @@ def test_padded_eager_batches_match_unpadded_ones_on_cuda(backend: str, num_spec
     assert set(padded_counts) - set(plain_counts), "some batch was padded"
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=3e-2, atol=3e-2)
-        assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9
+        if a.shape[0]:  # a step of prefill chunks only has no logits rows
+            assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9
     for kv_padded, kv_plain in zip(padded.kv_caches, plain.kv_caches, strict=True):
         torch.testing.assert_close(kv_padded[:, 1:], kv_plain[:, 1:], rtol=3e-2, atol=3e-2)
 
