@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tests.runner_helpers import MiniScheduler, make_runner, prompt
-from warmgate.server.runner.model_runner import EAGER_TOKEN_GRANULE, ModelRunner
+from warmgate.server.runner.eager_tokens import EAGER_TOKEN_GRANULE
+from warmgate.server.runner.model_runner import ModelRunner
 
 
 def traffic(runner: ModelRunner, num_spec: int, seen: list[int]) -> list[torch.Tensor]:

@@ -13,7 +13,7 @@ import torch
 
 from tests.runner_helpers import make_runner
 from warmgate.server.core.results import PhaseStatus
-from warmgate.server.runner.model_runner import EAGER_TOKEN_GRANULE
+from warmgate.server.runner.eager_tokens import EAGER_TOKEN_GRANULE
 from warmgate.server.warmup import gemm_shapes
 from warmgate.server.warmup.compile_phase import _runs_shape_sweeps, run_compile_warmup
 from warmgate.server.warmup.gemm_shapes import gemm_plan, layer_weights, sweep_gemm_shapes

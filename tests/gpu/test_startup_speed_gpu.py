@@ -17,7 +17,8 @@ from tests.runner_helpers import MiniScheduler, make_runner, prompt, tiny_config
 from tests.test_eager_padding import traffic
 from warmgate.server.config.weight_files import read_header
 from warmgate.server.runner.attention import backend_available
-from warmgate.server.runner.model_runner import EAGER_TOKEN_GRANULE, ModelRunner
+from warmgate.server.runner.eager_tokens import EAGER_TOKEN_GRANULE
+from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.weight_stream import stream_into
 from warmgate.server.warmup import run_warmup_plan
 from warmgate.server.warmup.gemm_shapes import gemm_plan, gemm_sweep

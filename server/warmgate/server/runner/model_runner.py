@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.jit import BatchShape, JitMonitor
@@ -24,10 +23,12 @@ from warmgate.server.runner.attention import AttentionSpec, create_backend
 from warmgate.server.runner.attention.base import AttentionMetadata
 from warmgate.server.runner.batch import classify_batch, is_prefilling
 from warmgate.server.runner.compile_buckets import compile_buckets
-from warmgate.server.runner.cuda_graphs import CudaGraphRunner, capturable_sizes
+from warmgate.server.runner.cuda_graphs import CudaGraphRunner
+from warmgate.server.runner.eager_tokens import EAGER_TOKEN_GRANULE, eager_token_counts, round_up
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.loading import allocate_kv, load_model, load_stats
 from warmgate.server.runner.ops import TorchOps
+from warmgate.server.runner.pooling import pool_last_tokens
 from warmgate.server.runner.request_state import ScheduledRequest
 from warmgate.server.runner.sampling import Sampler
 from warmgate.server.runner.sampling.step import sample_step
@@ -78,14 +79,6 @@ def _require_resolved(config: RunnerConfig) -> None:
                          "dtype, attention_backend, cache.num_blocks or cuda_graph_sizes): "
                          "call warmgate.server.config.runner_config.resolve_runner_config "
                          "first, or use warmgate.server.runner.build_runner")
-
-
-# On CUDA an eager forward that is not a uniform decode runs at its token count rounded up to
-# a multiple of this (padding tokens that no request owns): cuBLAS chooses an algorithm at
-# every new GEMM shape, so every count the forward can run at must be swept before ready
-# (warmup/gemm_shapes.py), and a granule of 16 leaves 1/16 of them at the cost of at most 15
-# rows of row-wise work.
-EAGER_TOKEN_GRANULE = 16
 
 
 class ModelRunner:
@@ -200,7 +193,7 @@ class ModelRunner:
         self.jit_monitor.current_batch = self._batch_shape(inputs)
         hidden = self._run_model(inputs.input_ids, inputs.positions, inputs.meta)  # [T, H]
         if self.is_pooling_model:
-            return self._pool(hidden, inputs)
+            return pool_last_tokens(hidden, inputs)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
         self.last_logits, self.last_logits_req_ids = logits, inputs.logits_req_ids
         prompt_lp = prompt_logprobs(hidden, scheduled, inputs.meta.query_start_loc_cpu,
@@ -248,10 +241,8 @@ class ModelRunner:
 
     def eager_tokens(self, num_tokens: int) -> int:
         """The token count an eager forward of num_tokens that is not a uniform decode runs
-        at: rounded up to the eager granule (EAGER_TOKEN_GRANULE on CUDA), at most the
-        budget."""
-        g = self.eager_granule
-        return min(-(-num_tokens // g) * g, self.max_num_tokens)
+        at (eager_tokens.py)."""
+        return round_up(num_tokens, self.eager_granule, self.max_num_tokens)
 
     def _eager_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                        meta: AttentionMetadata) -> torch.Tensor:
@@ -282,28 +273,9 @@ class ModelRunner:
             self.max_num_tokens)
 
     def eager_token_counts(self) -> list[int]:
-        """The token counts a forward can run at outside a captured graph once warmup is done
-        (_run_model): what the dense GEMM sweep must cover, since cuBLAS pays for choosing an
-        algorithm at every new GEMM shape, also where it picks a kernel it ran before
-        (bench/kernel_map_touch.py). With torch.compile every forward pads to a bucket.
-        Otherwise a uniform decode runs at its own count when no graph holds it, and any other
-        batch at eager_tokens of its count unless a ragged graph holds every batch."""
-        if self.compile_buckets:
-            return list(self.compile_buckets)
-        q, budget = self.decode_query_len, self.max_num_tokens
-        padded = {self.eager_tokens(n) for n in range(1, budget + 1)}
-        decodes = [n * q for n in range(1, self.max_num_reqs + 1) if n * q <= budget]
-        cfg = self.config.compilation
-        if self.device.type != "cuda" or self.is_pooling_model or not cfg.enable_cuda_graphs:
-            return sorted(padded.union(decodes))  # no graphs (the cuda_graphs phase skips)
-        sizes = capturable_sizes(cfg.cuda_graph_sizes or (), self.max_num_reqs, q, budget)
-        if not sizes:
-            return sorted(padded.union(decodes))
-        misses = [t for t in decodes if t > sizes[-1] * q]
-        ragged = self.ragged_graph_buckets()
-        if not ragged or max(ragged) < budget:
-            return sorted(padded.union(misses))
-        return misses
+        """The token counts a forward can run at outside a captured graph once warmup is done:
+        what the dense GEMM sweep must cover (eager_tokens.py)."""
+        return eager_token_counts(self)
 
     def capture_cuda_graphs(self) -> dict[str, object]:
         """Capture uniform-decode graphs for the configured sizes, and ragged-batch graphs for
@@ -322,18 +294,3 @@ class ModelRunner:
             info = graphs.capture()
         self.graph_runner = graphs
         return info
-
-    def _pool(self, hidden: torch.Tensor, inputs: StepInputs) -> ModelRunnerOutput:
-        """Last-token pooling, L2-normalised, for requests whose prompt ended this step."""
-        starts = inputs.meta.query_start_loc_cpu.tolist()
-        done = [i for i, s in enumerate(inputs.scheduled) if s.needs_logits]
-        rows = torch.tensor([starts[i + 1] - 1 for i in done], dtype=torch.long,
-                            device=hidden.device)
-        pooled = F.normalize(hidden.index_select(0, rows).float(), dim=-1).cpu()
-        outputs: list[object] = [None] * len(inputs.scheduled)
-        for j, i in enumerate(done):
-            outputs[i] = pooled[j]
-        req_ids = inputs.req_ids
-        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=[[] for _ in req_ids],
-                                 num_accepted_draft_tokens=[0] * len(req_ids),
-                                 pooler_output=outputs)

@@ -1,0 +1,50 @@
+"""The token counts a forward runs at outside a captured CUDA graph, and the granule that eager
+batches pad to.
+
+cuBLAS chooses an algorithm at every new GEMM shape, also where it picks a kernel an earlier
+shape ran (bench/kernel_map_touch.py), so every token count a forward can run at after ready
+must be swept before it (warmup/gemm_shapes.py). Two things keep that set small. On CUDA an
+eager forward that is not a uniform decode runs at its count rounded up to a multiple of
+EAGER_TOKEN_GRANULE, with padding tokens that no request owns (InputBatch.padded): 1/16 of the
+counts, for at most 15 rows of row-wise work. And a batch that a captured graph holds runs at
+the graph's shapes, chosen at capture.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from warmgate.server.runner.cuda_graphs import capturable_sizes
+
+if TYPE_CHECKING:
+    from warmgate.server.runner.model_runner import ModelRunner
+
+EAGER_TOKEN_GRANULE = 16
+
+
+def round_up(num_tokens: int, granule: int, budget: int) -> int:
+    """num_tokens rounded up to a multiple of granule, at most the token budget."""
+    return min(-(-num_tokens // granule) * granule, budget)
+
+
+def eager_token_counts(runner: ModelRunner) -> list[int]:
+    """Every token count the runner's forward can run at outside a captured graph once warmup
+    is done (ModelRunner._run_model). With torch.compile every forward pads to a bucket.
+    Otherwise a uniform decode runs at its own count when no graph holds it, and any other
+    batch at eager_tokens of its count unless a ragged graph holds every batch."""
+    if runner.compile_buckets:
+        return list(runner.compile_buckets)
+    q, budget = runner.decode_query_len, runner.max_num_tokens
+    padded = {runner.eager_tokens(n) for n in range(1, budget + 1)}
+    decodes = [n * q for n in range(1, runner.max_num_reqs + 1) if n * q <= budget]
+    cfg = runner.config.compilation
+    if runner.device.type != "cuda" or runner.is_pooling_model or not cfg.enable_cuda_graphs:
+        return sorted(padded.union(decodes))  # no graphs (the cuda_graphs phase skips)
+    sizes = capturable_sizes(cfg.cuda_graph_sizes or (), runner.max_num_reqs, q, budget)
+    if not sizes:
+        return sorted(padded.union(decodes))
+    misses = [t for t in decodes if t > sizes[-1] * q]
+    ragged = runner.ragged_graph_buckets()
+    if not ragged or max(ragged) < budget:
+        return sorted(padded.union(misses))
+    return misses
