@@ -4,7 +4,8 @@ A Generate request with a JSON schema, regex or EBNF grammar takes paths no othe
 takes: xgrammar's TokenizerInfo (a scan of the whole vocabulary, built once), the grammar
 compiler, the matcher's bitmask filling, the runner's bitmask buffers (allocated on first use)
 and the apply kernel (Triton on CUDA, compiled per specialization of its row count). This
-phase runs all of them: it compiles a small JSON schema, then drives the runner through a
+phase runs all of them: it compiles a small JSON schema (and a regex and an EBNF grammar, whose
+front ends convert to xgrammar's grammar on their own paths), then drives the runner through a
 prefill and the decode plan of kernels.decode (with speculation: with and without drafts)
 where every other request is constrained beside plain ones, each sampled step carrying a
 GrammarOutput as the serving loop builds it; then, on CUDA, the apply kernel at every logits
@@ -45,6 +46,11 @@ WARMUP_SCHEMA = json.dumps({
                    "kind": {"enum": ["a", "b"]},
                    "tags": {"type": "array", "items": {"type": "string"}}},
     "required": ["id", "name"]})
+
+# Each of the other kinds' front ends once (the serving path compiles every kind alike).
+WARMUP_OTHER_KINDS = (GrammarSpec("regex", r"(yes|no), [0-9]{2}!"),
+                      GrammarSpec("ebnf", 'root ::= "[" item ("," item)? "]"\n'
+                                          'item ::= "red" | [0-9]'))
 
 
 class _ConstrainedSteps:
@@ -132,6 +138,9 @@ def run_structured_warmup(model_runner: Any, execute: ExecuteModel, sample: Samp
     with synced_timer(model_runner) as t:
         backend = grammar_backend(text, model_runner.config.model.vocab_size)
         grammar = backend.matcher(GrammarSpec("json_schema", WARMUP_SCHEMA))
+        for spec in WARMUP_OTHER_KINDS:
+            backend.matcher(spec).fill_rows(
+                torch.full((1, grammar.bitmask_width), -1, dtype=torch.int32), 0, ())
         tracker.step()
         steps = _ConstrainedSteps(model_runner, execute, sample, grammar, constrained)
         tokens = _run_steps(steps, reqs, params, plan, num_spec, block_sizes,
@@ -142,10 +151,12 @@ def run_structured_warmup(model_runner: Any, execute: ExecuteModel, sample: Samp
     return PhaseResult(
         name=STRUCTURED, status=PhaseStatus.RAN, duration_s=t[0], num_reqs=num_reqs,
         num_tokens=tokens, num_steps=tracker.steps_done,
-        shapes={**shapes, "constrained_reqs": len(constrained),
+        shapes={**shapes, "grammar_kinds": ["json_schema", *(g.kind for g in WARMUP_OTHER_KINDS)],
+                "constrained_reqs": len(constrained),
                 "constrained_rows": steps.num_constrained_rows, "apply_row_counts": swept,
                 "vocab_size": backend.vocab_size},
-        detail=f"compiled a JSON schema; {len(constrained)} of {num_reqs} requests "
+        detail=f"compiled a JSON schema, a regex and an EBNF grammar; {len(constrained)} of "
+               f"{num_reqs} requests "
                f"constrained through a prefill and {len(plan)} decode steps"
                + (f"; the bitmask kernel at 1..{swept} rows" if swept else ""))
 
