@@ -5,11 +5,13 @@ here as it would for them."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,3 +29,14 @@ def run_bench(script: str, args: Sequence[str] = (), timeout: float = 240.0
     """`python <script> <args>` from the repository root; stdout and stderr captured."""
     return subprocess.run([sys.executable, script, *args], cwd=ROOT, env=user_env(),
                           capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def load_script(relative: str) -> ModuleType:
+    """A script of the repository (bench/x.py, tools/y.py) imported from its path, for tests
+    of its functions."""
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

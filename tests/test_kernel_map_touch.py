@@ -4,19 +4,13 @@ with one line and exit 2."""
 
 from __future__ import annotations
 
-import importlib.util
 from types import ModuleType
 
-from tests.bench_harness import ROOT, run_bench
+from tests.bench_harness import load_script, run_bench
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kernel_map_touch",
-                                                  ROOT / "bench" / "kernel_map_touch.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/kernel_map_touch.py")
 
 
 # Kernels per size: a, then the same a with a split-K reduce r, then b; a alone again at 7.

@@ -5,7 +5,6 @@ that tools/fetch_smollm2.py builds (once, into a cache)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,10 @@ from tokenizers import (
     trainers,
 )
 
+from tests.bench_harness import load_script
 from tests.runner_helpers import make_runner
 from warmgate.server.runner.weights import save_weights
 
-ROOT = Path(__file__).resolve().parents[1]
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # SmolLM2-Instruct's template: a default system turn, ChatML turns, the generation prompt.
 CHATML_TEMPLATE = (
@@ -101,9 +100,4 @@ def write_tiny_model(directory: Path, **text: Any) -> Path:
 
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as a HF directory (built once by tools/fetch_smollm2.py)."""
-    spec = importlib.util.spec_from_file_location("fetch_smollm2",
-                                                  ROOT / "tools" / "fetch_smollm2.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return Path(module.fetch())
+    return Path(load_script("tools/fetch_smollm2.py").fetch())

@@ -5,11 +5,10 @@ graphs for every size, the same batch replays and nothing is counted."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from tests.runner_helpers import MiniScheduler, prompt, tiny_config
+from tests.gpu.warmed import tiny_cuda_config
+from tests.runner_helpers import MiniScheduler, prompt
 from warmgate.server.jit import StrictJitPolicy
 from warmgate.server.runner.attention import backend_available
 from warmgate.server.runner.model_runner import ModelRunner
@@ -20,15 +19,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _warm_runner(backend: str, num_spec: int, sizes: tuple[int, ...] | None) -> ModelRunner:
-    # head_dim 64: FlashInfer's SM90 prefill has no kernel for the tiny preset's 16.
-    cfg = tiny_config(device="cuda", dtype="bfloat16", attention_backend=backend,
-                      num_spec=num_spec, block_size=16, num_blocks=256, max_model_len=256,
-                      max_num_seqs=8, max_num_batched_tokens=256, hidden_size=256,
-                      head_dim=64)
-    if sizes is not None:
-        cfg = dataclasses.replace(cfg, compilation=dataclasses.replace(
-            cfg.compilation, cuda_graph_sizes=sizes))
-    runner = ModelRunner(cfg)
+    runner = ModelRunner(tiny_cuda_config(backend, num_spec, sizes))
     report = run_warmup_plan(runner)
     assert report.succeeded, [p.detail for p in report.phases]
     assert runner.cuda_graphs_captured

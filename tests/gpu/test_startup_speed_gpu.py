@@ -4,7 +4,6 @@ coverage of every GEMM a forward runs outside a graph after ready, and the stage
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.runner_helpers import MiniScheduler, make_runner, prompt, tiny_config
+from tests.gpu.warmed import tiny_cuda_config
+from tests.runner_helpers import MiniScheduler, make_runner, prompt
 from tests.test_eager_padding import traffic
 from warmgate.server.config.weight_files import read_header
 from warmgate.server.runner.attention import backend_available
@@ -44,15 +44,7 @@ def _cuda_runner(backend: str, num_spec: int, sizes: tuple[int, ...] | None = No
                  ) -> ModelRunner:
     if not backend_available(backend):
         pytest.skip(f"{backend} is not installed")
-    # head_dim 64: FlashInfer's SM90 prefill has no kernel for the tiny preset's 16.
-    cfg = tiny_config(device="cuda", dtype="bfloat16", attention_backend=backend,
-                      num_spec=num_spec, block_size=16, num_blocks=512, max_model_len=256,
-                      max_num_seqs=8, max_num_batched_tokens=256, hidden_size=256,
-                      head_dim=64)
-    if sizes is not None:
-        cfg = dataclasses.replace(cfg, compilation=dataclasses.replace(
-            cfg.compilation, cuda_graph_sizes=sizes))
-    return ModelRunner(cfg)
+    return ModelRunner(tiny_cuda_config(backend, num_spec, sizes, num_blocks=512))
 
 
 def _warm_runner(backend: str, num_spec: int, sizes: tuple[int, ...] | None) -> ModelRunner:
