@@ -4,11 +4,11 @@ token count it can have there.
 A GEMM at a problem shape cuBLAS has not seen makes it choose an algorithm first (heuristics,
 then a cached plan per shape): nothing compiles, so the JIT observers see nothing, but the
 first batch with a new token count pays it on each distinct weight shape. Every new shape pays,
-also one that picks a kernel an earlier size already ran: 115-170 us per GEMM on the H200 after
-a sweep of only the sizes that launch distinct kernels, against 5 us after the full sweep
-(bench/kernel_map_touch.py). So no size can be skipped, and no kernel map is kept for GEMMs;
-what shrinks the sweep is running only the token counts a forward can have outside a captured
-graph (ModelRunner.eager_token_counts), since a graph replay chooses nothing. The four
+also one that picks a kernel an earlier size already ran (bench/kernel_map_touch.py measures
+it; bench/results/README.md holds the figures). So no size can be skipped, and no kernel map
+is kept for GEMMs; what shrinks the sweep is running only the token counts a forward can have
+outside a captured graph (runner/eager_tokens.py: padded eager batches, graphs), since a graph
+replay chooses nothing. The four
 projections of a decoder layer repeat in every layer, so one sweep per distinct weight covers
 every layer; the vocabulary head runs eagerly on every step, at 1..max logits rows. On CUDA
 only: the CPU's GEMMs keep no per-shape state.
