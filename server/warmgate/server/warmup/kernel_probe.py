@@ -1,12 +1,14 @@
 """Which sizes of a size-indexed call a warm start must run: learned by profiling the full sweep.
 
-A sweep calls one operation at every size 1..N (a GEMM at every token count, the sampler at
-every batch size) so that no first batch loads a kernel module or runs a kernel for the first
-time. The kernels an operation launches are a deterministic function of its size, drawn from a
-small set (cuBLAS's tile shapes and split-K, a sort's block size). Running each kernel once
-loads its module, and that is the sweep's work: the sizes where a kernel launches for the first
-time cover it (covering_sizes). The full sweep is run under the profiler once, with a marker
-kernel after each size, so the kernels between two markers are that size's.
+A sweep calls one operation at every size 1..N (the sampler at every batch size) so that no
+first batch loads a kernel module or runs a kernel for the first time. The kernels an operation
+launches are a deterministic function of its size, drawn from a small set (a sort's block size,
+a reduction's split). Where nothing else is chosen per size, running each kernel once is the
+sweep's work: the sizes where a kernel launches for the first time cover it (covering_sizes).
+A dense GEMM is not such an operation: cuBLAS chooses an algorithm at every new shape
+(warmup/gemm_shapes.py), so its sweep keeps no map. The full sweep is run under the profiler
+once, with a marker kernel after each size, so the kernels between two markers are that
+size's.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Run a family of size sweeps once each: every size, or only the sizes a kernel map keeps.
 
-A size sweep calls one operation at sizes 1..N (gemm_shapes: a weight's GEMM at every token
-count; sampler_rows: a sampling variant at every batch size). With a compile cache, the first
-start runs every size under the probe (kernel_probe.py), keeps in the entry the sizes where a
-kernel launches for the first time (and the largest), and later starts run only those;
-cache/shape_sweeps.py says when a kept map is not trusted (another GPU or library, a sweep it
-lacks), and then every size runs again.
+A size sweep calls one operation at sizes 1..N (sampler_rows: a sampling variant at every batch
+size; gemm_shapes builds its GEMM calls the same way but runs them all, since cuBLAS chooses per
+shape). With a compile cache, the first start runs every size under the probe
+(kernel_probe.py), keeps in the entry the sizes where a kernel launches for the first time (and
+the largest), and later starts run only those; cache/shape_sweeps.py says when a kept map is
+not trusted (another GPU or library, a sweep it lacks), and then every size runs again.
 """
 
 from __future__ import annotations
