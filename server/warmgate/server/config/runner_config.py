@@ -178,9 +178,10 @@ class CompilationConfig:
     # So cuBLAS picks its algorithms and size-specific kernels load before ready
     # (warmup.gemm_shapes, warmup.sampler_rows).
     shape_sweeps: bool = field(default=True, metadata=flag(
-        "--shape-sweeps", "on CUDA, run every dense GEMM shape (token counts "
-        "1..max-num-batched-tokens) and the sampler at every batch size before ready, so no "
-        "first batch of a new size waits for cuBLAS or kernel loading"))
+        "--shape-sweeps", "on CUDA, run every dense GEMM shape a forward can meet outside a "
+        "CUDA graph (its eager token counts, the head's logits rows) and the sampler at every "
+        "batch size before ready, so no first batch of a new size waits for cuBLAS or kernel "
+        "loading"))
 
     def __post_init__(self) -> None:
         if self.cuda_graph_sizes is not None:
