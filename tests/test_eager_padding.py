@@ -5,6 +5,7 @@ those of the unpadded runner, and only the null block takes the padding's writes
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from tests.runner_helpers import MiniScheduler, make_runner, prompt
 from warmgate.server.runner.eager_tokens import EAGER_TOKEN_GRANULE
 from warmgate.server.runner.model_runner import ModelRunner
+from warmgate.server.runner.scheduler_output import GREEDY, TokenLogprobs
 
 
 def traffic(runner: ModelRunner, num_spec: int, seen: list[int]) -> list[torch.Tensor]:
@@ -61,6 +63,25 @@ def test_padded_eager_batches_change_nothing_a_request_sees(num_spec: int) -> No
         torch.testing.assert_close(kv_padded[:, 1:], kv_plain[:, 1:], rtol=1e-5, atol=1e-5)
 
 
+def test_the_forward_returns_the_steps_own_rows_only() -> None:
+    """_run_model's contract, [T, H] for the step's T tokens, holds for a padded batch."""
+    runner = make_runner()
+    runner.eager_granule = EAGER_TOKEN_GRANULE
+    shapes: list[tuple[int, int]] = []
+    run_model = runner._run_model
+
+    def spy(ids: torch.Tensor, pos: torch.Tensor, meta: object) -> torch.Tensor:
+        hidden = run_model(ids, pos, meta)  # type: ignore[arg-type]
+        shapes.append((ids.shape[0], hidden.shape[0]))
+        return hidden
+
+    runner._run_model = spy  # type: ignore[method-assign]
+    sched = MiniScheduler(runner)
+    sched.add("a", prompt(5))
+    sched.step()
+    assert shapes == [(5, 5)]
+
+
 def test_a_uniform_decode_is_not_padded() -> None:
     runner = make_runner()
     runner.eager_granule = EAGER_TOKEN_GRANULE
@@ -74,3 +95,49 @@ def test_a_uniform_decode_is_not_padded() -> None:
     sched.step()  # the prompts: padded to the granule
     sched.step()  # 3 requests x 1 token: a uniform decode, as it is
     assert seen == [EAGER_TOKEN_GRANULE, 3]
+
+
+def _prompt_outputs(runner: ModelRunner, pooling: bool) -> list[object]:
+    """Prompt logprobs (generative) or pooled embeddings (pooling) of three prompts prefilled
+    in chunks: the outputs that read the step's hidden rows by position, not by logits row."""
+    sched = MiniScheduler(runner)
+    params = None if pooling else replace(GREEDY, prompt_logprobs=3)
+    for i, n in enumerate((5, 19, 30)):
+        sched.add(f"p{i}", prompt(n, offset=i), params)
+    outputs: list[object] = []
+    for _ in range(4):
+        left = {rid: max(0, r.remaining_prompt) for rid, r in sched.reqs.items()}
+        if not any(left.values()):
+            break
+        out = sched.step({rid: min(n, 11) or 1 for rid, n in left.items()})
+        assert out is not None
+        outputs.append(out.pooler_output if pooling else out.prompt_logprobs)
+    return outputs
+
+
+@pytest.mark.parametrize("pooling", [False, True])
+def test_prompt_logprobs_and_pooling_read_only_the_requests_rows(pooling: bool) -> None:
+    plain, padded = make_runner(pooling=pooling), make_runner(pooling=pooling)
+    padded.eager_granule = EAGER_TOKEN_GRANULE
+    expected, got = _prompt_outputs(plain, pooling), _prompt_outputs(padded, pooling)
+    assert len(got) == len(expected) > 1
+    for a, b in zip(got, expected, strict=True):
+        assert repr(a)[:40] == repr(b)[:40]
+        if pooling:
+            for x, y in zip(a, b, strict=True):  # type: ignore[call-overload]
+                assert (x is None) == (y is None)
+                if x is not None:
+                    torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+        else:
+            assert a.keys() == b.keys()  # type: ignore[attr-defined]
+            for rid in a:  # type: ignore[attr-defined]
+                _same_logprobs(a[rid].entries, b[rid].entries)  # type: ignore[index]
+
+
+def _same_logprobs(got: list[TokenLogprobs], expected: list[TokenLogprobs]) -> None:
+    """The same tokens, ranks and top ids; logprobs to float32 GEMM rounding."""
+    assert len(got) == len(expected) > 0
+    for x, y in zip(got, expected, strict=True):
+        assert (x.token_id, x.rank, [t for t, _ in x.top]) == (
+            y.token_id, y.rank, [t for t, _ in y.top])
+        assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
