@@ -150,10 +150,10 @@ class ModelRunner:
         self._forward: ModelForward = self.model
         # What eager_tokens rounds to: the CPU's GEMMs keep no per-shape state, and a compiled
         # forward pads to its own buckets.
-        self.eager_granule = EAGER_TOKEN_GRANULE if self.device.type == "cuda" else 1
+        self.eager_granule = (EAGER_TOKEN_GRANULE if self.device.type == "cuda"
+                              and not self.config.compilation.compile else 1)
         if not self.config.compilation.compile:
             return
-        self.eager_granule = 1
         from warmgate.server.runner.compiled_forward import CompiledForward  # torch._dynamo
 
         self.compile_buckets = compile_buckets(self.config.compilation.cuda_graph_sizes or (),

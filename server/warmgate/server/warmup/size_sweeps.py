@@ -20,7 +20,6 @@ import torch
 
 from warmgate.server.cache.shape_sweeps import KernelMap, load_kernel_map, save_kernel_map
 from warmgate.server.core.failures import is_fatal_device_error, is_out_of_memory
-from warmgate.server.core.progress import PhaseProgress
 from warmgate.server.warmup.kernel_probe import (
     ProbeError,
     covering_sizes,
@@ -72,8 +71,7 @@ class _Learning:
 
 
 def run_size_sweeps(sweeps: Sequence[SizeSweep], *, what: str, file_name: str,
-                    kernel_dir: Path | None = None, probe: KernelProbe | None = None,
-                    tracker: PhaseProgress | None = None) -> int:
+                    kernel_dir: Path | None = None, probe: KernelProbe | None = None) -> int:
     """Each sweep once: with a kernel map in kernel_dir/file_name learned on this GPU and these
     libraries, only the sizes it keeps; without one, every size, under `probe` (default: the
     profiler) when there is a kernel_dir to keep the learned map in. `what` names the family in
@@ -96,8 +94,6 @@ def run_size_sweeps(sweeps: Sequence[SizeSweep], *, what: str, file_name: str,
             count += _learn(sweep, probe or profile_sweep, learning)
         else:
             count += _run(sweep, range(1, sweep.max_size + 1))
-        if tracker is not None:
-            tracker.step()
     seconds = time.perf_counter() - start
     if kept is not None:
         logger.info("shape sweeps: %s: %d of %d sizes, every kernel of %d sweeps, in "
