@@ -43,6 +43,7 @@ def _is_dynamo_trigger(args: Any) -> bool:
 
 class DynamoObserver:
     name = DYNAMO
+    after_weights = False
 
     def __init__(self) -> None:
         self._monitor: JitMonitor | None = None

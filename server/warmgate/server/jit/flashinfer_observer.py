@@ -35,6 +35,8 @@ def _mtime(path: Any) -> int | None:
 
 class FlashInferObserver:
     name = FLASHINFER
+    # Its install imports flashinfer, which the engine imports beside the weights' load.
+    after_weights = True
 
     def __init__(self) -> None:
         self._monitor: JitMonitor | None = None

@@ -28,6 +28,12 @@ Listener = Callable[[JitEvent], None]
 
 class Observer(Protocol):
     name: str
+    # True for an observer whose install imports the attention backend's library (FlashInfer):
+    # the engine imports that library on a thread of its own beside the weights' load, so
+    # such an observer is held by `install` and installed by `install_pending`, which the
+    # runner calls once the weights are in and right before it builds the backend. Nothing
+    # of that library runs before then, so nothing compiles unseen.
+    after_weights: bool
 
     def install(self, monitor: JitMonitor) -> bool:
         """Hook into the compiler; False when there is nothing to observe here."""
@@ -47,6 +53,7 @@ class JitMonitor:
         self._ready = False
         self._listeners: list[Listener] = []
         self._observers: list[Observer] = []
+        self._pending: list[Observer] = []  # after_weights observers not installed yet
         # Written by the runner before every forward, read by observers on the same thread.
         self.current_batch: BatchShape | None = None
 
@@ -74,13 +81,31 @@ class JitMonitor:
 
     # -- observers and listeners --------------------------------------------------------
     def install(self, observers: Iterable[Observer]) -> list[str]:
-        """Install each observer that applies here; returns the names of those installed."""
+        """Install each observer that applies here, but hold those marked after_weights for
+        `install_pending`; returns the names of those installed now."""
+        now: list[Observer] = []
         for observer in observers:
-            if observer.install(self):
-                self._observers.append(observer)
-        names = [o.name for o in self._observers]
-        logger.info("JIT observers installed: %s", ", ".join(names) or "none")
+            (self._pending if observer.after_weights else now).append(observer)
+        names = self._install(now)
+        later = [o.name for o in self._pending]
+        logger.info("JIT observers installed: %s%s", ", ".join(names) or "none",
+                    f"; after the weights' load: {', '.join(later)}" if later else "")
         return names
+
+    def install_pending(self) -> list[str]:
+        """Install the observers `install` held (none: a no-op); returns their names."""
+        if not self._pending:
+            return []
+        pending, self._pending = self._pending, []
+        names = self._install(pending)
+        logger.info("JIT observers installed after the weights' load: %s",
+                    ", ".join(names) or "none")
+        return names
+
+    def _install(self, observers: list[Observer]) -> list[str]:
+        installed = [o for o in observers if o.install(self)]
+        self._observers.extend(installed)
+        return [o.name for o in installed]
 
     @property
     def observers(self) -> list[str]:
@@ -88,6 +113,7 @@ class JitMonitor:
 
     def close(self) -> None:
         """Uninstall every observer (tests build many runners in one process)."""
+        self._pending.clear()
         while self._observers:
             self._observers.pop().uninstall()
 

@@ -44,6 +44,7 @@ def _default_cache_dir(knobs: Any) -> str:
 
 class TritonObserver:
     name = TRITON
+    after_weights = False
 
     def __init__(self, cache_dir: str | None = None) -> None:
         self._cache_dir = cache_dir

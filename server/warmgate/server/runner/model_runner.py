@@ -91,14 +91,16 @@ class ModelRunner:
         # Under tensor parallel (warmgate.server.distributed) this rank's shard of the model,
         # its KV heads in the cache and its heads in the attention backend.
         self.tensor_parallel = tensor_parallel
+        # The owner installs the compiler hooks (they are process-wide); the runner only tells
+        # the monitor which batch is in flight and when a uniform decode found no graph, and
+        # installs the hooks held until the weights are in (JitMonitor.install_pending).
+        self.jit_monitor = jit_monitor if jit_monitor is not None else JitMonitor()
         loaded = load_model(config, self.ops, self.device, self.dtype, tensor_parallel)
         self.model = loaded.model
         kv = allocate_kv(config, self.device, self.dtype, self.model.layers[0].num_kv_heads)
         self.kv_caches, self.kv_cache_config = kv.kv_caches, kv.kv_cache_config
+        self.jit_monitor.install_pending()
         self._attach_attention_backend()
-        # The owner installs the compiler hooks (they are process-wide); the runner only tells
-        # the monitor which batch is in flight and when a uniform decode found no graph.
-        self.jit_monitor = jit_monitor if jit_monitor is not None else JitMonitor()
         if tensor_parallel is not None:  # each collective's first use, a communicator set-up
             tensor_parallel.on_first_use = lambda name, seconds: self.jit_monitor.record(
                 COMMUNICATOR_SETUP, name=name, seconds=seconds)

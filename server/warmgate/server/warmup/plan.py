@@ -59,21 +59,27 @@ def load_runner(config: RunnerConfig, *, jit_monitor: JitMonitor | None = None
                 ) -> tuple[WarmupRunner, PhaseResult]:
     """Resolve the config, build the runner (weights, KV cache, backend) and time it.
 
-    With a monitor, the compiler hooks this configuration needs are installed first, so
-    nothing compiles unseen.
+    With a monitor, the compiler hooks this configuration needs are installed first (those
+    that import the attention backend's library by the runner, once the weights are in and
+    before the backend is built), so nothing compiles unseen.
     """
     from warmgate.server.jit.install import install_observers
     from warmgate.server.runner import ModelRunner  # lazy: torch-heavy
 
     start = time.perf_counter()
     resolved = resolve_runner_config(config)
-    observers = install_observers(jit_monitor, resolved) if jit_monitor is not None else []
+    if jit_monitor is not None:
+        install_observers(jit_monitor, resolved)
     if resolved.parallel.tensor_parallel_size > 1:
         from warmgate.server.distributed.build import build_tensor_parallel_runner
 
         runner: WarmupRunner = build_tensor_parallel_runner(resolved, jit_monitor)
     else:
         runner = ModelRunner(resolved, jit_monitor=jit_monitor)
+    observers: list[str] = []
+    if jit_monitor is not None:
+        jit_monitor.install_pending()  # the runner did, before its backend; a no-op then
+        observers = jit_monitor.observers
     seconds = time.perf_counter() - start
     stats = dataclasses.asdict(runner.load_stats)
     shapes = {"num_blocks": runner.kv_cache_config.num_blocks, **stats,
