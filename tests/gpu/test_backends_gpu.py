@@ -13,6 +13,7 @@ import torch
 from tests.runner_helpers import MiniScheduler, prompt, tiny_config
 from warmgate.server.config.rope_config import RopeConfig
 from warmgate.server.runner.attention import backend_available
+from warmgate.server.runner.cuda_graphs import CAPTURE_STEPS
 from warmgate.server.runner.model_runner import ModelRunner
 
 pytestmark = pytest.mark.gpu
@@ -31,7 +32,10 @@ def _runner(backend: str, num_spec: int = 0, graphs: bool = False) -> ModelRunne
                       **SHAPES)
     runner = ModelRunner(cfg)
     if graphs:
-        runner.capture_cuda_graphs()
+        info = runner.capture_cuda_graphs()
+        # The capture's report splits its time by step, and the steps fit in the whole.
+        spent = [info[step] for step in CAPTURE_STEPS]
+        assert all(s > 0 for s in spent) and sum(spent) <= info["seconds"]
     return runner
 
 

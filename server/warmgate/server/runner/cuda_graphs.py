@@ -55,6 +55,11 @@ def capturable_sizes(sizes: Sequence[int], max_reqs: int, decode_query_len: int,
     return sorted({s for s in sizes if s <= max_reqs and s * decode_query_len <= max_tokens})
 
 
+# Where a capture's time goes: the eager run before each graph, recording it, capture_end
+# (which instantiates the graph), and the first replay of every graph (its upload).
+CAPTURE_STEPS = ("eager_runs_s", "recording_s", "instantiation_s", "first_replays_s")
+
+
 def _free_bytes(device: torch.device) -> int:
     free, _ = torch.cuda.mem_get_info(device)
     return int(free)
@@ -106,6 +111,8 @@ class CudaGraphRunner:
         self.ragged_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.ragged_outputs: dict[int, torch.Tensor] = {}
         self.num_ragged_replays = 0
+        # Seconds of the last capture by step (CAPTURE_STEPS), for its report.
+        self._spent = dict.fromkeys(CAPTURE_STEPS, 0.0)
         self.num_replays = 0
         # For a uniform decode, query_start_loc is always 0, q, 2q, ...
         self._uniform_qsl = (torch.arange(max_reqs + 1, dtype=torch.int32)
@@ -169,13 +176,19 @@ class CudaGraphRunner:
     def _capture_one(self, tokens: int, meta: AttentionMetadata, pool: Any,
                      stream: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         b = self.buffers
+        start = time.perf_counter()
         self.backend.plan(meta)
         # One eager run first: lazy allocations and autotuning must not happen in capture.
         self.forward(b.input_ids.gpu[:tokens], b.positions.gpu[:tokens], meta)
         torch.cuda.synchronize(self.device)
+        eager = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         with capturing(graph, pool, stream):
             out = self.forward(b.input_ids.gpu[:tokens], b.positions.gpu[:tokens], meta)
+            recorded = time.perf_counter()
+        self._spent["eager_runs_s"] += eager - start
+        self._spent["recording_s"] += recorded - eager
+        self._spent["instantiation_s"] += time.perf_counter() - recorded  # capture_end's
         return graph, out
 
     def capture(self) -> dict[str, object]:
@@ -188,6 +201,7 @@ class CudaGraphRunner:
         self.outputs.clear()
         self.ragged_graphs.clear()
         self.ragged_outputs.clear()
+        self._spent = dict.fromkeys(CAPTURE_STEPS, 0.0)
         gc.collect()  # destroy unreachable graphs and streams now, not inside a capture
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
@@ -205,6 +219,7 @@ class CudaGraphRunner:
                 graph, out = self._capture_one(tokens, self._pad(0, size), pool, stream)
                 self.graphs[size], self.outputs[size] = graph, out
         self.backend.end_graph_capture()
+        replays = time.perf_counter()
         # Replay each graph once now: the first launch of an instantiated graph also uploads
         # it to the device, which would otherwise land on the first real batch of that size.
         for size in sorted(self.graphs):
@@ -214,6 +229,7 @@ class CudaGraphRunner:
             self.backend.plan(self._pad_ragged(0, 0, bucket))
             self.ragged_graphs[bucket].replay()
         torch.cuda.synchronize(self.device)
+        self._spent["first_replays_s"] = time.perf_counter() - replays
         seconds = time.perf_counter() - start
         free_after = _free_bytes(self.device)
         info: dict[str, object] = {
@@ -221,11 +237,14 @@ class CudaGraphRunner:
             "ragged_buckets": sorted(self.ragged_graphs),
             "free_mib_before": free_before // 2**20, "free_mib_after": free_after // 2**20,
             "graph_pool_mib": max(0, free_before - free_after) // 2**20,
-            "seconds": round(seconds, 4)}
+            "seconds": round(seconds, 4),
+            **{step: round(spent, 4) for step, spent in self._spent.items()}}
         logger.info("captured %d uniform-decode CUDA graphs (sizes %s, %d tokens each request) "
-                    "and %d ragged-batch graphs (token buckets %s) in %.2f s; free memory "
+                    "and %d ragged-batch graphs (token buckets %s) in %.2f s (%s); free memory "
                     "%d MiB -> %d MiB", len(self.graphs), info["sizes"], self.decode_query_len,
                     len(self.ragged_graphs), info["ragged_buckets"], seconds,
+                    ", ".join(f"{step[:-2].replace('_', ' ')} {spent:.2f} s"
+                              for step, spent in self._spent.items()),
                     info["free_mib_before"], info["free_mib_after"])
         return info
 
