@@ -21,6 +21,8 @@ help another):
              format 2, before the current rule)
   kept       what a map keeps now (size_sweeps.sizes_to_keep)
   none       no size at all (what the sweeps are for)
+  thread     every size, swept on a thread of its own with a CUDA stream of its own (does a
+             sweep run beside other start-up work warm what the runner's thread calls later?)
 
 and after its sweep times, at sizes that neither map kept (drawn per sweep, the same for every
 policy), each call synchronized, first and then twice again: first minus the faster repeat is
@@ -40,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -51,7 +54,7 @@ from warmgate.server.warmup.gemm_shapes import gemm_plan, gemm_sweep, layer_weig
 from warmgate.server.warmup.sampler_rows import sampler_sweeps
 from warmgate.server.warmup.size_sweeps import SizeSweep, profile_sweep, sizes_to_keep
 
-POLICIES = ("every", "sequences", "kept", "none")
+POLICIES = ("every", "sequences", "kept", "none", "thread")
 Signatures = list[list[str]]
 
 
@@ -64,7 +67,7 @@ def first_of_each_sequence(signatures: Signatures) -> list[int]:
 
 
 def policy_sizes(policy: str, signatures: Signatures) -> list[int]:
-    if policy == "every":
+    if policy in ("every", "thread"):
         return list(range(1, len(signatures) + 1))
     if policy == "sequences":
         return first_of_each_sequence(signatures)
@@ -90,6 +93,19 @@ def _timed(call: Any, m: int) -> float:
     return time.perf_counter() - start
 
 
+def run_on_a_thread(todo: list[tuple[SizeSweep, int]]) -> None:
+    """The calls on a new thread and a side stream (inference mode is per thread)."""
+    def sweep_all() -> None:
+        with torch.inference_mode(), torch.cuda.stream(torch.cuda.Stream()):
+            for sweep, m in todo:
+                sweep.call(m)
+            torch.cuda.current_stream().synchronize()
+
+    thread = threading.Thread(target=sweep_all)
+    thread.start()
+    thread.join()
+
+
 @torch.inference_mode()
 def child(args: argparse.Namespace) -> dict[str, Any]:
     runner, _, _ = build(runner_config(args))
@@ -102,13 +118,16 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for family, sweeps in found.items():
         start = time.perf_counter()
-        calls = 0
-        for sweep in sweeps:
-            for m in policy_sizes(args.child, plan["signatures"][family][sweep.key]):
+        todo = [(sweep, m) for sweep in sweeps
+                for m in policy_sizes(args.child, plan["signatures"][family][sweep.key])]
+        if args.child == "thread":
+            run_on_a_thread(todo)
+        else:
+            for sweep, m in todo:
                 sweep.call(m)
-                calls += 1
         torch.cuda.synchronize()
         swept_s = time.perf_counter() - start
+        calls = len(todo)
         excess: dict[str, list[float]] = {}
         for sweep in sweeps:
             for m in plan["test_sizes"][family][sweep.key]:

@@ -23,6 +23,7 @@ def test_the_policies_keep_what_each_rule_says() -> None:
     assert bench.policy_sizes("sequences", SIGS) == [1, 3, 4, 6, 10]
     assert bench.policy_sizes("kept", SIGS) == [1, 3, 6, 10]
     assert bench.policy_sizes("none", SIGS) == []
+    assert bench.policy_sizes("thread", SIGS) == list(range(1, 11))  # every size, elsewhere
 
 
 def test_only_sizes_no_map_kept_are_timed() -> None:
