@@ -149,18 +149,20 @@ def _timed(client: Any, prompt: list[int], kwargs: dict[str, Any], timeout: floa
 
     start = time.perf_counter()
     first: float | None = None
-    tokens, server_ttft, finish = 0, float("nan"), ""
+    tokens, server_ttft, finish, steps = 0, float("nan"), "", 0
     for message in client.generate(prompt, timeout=timeout, **kwargs):
         if first is None and message.token_ids:
             first = time.perf_counter() - start
         tokens += len(message.token_ids)
         if message.HasField("usage"):
             server_ttft = message.usage.time_to_first_token_s
+            steps = message.usage.num_steps
             finish = gen_pb.FinishReason.Name(message.finish_reason)
     total = time.perf_counter() - start
     if first is None:
         raise RuntimeError("the stream ended without a token")
-    return Timed(first, total, server_ttft, tokens, finish)
+    return Timed(first, total, server_ttft, tokens, finish, steps,
+                 (total - first) / max(1, steps - 1))
 
 
 def _run_class(client: Any, name: str, args: argparse.Namespace, vocab: int,
@@ -281,7 +283,7 @@ def main(argv: list[str], prog: str | None = None) -> int:
                   "same_grammar": args.same_grammar, "keep_caches": args.keep_caches,
                   "servers": args.servers, "shuffle": args.shuffle, "seed": args.seed},
         "classes": summaries,
-        "worst": {a: worst(summaries, a) for a in ("ttft_s", "total_s")},
+        "worst": {a: worst(summaries, a) for a in ("ttft_s", "total_s", "decode_step_s")},
         "compiles_after_ready": sum(s["compiles_after_ready"] for s in servers),
         "graph_misses_after_ready": sum(s["graph_misses_after_ready"] for s in servers),
         "graph_misses_after_ready_status": sum(s["graph_misses_after_ready_status"]

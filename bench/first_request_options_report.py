@@ -8,7 +8,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-ATTRS = ("ttft_s", "total_s", "server_ttft_s")
+# decode_step_s, the mean step after the first token, tells a first-use cost in the decode
+# steps from a request that only took more steps (fewer drafts accepted, a longer output).
+ATTRS = ("ttft_s", "total_s", "server_ttft_s", "decode_step_s")
 
 
 @dataclass
@@ -18,6 +20,8 @@ class Timed:
     server_ttft_s: float
     tokens: int
     finish_reason: str
+    steps: int  # the server's count: every step the request took part in, prefill included
+    decode_step_s: float  # (total_s - ttft_s) / the steps after the first token's
 
 
 @dataclass
@@ -71,7 +75,7 @@ def summarise(name: str, per_server: list[ClassResult]) -> dict[str, Any]:
         return out
     firsts = [r.first for r in ok if r.first is not None]
     steady = [t for r in ok for t in r.steady]
-    for a in (*ATTRS, "tokens"):
+    for a in (*ATTRS, "tokens", "steps"):
         out[f"first_median_{a}"] = round(statistics.median(getattr(t, a) for t in firsts), 6)
         out[f"steady_median_{a}"] = round(statistics.median(getattr(t, a) for t in steady), 6)
     for a in ATTRS:
@@ -106,10 +110,11 @@ def print_table(report: dict[str, Any]) -> None:
             print(f"  order: {','.join(srv['order'])}")
     print(f"first = median of the {n} first requests, steady = median of all {n} x "
           f"{s['steady']} steady ones, m/m = first / steady, r_med = median of the {n} "
-          "servers' first/steady ratios; compiles and misses summed over the servers")
+          "servers' first/steady ratios, step = the mean decode step after the first token; "
+          "tokens and steps first/steady medians; compiles and misses summed over the servers")
     print(f"{'class':<19} {'ttft_first':>10} {'ttft_med':>9} {'m/m':>5} {'r_med':>5}   "
           f"{'total_first':>11} {'total_med':>9} {'m/m':>5} {'r_med':>5}   {'srv_r_med':>9} "
-          f"{'tokens':>7} {'compiles':>8} {'misses':>6}")
+          f"{'step_r_med':>10} {'tokens':>7} {'steps':>7} {'compiles':>8} {'misses':>6}")
     for c in report["classes"]:
         if "ttft_s_ratio_median" not in c:
             print(f"{c['class']:<19} error: {c['error']}")
@@ -119,7 +124,9 @@ def print_table(report: dict[str, Any]) -> None:
               f"{c['ttft_s_ratio_median']:>5.2f}   {c['first_median_total_s'] * 1e3:>11.2f} "
               f"{c['steady_median_total_s'] * 1e3:>9.2f} {c['total_s_med_over_med']:>5.2f} "
               f"{c['total_s_ratio_median']:>5.2f}   {c['server_ttft_s_ratio_median']:>9.2f} "
+              f"{c['decode_step_s_ratio_median']:>10.2f} "
               f"{c['first_median_tokens']:>3g}/{c['steady_median_tokens']:<3g} "
+              f"{c['first_median_steps']:>3g}/{c['steady_median_steps']:<3g} "
               f"{c['compiles_after_ready']:>8g} {c['graph_misses_after_ready']:>6g}")
     print(f"per server first/steady (servers 1-{n}): TTFT | whole request")
     for c in report["classes"]:
@@ -128,9 +135,11 @@ def print_table(report: dict[str, Any]) -> None:
                 " ".join("  -  " if r is None else f"{r:5.2f}" for r in c[f"{a}_ratios"])
                 for a in ("ttft_s", "total_s")))
     w_ttft, w_total = report["worst"]["ttft_s"], report["worst"]["total_s"]
-    if w_ttft and w_total:
+    w_step = report["worst"]["decode_step_s"]
+    if w_ttft and w_total and w_step:
         print(f"worst first/steady by the median of {n} ratios: TTFT {w_ttft['ratio_median']:.2f} "
               f"({w_ttft['class']}), whole request {w_total['ratio_median']:.2f} "
-              f"({w_total['class']})")
+              f"({w_total['class']}), decode step {w_step['ratio_median']:.2f} "
+              f"({w_step['class']})")
     print(f"compiles_after_ready: {report['compiles_after_ready']:g}")
     print(f"cuda_graph_misses_after_ready: {report['graph_misses_after_ready']:g}")

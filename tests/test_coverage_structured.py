@@ -149,7 +149,12 @@ def test_first_request_options_reports_every_class_on_each_server(tmp_path: Path
         assert c["compiles_after_ready"] == c["graph_misses_after_ready"] == 0
         own = [next(x for x in s["classes"] if x["class"] == c["class"])
                for s in report["servers"]]
-        for a in ("ttft_s", "total_s", "server_ttft_s"):  # N ratios, their median, med/med
+        for x in own:  # the mean decode step: what follows the first token over its steps
+            for t in (x["first"], *x["steady"]):
+                assert t["steps"] >= 2 and t["decode_step_s"] == pytest.approx(
+                    (t["total_s"] - t["ttft_s"]) / (t["steps"] - 1))
+        for a in ("ttft_s", "total_s", "server_ttft_s", "decode_step_s"):
+            # N ratios, their median, med/med
             assert c[f"{a}_ratios"] == [x[f"{a}_ratio"] for x in own]
             assert c[f"{a}_ratio_median"] == pytest.approx(
                 statistics.median(c[f"{a}_ratios"]), abs=1e-3)
@@ -163,7 +168,8 @@ def test_first_request_options_reports_every_class_on_each_server(tmp_path: Path
     table = lines.index(next(x for x in lines if x.startswith("class ")))
     rows = {x.split()[0]: x.split() for x in lines[table + 1:table + 1 + len(OPTION_CLASSES)]}
     assert list(rows) == OPTION_CLASSES
-    assert len(rows["json_schema"]) == 13  # class, 10 figures, compiles, misses
+    # class, 10 figures, the decode step's ratio, tokens, steps, compiles, misses
+    assert len(rows["json_schema"]) == 15
     per_server = lines.index(next(x for x in lines if x.startswith("per server")))
     row = lines[per_server + 1 + OPTION_CLASSES.index("json_schema")].split()
     assert row[0] == "json_schema" and len(row) == 6  # class, 2 TTFT | 2 whole request
