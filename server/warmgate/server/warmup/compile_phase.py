@@ -135,16 +135,31 @@ def _runs_shape_sweeps(model_runner: WarmupRunner) -> bool:
 
 
 def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None) -> int:
-    """Dense GEMMs at every token count a forward can run outside a CUDA graph, then
+    """Dense GEMMs at every token count a forward can run outside a CUDA graph and
     (generative models) the sampler at every row count; the sampler, with the compile cache's
-    kernel map, only at the sizes that launch every kernel. Returns the calls made."""
+    kernel map, only at the sizes that launch every kernel. The GEMMs run on a thread of their
+    own beside the sampler rows (gemm_background.py), except while those learn their map.
+    Returns the calls made."""
     from warmgate.server.cache.shape_sweeps import kernel_map_dir
-    from warmgate.server.warmup.gemm_shapes import sweep_gemm_shapes  # torch, only on CUDA
-    from warmgate.server.warmup.sampler_rows import sweep_sampler_rows
+    from warmgate.server.warmup.gemm_background import GemmSweepThread  # torch, CUDA only
+    from warmgate.server.warmup.gemm_shapes import gemm_plan, sweep_gemm_shapes
+    from warmgate.server.warmup.sampler_rows import sampler_rows_learn, sweep_sampler_rows
 
-    calls = sweep_gemm_shapes(model_runner, tracker)
-    if not model_runner.is_pooling_model:
-        calls += sweep_sampler_rows(model_runner, kernel_dir=kernel_map_dir())
+    kernel_dir = kernel_map_dir()
+    if model_runner.is_pooling_model or sampler_rows_learn(model_runner, kernel_dir):
+        calls = sweep_gemm_shapes(model_runner, tracker)
+        if not model_runner.is_pooling_model:
+            calls += sweep_sampler_rows(model_runner, kernel_dir=kernel_dir)
+        return calls
+    gemms = GemmSweepThread(model_runner)
+    try:
+        calls = sweep_sampler_rows(model_runner, kernel_dir=kernel_dir)
+    finally:
+        gemms.wait()  # never leave it running past the phase, whatever happened here
+    calls += gemms.result()
+    if tracker is not None:  # a step per weight, as the sweep on this thread reports them
+        for _ in gemm_plan(model_runner):
+            tracker.step()
     return calls
 
 

@@ -79,8 +79,10 @@ def gemm_sweep(weight: torch.Tensor, max_m: int) -> SizeSweep:
 
 
 @torch.inference_mode()
-def sweep_gemm_shapes(model_runner: WarmupRunner, tracker: PhaseProgress | None = None) -> int:
-    """Every (weight, M) of gemm_plan once. Returns the GEMMs run."""
+def sweep_gemm_shapes(model_runner: WarmupRunner, tracker: PhaseProgress | None = None, *,
+                      where: str = "") -> int:
+    """Every (weight, M) of gemm_plan once. Returns the GEMMs run; `where` says, in the log
+    line, where it ran when not on the phase's own thread."""
     start = time.perf_counter()
     plan = gemm_plan(model_runner)
     count = 0
@@ -92,8 +94,8 @@ def sweep_gemm_shapes(model_runner: WarmupRunner, tracker: PhaseProgress | None 
             count += len(ms)
         if tracker is not None:
             tracker.step()
-    logger.info("shape sweeps: dense GEMMs: %d in %.3f s, Ms per weight %s (layer weights at "
-                "the token counts a forward can run outside a CUDA graph, the head at every "
+    logger.info("shape sweeps: dense GEMMs: %d in %.3f s%s, Ms per weight %s (layer weights "
+                "at the token counts a forward can run outside a CUDA graph, the head at every "
                 "logits row count)", count, time.perf_counter() - start,
-                [len(ms) for _, ms in plan])
+                f" ({where})" if where else "", [len(ms) for _, ms in plan])
     return count

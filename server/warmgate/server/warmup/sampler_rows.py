@@ -25,7 +25,12 @@ from warmgate.server.runner.sampling.logprobs import gather_logprobs
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
 from warmgate.server.warmup.kernels import SEEDED, STOCHASTIC
 from warmgate.server.warmup.runner_contract import WarmupRunner
-from warmgate.server.warmup.size_sweeps import KernelProbe, SizeSweep, run_size_sweeps
+from warmgate.server.warmup.size_sweeps import (
+    KernelProbe,
+    SizeSweep,
+    run_size_sweeps,
+    will_learn,
+)
 
 TEMPERATURE_ONLY = SamplingParams(temperature=0.8)  # the stochastic path without top-k/p
 # Every logits processor and min_p at once (each processor's own kernels at this row count).
@@ -63,28 +68,34 @@ def sampler_sweeps(model_runner: WarmupRunner) -> list[SizeSweep]:
     vocab = model_runner.config.model.vocab_size
     k = model_runner.num_speculative_steps
     max_reqs = model_runner.max_num_reqs
-    logits = torch.randn(max_reqs * (1 + k), vocab, device=device, dtype=torch.float32)
+    rows = max_reqs * (1 + k)
+    held: list[torch.Tensor] = []  # the logits, made at the first call: building is free
+
+    def logits() -> torch.Tensor:
+        if not held:
+            held.append(torch.randn(rows, vocab, device=device, dtype=torch.float32))
+        return held[0]
+
     sampler = model_runner.sampler
 
     def sample(variant: tuple[SamplingParams, ...]) -> SizeSweep:
         def call(n: int) -> object:
             params = _batch(variant, n)
-            return sampler.sample(logits[:n], params, _streams(params), [_HISTORY] * n)
+            return sampler.sample(logits()[:n], params, _streams(params), [_HISTORY] * n)
         return SizeSweep(f"sample:{_variant_name(variant)}:v{vocab}:n1..{max_reqs}",
                          max_reqs, call, device)
 
     def verify(variant: tuple[SamplingParams, ...]) -> SizeSweep:
         def call(n: int) -> object:
             params = _batch(variant, n)
-            return sampler.verify(logits[:n * (1 + k)], [[0] * k for _ in range(n)], params,
+            return sampler.verify(logits()[:n * (1 + k)], [[0] * k for _ in range(n)], params,
                                   _streams(params), [_HISTORY] * n)
         return SizeSweep(f"verify:{_variant_name(variant)}:k{k}:v{vocab}:n1..{max_reqs}",
                          max_reqs, call, device)
 
     def logprobs(top: int) -> SizeSweep:
-        rows = logits.shape[0]
         return SizeSweep(f"logprobs:top{top}:v{vocab}:m1..{rows}", rows,
-                         lambda m: gather_logprobs(logits, range(m), [0] * m, [top] * m),
+                         lambda m: gather_logprobs(logits(), range(m), [0] * m, [top] * m),
                          device)
 
     sweeps = [sample(v) for v in VARIANTS]
@@ -100,3 +111,10 @@ def sweep_sampler_rows(model_runner: WarmupRunner, *, kernel_dir: Path | None = 
     that launch every kernel (size_sweeps.run_size_sweeps); returns the calls made."""
     return run_size_sweeps(sampler_sweeps(model_runner), what="sampler rows",
                            file_name=SAMPLER_FILE, kernel_dir=kernel_dir, probe=probe)
+
+
+def sampler_rows_learn(model_runner: WarmupRunner, kernel_dir: Path | None) -> bool:
+    """Whether sweep_sampler_rows will learn its kernel map (under the probe, which sees every
+    kernel the process launches) rather than run a kept one or learn nothing."""
+    return will_learn(sampler_sweeps(model_runner), file_name=SAMPLER_FILE,
+                      kernel_dir=kernel_dir)

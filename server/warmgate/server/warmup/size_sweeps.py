@@ -114,6 +114,16 @@ def run_size_sweeps(sweeps: Sequence[SizeSweep], *, what: str, file_name: str,
     return count
 
 
+def will_learn(sweeps: Sequence[SizeSweep], *, file_name: str,
+               kernel_dir: Path | None) -> bool:
+    """Whether run_size_sweeps will learn a map (no usable one kept in kernel_dir)."""
+    if kernel_dir is None or not sweeps:
+        return False
+    kept, _ = load_kernel_map(kernel_dir, file_name, kernel_identity(sweeps[0].device),
+                              [s.key for s in sweeps])
+    return kept is None
+
+
 def _learn(sweep: SizeSweep, probe: KernelProbe, learning: _Learning) -> int:
     """Every size of one sweep under the probe, the sizes it keeps added to the map; if the
     probe fails, every size again without it and the map is dropped."""
