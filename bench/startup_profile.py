@@ -5,7 +5,8 @@
 
 Run it with the --cache-dir of an earlier start to see a warm start. A thread of its own reads
 sys._current_frames() every interval and counts, per thread, the innermost frame of each
-stack (where the thread was) and every function on it (what it was inside), each sample
+stack (where the thread was), every function on it (what it was inside) and its innermost
+frames together (how it got there), each sample
 weighted by the seconds since the one before (a sample waits for the GIL while a thread holds
 it), and prints the top frames and functions of each thread in seconds. Only Python
 frames are seen: a thread inside a C call (a CUDA synchronize, cuBLAS choosing an algorithm, a
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 Counts = dict[str, collections.Counter[str]]  # thread -> where -> seconds
+STACK_DEPTH = 8  # frames of a stack kept for the "how it got there" table
 
 
 def _where(frame: FrameType, line: bool) -> str:
@@ -41,6 +43,8 @@ class StackSampler:
         self.interval_s = interval_s
         self.leaf: Counts = collections.defaultdict(collections.Counter)
         self.inside: Counts = collections.defaultdict(collections.Counter)
+        # thread -> the STACK_DEPTH innermost frames, innermost first, joined -> seconds
+        self.stacks: Counts = collections.defaultdict(collections.Counter)
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="startup-profile", daemon=True)
@@ -60,10 +64,14 @@ class StackSampler:
             name = names.get(ident, str(ident))
             self.leaf[name][_where(frame, line=True)] += seconds
             seen: set[str] = set()
+            chain: list[str] = []
             walk: FrameType | None = frame
             while walk is not None:
                 seen.add(_where(walk, line=False))
+                if len(chain) < STACK_DEPTH:
+                    chain.append(_where(walk, line=True))
                 walk = walk.f_back
+            self.stacks[name][" <- ".join(chain)] += seconds
             for where in seen:
                 self.inside[name][where] += seconds
 
@@ -88,6 +96,9 @@ def report(sampler: StackSampler, top: int, wall_s: float) -> list[str]:
         lines.append("  what it was inside (any frame of the stack):")
         lines += [f"    {s:7.3f} s  {where}"
                   for where, s in sampler.inside[name].most_common(top)]
+        lines.append(f"  how it got there ({STACK_DEPTH} innermost frames, innermost first):")
+        lines += [f"    {s:7.3f} s  {where}"
+                  for where, s in sampler.stacks[name].most_common(top)]
     return lines
 
 

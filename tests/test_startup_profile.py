@@ -40,6 +40,10 @@ def test_a_sample_counts_its_seconds_where_the_thread_was_and_for_its_callers() 
     lines = bench.report(sampler, top=10, wall_s=1.0)
     assert lines[1] == "thread parked: 0.75 s sampled"
     assert any("_parked_outer" in line for line in lines)
+    (stack, seconds), = sampler.stacks["parked"].items()  # the same stack both times
+    names = [where.split(" ")[-1] for where in stack.split(" <- ")]
+    assert seconds == 0.75 and len(names) <= bench.STACK_DEPTH  # a thread has 7 here
+    assert names.index("_parked_outer") == names.index("_parked_inner") + 1  # its caller
 
 
 def test_a_cpu_start_is_profiled_end_to_end() -> None:
