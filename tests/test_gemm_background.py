@@ -1,11 +1,14 @@
 """The compile phase's GEMM sweep runs on a thread of its own beside the sampler rows, with
 the same calls and count as on the phase's thread; but on the phase's thread, before the
 sampler rows, while those learn their kernel map (the probe sees every kernel of the
-process); and an error on either side is the phase's, with the thread ended first."""
+process); an error on either side is the phase's, with the thread ended first. In the plan
+the thread outlives the phase: the plan waits for it before the CUDA graphs (its failure
+fails them, and the plan) and, whatever happened, before it returns."""
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +18,15 @@ import torch
 from tests.runner_helpers import make_runner
 from tests.test_shape_sweep_kernel_map import fake_probe
 from warmgate.server.cache import shape_sweeps
-from warmgate.server.warmup import compile_phase, gemm_shapes, size_sweeps
+from warmgate.server.core.phases import COMPILE, CUDA_GRAPHS, MIXED, PREFILL
+from warmgate.server.core.results import PhaseResult, PhaseStatus, WarmupResult
+from warmgate.server.warmup import compile_phase, gemm_shapes, plan, size_sweeps
+from warmgate.server.warmup.gemm_background import finish_gemm_sweeps
 from warmgate.server.warmup.sampler_rows import sweep_sampler_rows
 
 # (thread name, what ran): "gemm" for the sweep's F.linear, "sampler" for sample().
 Calls = list[tuple[str, str]]
+SWEEP = "warmgate-gemm-sweep"  # the sweep thread's name
 
 
 @pytest.fixture
@@ -27,9 +34,9 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     seen: Calls = []
     real = gemm_shapes.F.linear
 
-    def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def linear(x: torch.Tensor, *rest: Any) -> torch.Tensor:
         seen.append((threading.current_thread().name, "gemm"))
-        return real(x, w)
+        return real(x, *rest)
 
     monkeypatch.setattr(gemm_shapes.F, "linear", linear)
     return seen
@@ -111,7 +118,8 @@ def test_an_error_on_the_phases_thread_waits_for_the_gemms_first(
 
     def slow(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         started.set()
-        release.wait(10)
+        if not release.wait(10):  # once: a broken run fails, it does not hang
+            release.set()
         return real(x, w)
 
     def failing(*args: Any, **kwargs: Any) -> Any:
@@ -124,4 +132,85 @@ def test_an_error_on_the_phases_thread_waits_for_the_gemms_first(
     with pytest.raises(ValueError, match="stop"):
         compile_phase._sweep(runner)
     assert release.is_set()  # _sweep returned only after the GEMM thread could finish
+    assert not any(t.name == "warmgate-gemm-sweep" for t in threading.enumerate())
+
+
+def test_deferred_the_sweep_outlives_the_phase_and_finish_waits_for_it(
+        monkeypatch: pytest.MonkeyPatch, calls: Calls) -> None:
+    runner = _runner(monkeypatch, calls, None)
+    expected = _expected(runner, None)
+    release = threading.Event()
+    real = gemm_shapes.F.linear
+
+    def held(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if not release.wait(10):  # once: a broken run fails, it does not hang
+            release.set()
+        return real(x, w)
+
+    monkeypatch.setattr(gemm_shapes.F, "linear", held)
+    pending: list[Any] = []
+    assert compile_phase._sweep(runner, defer_to=pending) == expected  # counted, not run
+    assert len(pending) == 1 and any(t.name == "warmgate-gemm-sweep"
+                                     for t in threading.enumerate())
+    release.set()
+    finish_gemm_sweeps(pending)
+    assert pending == [] and not any(t.name == "warmgate-gemm-sweep"
+                                     for t in threading.enumerate())
+
+
+def _plan_with_a_deferred_sweep(monkeypatch: pytest.MonkeyPatch, runner: Any) -> None:
+    """The plan's compile phase on the CPU runner as on CUDA: the sampler rows here, the
+    GEMMs left running on their thread."""
+    def compile_warmup(model_runner: Any, *args: Any, defer_gemms_to: Any = None,
+                       **kwargs: Any) -> WarmupResult:
+        compile_phase._sweep(model_runner, defer_to=defer_gemms_to)
+        return WarmupResult(ran=True, phases=[PhaseResult(COMPILE, PhaseStatus.RAN)])
+
+    monkeypatch.setattr(plan, "run_compile_warmup", compile_warmup)
+
+
+def test_a_failed_deferred_sweep_fails_the_plan_before_the_cuda_graphs(
+        monkeypatch: pytest.MonkeyPatch, calls: Calls) -> None:
+    runner = _runner(monkeypatch, calls, None)
+    _plan_with_a_deferred_sweep(monkeypatch, runner)
+
+    real = gemm_shapes.F.linear  # torch's, which the model calls too
+
+    def broken(*args: Any) -> torch.Tensor:
+        if threading.current_thread().name == SWEEP:
+            raise RuntimeError("cuBLAS found no algorithm")
+        return real(*args)
+
+    monkeypatch.setattr(gemm_shapes.F, "linear", broken)
+    report = plan.run_warmup_plan(runner)
+    status = {p.name: p.status for p in report.phases}
+    assert status[COMPILE] is status[PREFILL] is status[MIXED] is PhaseStatus.RAN
+    graphs = next(p for p in report.phases if p.name == CUDA_GRAPHS)
+    assert graphs.status is PhaseStatus.FAILED and "no algorithm" in graphs.detail
+    assert not report.succeeded
+
+
+def test_a_plan_that_fails_before_the_cuda_graphs_still_waits_for_the_sweep(
+        monkeypatch: pytest.MonkeyPatch, calls: Calls) -> None:
+    runner = _runner(monkeypatch, calls, None)
+    _plan_with_a_deferred_sweep(monkeypatch, runner)
+    real = gemm_shapes.F.linear
+    done: list[bool] = []
+
+    def slow(*args: Any) -> torch.Tensor:
+        if threading.current_thread().name != SWEEP:
+            return real(*args)
+        time.sleep(0.001)
+        out = real(*args)
+        done.append(True)
+        return out
+
+    def kernels_fail(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("kernels broke")
+
+    monkeypatch.setattr(gemm_shapes.F, "linear", slow)
+    monkeypatch.setattr(plan, "warmup_kernels", kernels_fail)
+    report = plan.run_warmup_plan(runner)
+    assert not report.succeeded
+    assert len(done) == sum(len(ms) for _, ms in gemm_shapes.gemm_plan(runner))
     assert not any(t.name == "warmgate-gemm-sweep" for t in threading.enumerate())

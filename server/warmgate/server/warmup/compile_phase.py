@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from warmgate.server.config.runner_config import cdiv
 from warmgate.server.core.phases import COMPILE
@@ -32,6 +33,9 @@ from warmgate.server.warmup.steps import (
     scheduler_output,
     synced_timer,
 )
+
+if TYPE_CHECKING:
+    from warmgate.server.warmup.gemm_background import GemmSweepThread
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +82,12 @@ def plan_batches(buckets: Sequence[int], *, max_num_seqs: int, max_model_len: in
 def run_compile_warmup(model_runner: WarmupRunner, worker_execute_model: ExecuteModel,
                        worker_sample_tokens: SampleTokens, *,
                        progress: ProgressCallback | None = None,
-                       req_id_prefix: str = "_warmup_compile") -> WarmupResult:
+                       req_id_prefix: str = "_warmup_compile",
+                       defer_gemms_to: list[GemmSweepThread] | None = None) -> WarmupResult:
     """Truthy iff it ran: the torch.compile buckets (--compile) and, on CUDA, the shape
     sweeps (--shape-sweeps: every dense GEMM shape, the sampler at every batch size);
-    SKIPPED (DISABLED) when neither applies."""
+    SKIPPED (DISABLED) when neither applies. Without torch.compile, `defer_gemms_to` takes
+    the dense-GEMM sweep's thread still running (gemm_background.finish_gemm_sweeps waits)."""
     buckets = buckets_to_warm(model_runner)
     sweep = _runs_shape_sweeps(model_runner)
     if not buckets and not sweep:
@@ -89,7 +95,7 @@ def run_compile_warmup(model_runner: WarmupRunner, worker_execute_model: Execute
                                     "torch.compile is off (--compile turns it on) and the "
                                     "shape sweeps run only on CUDA")
     if not buckets:
-        return _gemm_only_phase(model_runner, progress)
+        return _gemm_only_phase(model_runner, progress, defer_gemms_to)
     block_sizes = kv_block_sizes(model_runner)
     batches, unreachable = plan_batches(
         buckets, max_num_seqs=model_runner.scheduler_config.max_num_seqs,
@@ -134,12 +140,14 @@ def _runs_shape_sweeps(model_runner: WarmupRunner) -> bool:
             and model_runner.config.compilation.shape_sweeps)
 
 
-def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None) -> int:
+def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None,
+           defer_to: list[GemmSweepThread] | None = None) -> int:
     """Dense GEMMs at every token count a forward can run outside a CUDA graph and
     (generative models) the sampler at every row count; the sampler, with the compile cache's
     kernel map, only at the sizes that launch every kernel. The GEMMs run on a thread of their
-    own beside the sampler rows (gemm_background.py), except while those learn their map.
-    Returns the calls made."""
+    own beside the sampler rows (gemm_background.py), except while those learn their map;
+    with `defer_to`, the thread is left running there for the plan to wait for before the
+    CUDA graphs (the phases between run beside it). Returns the calls made (or to be made)."""
     from warmgate.server.cache.shape_sweeps import kernel_map_dir
     from warmgate.server.warmup.gemm_background import GemmSweepThread  # torch, CUDA only
     from warmgate.server.warmup.gemm_shapes import gemm_plan, sweep_gemm_shapes
@@ -154,26 +162,36 @@ def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None) -> 
     gemms = GemmSweepThread(model_runner)
     try:
         calls = sweep_sampler_rows(model_runner, kernel_dir=kernel_dir)
-    finally:
-        gemms.wait()  # never leave it running past the phase, whatever happened here
-    calls += gemms.result()
+    except BaseException:
+        gemms.wait()  # never leave it running past a failed phase
+        raise
+    if defer_to is not None:
+        defer_to.append(gemms)
+        calls += gemms.planned
+    else:
+        calls += gemms.result()
     if tracker is not None:  # a step per weight, as the sweep on this thread reports them
         for _ in gemm_plan(model_runner):
             tracker.step()
     return calls
 
 
-def _gemm_only_phase(model_runner: WarmupRunner, progress: ProgressCallback | None) -> WarmupResult:
+def _gemm_only_phase(model_runner: WarmupRunner, progress: ProgressCallback | None,
+                     defer_to: list[GemmSweepThread] | None) -> WarmupResult:
     from warmgate.server.warmup.gemm_shapes import gemm_plan
 
     plan = gemm_plan(model_runner)
     tracker = PhaseProgress(COMPILE, len(plan) + 1, progress)
+    deferred = len(defer_to) if defer_to is not None else 0
     with synced_timer(model_runner) as t:
-        num_calls = _sweep(model_runner, tracker)
+        num_calls = _sweep(model_runner, tracker, defer_to)
         tracker.step()
+    running = defer_to is not None and len(defer_to) > deferred
     logger.info("compile phase: %d shape-sweep calls (dense GEMMs over %d weights, up to %d "
-                "Ms each; sampler rows up to %d requests) in %.3f s", num_calls, len(plan),
-                max((len(ms) for _, ms in plan), default=0), model_runner.max_num_reqs, t[0])
+                "Ms each; sampler rows up to %d requests) in %.3f s%s", num_calls, len(plan),
+                max((len(ms) for _, ms in plan), default=0), model_runner.max_num_reqs, t[0],
+                "; the dense GEMMs go on beside the next phases, until before the CUDA graphs"
+                if running else "")
     phase = PhaseResult(
         name=COMPILE, status=PhaseStatus.RAN, duration_s=t[0], num_tokens=num_calls,
         num_steps=len(plan), shapes={"gemm_weights": len(plan),
@@ -182,5 +200,7 @@ def _gemm_only_phase(model_runner: WarmupRunner, progress: ProgressCallback | No
                "token count a forward can run outside a CUDA graph and the sampler at every "
                "batch size (with the compile cache's kernel map, at the sizes that launch "
                f"every sampler kernel), {num_calls} calls, so no first batch of a new size "
-               "pays for algorithm choice or kernel loading")
+               "pays for algorithm choice or kernel loading"
+               + ("; the GEMMs on a thread of their own, which the plan waits for before the "
+                  "CUDA graphs" if running else ""))
     return WarmupResult(ran=True, phases=[phase])

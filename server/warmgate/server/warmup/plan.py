@@ -42,6 +42,11 @@ from warmgate.server.core.results import (
 from warmgate.server.jit import JitMonitor
 from warmgate.server.telemetry.report_log import log_phase
 from warmgate.server.warmup.compile_phase import run_compile_warmup
+from warmgate.server.warmup.gemm_background import (
+    GemmSweepThread,
+    abandon_gemm_sweeps,
+    finish_gemm_sweeps,
+)
 from warmgate.server.warmup.kernels import warmup_kernels
 from warmgate.server.warmup.mixed import run_mixed_prefill_decode_warmup
 from warmgate.server.warmup.phase_runner import PlanProgress, Step, run_phases
@@ -181,9 +186,17 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
             runner, runner.execute_model, runner.sample_tokens, num_tokens,
             progress=report).phases)
 
+    # The compile phase's dense-GEMM sweep, still running on its own thread while the next
+    # phases run; waited for before the CUDA graphs (warmup/gemm_background.py).
+    gemm_sweeps: list[GemmSweepThread] = []
+
     def compile_buckets(report: PlanProgress) -> list[PhaseResult]:
         return run_compile_warmup(runner, runner.execute_model, runner.sample_tokens,
-                                  progress=report).phases
+                                  progress=report, defer_gemms_to=gemm_sweeps).phases
+
+    def cuda_graphs(_: PlanProgress) -> list[PhaseResult]:
+        finish_gemm_sweeps(gemm_sweeps)  # what it raises fails this phase, and the plan
+        return [_cuda_graphs_phase(runner, force)]
 
     steps: list[Step] = [
         ((FLASHINFER,), lambda _: [_flashinfer_phase(runner)]),
@@ -192,7 +205,7 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
         ((STRUCTURED,), lambda report: [run_structured_warmup(
             runner, runner.execute_model, runner.sample_tokens, progress=report)]),
         ((MIXED,), mixed),
-        ((CUDA_GRAPHS,), lambda _: [_cuda_graphs_phase(runner, force)]),
+        ((CUDA_GRAPHS,), cuda_graphs),
     ]
     names: tuple[str, ...] = PHASES
     if getattr(runner, "tensor_parallel", None) is not None:
@@ -201,7 +214,10 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
         steps.insert(0, ((DISTRIBUTED,), lambda _: [distributed_phase(runner)]))
         names = TP_PLAN_PHASES
     phases = [load_phase] if load_phase is not None else []
-    phases += run_phases(steps, progress, names, runner.jit_monitor)
+    try:
+        phases += run_phases(steps, progress, names, runner.jit_monitor)
+    finally:
+        abandon_gemm_sweeps(gemm_sweeps)  # a plan that stopped before the CUDA graphs
     return _report(runner, phases, time.perf_counter() - start
                    + (load_phase.duration_s if load_phase else 0.0))
 
