@@ -161,3 +161,17 @@ def test_a_config_error_about_a_field_names_its_flag(
     with pytest.raises(SystemExit):
         report_config_error(build_parser({}), ConfigError(option.error_field, "bad"))
     assert f"argument {option.flag}: bad" in capsys.readouterr().err
+
+
+def test_the_parser_is_built_once_per_set_of_environment_defaults() -> None:
+    from warmgate.server.config.server_config import build_parser
+
+    base = {"WARMGATE_PORT": "6000", "HOME": "/root"}
+    parser = build_parser(base)
+    # Only WARMGATE_ values shape it: another unrelated variable gets the same parser ...
+    assert build_parser({**base, "HOME": "/tmp", "PATH": "/bin"}) is parser
+    assert parser.parse_args([]).port == 6000 and parser.parse_args(["--port", "7"]).port == 7
+    assert build_parser(base).parse_args([]).port == 6000  # parsing changed nothing
+    # ... and another WARMGATE_ value its own, with its own default.
+    other = build_parser({**base, "WARMGATE_PORT": "6001"})
+    assert other is not parser and other.parse_args([]).port == 6001

@@ -11,6 +11,7 @@ hands in argv and environ, so tests never touch the real environment.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -125,6 +126,17 @@ def add_options(parser: argparse.ArgumentParser, flags: Sequence[str],
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The server's parser over these environment defaults. One start asks for it three times
+    (the health process's port, the CUDA context's device, the whole configuration) with the
+    same environment, and building one costs more than it seems on a pod's first start
+    (argparse looks its messages up in the locale directories), so a parser is built once per
+    set of WARMGATE_ values and shared: parsing does not change it."""
+    return _parser_for(tuple(environ.get(opt.env) for opt in FLAG_OPTIONS))
+
+
+@functools.lru_cache(maxsize=8)
+def _parser_for(values: tuple[str | None, ...]) -> argparse.ArgumentParser:
+    environ = {opt.env: v for opt, v in zip(FLAG_OPTIONS, values, strict=True) if v is not None}
     parser = OneLineParser(
         prog=PROG,
         description="Serve warmgate.v1.Warmup, health and metrics; warm the model's kernels. "
