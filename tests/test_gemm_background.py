@@ -153,7 +153,8 @@ def test_deferred_the_sweep_outlives_the_phase_and_finish_waits_for_it(
     assert len(pending) == 1 and any(t.name == "warmgate-gemm-sweep"
                                      for t in threading.enumerate())
     release.set()
-    finish_gemm_sweeps(pending)
+    assert finish_gemm_sweeps(pending) is not None
+    assert finish_gemm_sweeps(pending) is None  # nothing left to wait for
     assert pending == [] and not any(t.name == "warmgate-gemm-sweep"
                                      for t in threading.enumerate())
 
@@ -214,3 +215,14 @@ def test_a_plan_that_fails_before_the_cuda_graphs_still_waits_for_the_sweep(
     assert not report.succeeded
     assert len(done) == sum(len(ms) for _, ms in gemm_shapes.gemm_plan(runner))
     assert not any(t.name == "warmgate-gemm-sweep" for t in threading.enumerate())
+
+
+def test_the_cuda_graphs_phase_says_how_long_it_waited_for_the_sweep(
+        monkeypatch: pytest.MonkeyPatch, calls: Calls) -> None:
+    runner = _runner(monkeypatch, calls, None)
+    _plan_with_a_deferred_sweep(monkeypatch, runner)
+    report = plan.run_warmup_plan(runner)
+    assert report.succeeded
+    graphs = next(p for p in report.phases if p.name == CUDA_GRAPHS)
+    assert graphs.shapes["waited_for_gemm_sweep_s"] >= 0  # skipped on the CPU, but said
+    assert SWEEP in {name for name, what in calls if what == "gemm"}  # beside the forwards

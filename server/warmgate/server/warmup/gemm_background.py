@@ -6,8 +6,9 @@ batch) need neither to have ended. Most of a GEMM call's cost on a warm start is
 inside cuBLAS (choosing the algorithm for a new shape, loading the kernel at its first
 launch), which torch runs without the GIL, and what it leaves behind (the loaded kernels, the
 chosen algorithms) serves every thread: bench/kernel_map_touch.py's `thread` policy measures a
-first call on the runner's thread after a sweep on another one, and finds it as cheap as after
-a sweep on the same thread (bench/results/README.md). So the GEMMs run on their own thread
+first call on the runner's thread after a sweep on another one, and finds it nearly as cheap as
+after a sweep on the same thread, against a hundredfold more with no sweep
+(bench/results/README.md). So the GEMMs run on their own thread
 while the sampler rows run on the caller's, and the plan goes on to the next phases; it waits
 for the GEMMs before the CUDA graphs (a capture must have the process to itself) and fails the
 plan there if they failed (finish_gemm_sweeps), so nothing is ready with a sweep unfinished.
@@ -70,11 +71,12 @@ class GemmSweepThread:
         return self._count
 
 
-def finish_gemm_sweeps(threads: list[GemmSweepThread]) -> None:
+def finish_gemm_sweeps(threads: list[GemmSweepThread]) -> float | None:
     """Before the CUDA graphs: wait for the sweeps the compile phase left running (a capture
-    must not share the process with them) and raise what one raised; empties the list."""
+    must not share the process with them) and raise what one raised; empties the list.
+    Returns the seconds waited (None: there was nothing to wait for)."""
     if not threads:
-        return
+        return None
     start = time.perf_counter()
     pending = list(threads)
     threads.clear()
@@ -84,8 +86,10 @@ def finish_gemm_sweeps(threads: list[GemmSweepThread]) -> None:
     finally:
         for thread in pending:
             thread.wait()
+    waited = time.perf_counter() - start
     logger.info("shape sweeps: waited %.3f s for the dense GEMMs before the CUDA graphs",
-                time.perf_counter() - start)
+                waited)
+    return waited
 
 
 def abandon_gemm_sweeps(threads: list[GemmSweepThread]) -> None:

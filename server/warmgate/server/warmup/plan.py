@@ -6,6 +6,8 @@ structured, mixed, cuda_graphs. FlashInfer's JIT runs before the kernel warmups 
 its FlashInfer autotune before `warmup_kernels`) so its compile cost shows in its own phase
 rather than inside prefill; torch.compile's buckets likewise. Graph capture comes last: a
 warmup after capture can grow a workspace that captured graphs still point at (vLLM 55336).
+The compile phase's dense GEMMs run on beside the phases after it, on a thread of their own,
+and the plan waits for them before the capture (warmup/gemm_background.py).
 Each phase's `compiles` and cache counts come from the runner's JitMonitor, billed to the
 phase whose step was running.
 """
@@ -195,8 +197,11 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
                                   progress=report, defer_gemms_to=gemm_sweeps).phases
 
     def cuda_graphs(_: PlanProgress) -> list[PhaseResult]:
-        finish_gemm_sweeps(gemm_sweeps)  # what it raises fails this phase, and the plan
-        return [_cuda_graphs_phase(runner, force)]
+        waited = finish_gemm_sweeps(gemm_sweeps)  # what it raises fails this phase, the plan
+        phase = _cuda_graphs_phase(runner, force)
+        if waited is not None:  # between the phases: said here, not in either's seconds
+            phase.shapes["waited_for_gemm_sweep_s"] = round(waited, 4)
+        return [phase]
 
     steps: list[Step] = [
         ((FLASHINFER,), lambda _: [_flashinfer_phase(runner)]),
