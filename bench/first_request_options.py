@@ -14,8 +14,10 @@ with --warmup-on-start and its metrics on a free port; once health is SERVING, e
 class in turn (plain first) sends the first request that uses the option since ready, then
 --steady more with the same option, one at a time, each after --gap-s of idleness (as
 --mode ttft: a step after a pause is slower than back to back). Per class: TTFT (client side:
-sent -> first message with tokens) and whole-request time, first / steady median, the
-tokens produced, and the server's JIT compiles and CUDA-graph misses after ready from its
+sent -> first message with tokens) and whole-request time, first / steady median, the mean
+decode step after the first token (a request that took more steps, fewer drafts accepted,
+is not slower per step), the tokens and steps produced, and the server's JIT compiles and
+CUDA-graph misses after ready from its
 /metrics before and after the class (so a compile after ready is charged to the class whose
 requests caused it). Every request has a fresh random prompt; a grammar class gives each
 request its own grammar text (a different literal), so first and steady requests alike pay
