@@ -36,6 +36,7 @@ from warmgate.server.warmup.steps import (
 
 if TYPE_CHECKING:
     from warmgate.server.warmup.gemm_background import GemmSweepThread
+    from warmgate.server.warmup.gemm_shapes import GemmPlan
 
 logger = logging.getLogger(__name__)
 
@@ -141,25 +142,28 @@ def _runs_shape_sweeps(model_runner: WarmupRunner) -> bool:
 
 
 def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None,
-           defer_to: list[GemmSweepThread] | None = None) -> int:
+           defer_to: list[GemmSweepThread] | None = None,
+           plan: GemmPlan | None = None) -> int:
     """Dense GEMMs at every token count a forward can run outside a CUDA graph and
     (generative models) the sampler at every row count; the sampler, with the compile cache's
     kernel map, only at the sizes that launch every kernel. The GEMMs run on a thread of their
     own beside the sampler rows (gemm_background.py), except while those learn their map;
     with `defer_to`, the thread is left running there for the plan to wait for before the
-    CUDA graphs (the phases between run beside it). Returns the calls made (or to be made)."""
+    CUDA graphs (the phases between run beside it). `plan`: gemm_plan's, when the caller has
+    it already. Returns the calls made (or to be made)."""
     from warmgate.server.cache.shape_sweeps import kernel_map_dir
     from warmgate.server.warmup.gemm_background import GemmSweepThread  # torch, CUDA only
     from warmgate.server.warmup.gemm_shapes import gemm_plan, sweep_gemm_shapes
     from warmgate.server.warmup.sampler_rows import sampler_rows_learn, sweep_sampler_rows
 
     kernel_dir = kernel_map_dir()
+    plan = gemm_plan(model_runner) if plan is None else plan
     if model_runner.is_pooling_model or sampler_rows_learn(model_runner, kernel_dir):
-        calls = sweep_gemm_shapes(model_runner, tracker)
+        calls = sweep_gemm_shapes(model_runner, tracker, plan=plan)
         if not model_runner.is_pooling_model:
             calls += sweep_sampler_rows(model_runner, kernel_dir=kernel_dir)
         return calls
-    gemms = GemmSweepThread(model_runner)
+    gemms = GemmSweepThread(model_runner, plan)
     try:
         calls = sweep_sampler_rows(model_runner, kernel_dir=kernel_dir)
     except BaseException:
@@ -171,7 +175,7 @@ def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None,
     else:
         calls += gemms.result()
     if tracker is not None:  # a step per weight, as the sweep on this thread reports them
-        for _ in gemm_plan(model_runner):
+        for _ in plan:
             tracker.step()
     return calls
 
@@ -184,7 +188,7 @@ def _gemm_only_phase(model_runner: WarmupRunner, progress: ProgressCallback | No
     tracker = PhaseProgress(COMPILE, len(plan) + 1, progress)
     deferred = len(defer_to) if defer_to is not None else 0
     with synced_timer(model_runner) as t:
-        num_calls = _sweep(model_runner, tracker, defer_to)
+        num_calls = _sweep(model_runner, tracker, defer_to, plan)
         tracker.step()
     running = defer_to is not None and len(defer_to) > deferred
     logger.info("compile phase: %d shape-sweep calls (dense GEMMs over %d weights, up to %d "

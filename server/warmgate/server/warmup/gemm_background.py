@@ -25,20 +25,21 @@ import time
 
 import torch
 
-from warmgate.server.warmup.gemm_shapes import gemm_plan, sweep_gemm_shapes
+from warmgate.server.warmup.gemm_shapes import GemmPlan, sweep_gemm_shapes
 from warmgate.server.warmup.runner_contract import WarmupRunner
 
 logger = logging.getLogger(__name__)
 
 
 class GemmSweepThread:
-    """sweep_gemm_shapes(model_runner), started at construction; `result` waits for it and
-    returns its count or raises what it raised."""
+    """sweep_gemm_shapes(model_runner) over `plan` (gemm_plan's), started at construction;
+    `result` waits for it and returns its count or raises what it raised."""
 
-    def __init__(self, model_runner: WarmupRunner) -> None:
+    def __init__(self, model_runner: WarmupRunner, plan: GemmPlan) -> None:
         self._runner = model_runner
+        self._plan = plan
         # The GEMMs it will run, for a phase that reports them before they have run.
-        self.planned = sum(len(ms) for _, ms in gemm_plan(model_runner))
+        self.planned = sum(len(ms) for _, ms in plan)
         self._count = 0
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="warmgate-gemm-sweep",
@@ -53,8 +54,9 @@ class GemmSweepThread:
                       if device.type == "cuda" else None)
             with torch.cuda.stream(stream):  # None: the CPU's one stream
                 self._count = sweep_gemm_shapes(
-                    self._runner, where="on a thread of its own, beside the sampler rows "
-                                        "and the phases after them")
+                    self._runner, plan=self._plan,
+                    where="on a thread of its own, beside the sampler rows and the phases "
+                          "after them")
             if stream is not None:
                 stream.synchronize()
         except BaseException as exc:  # handed to the phase's thread by result()

@@ -29,6 +29,9 @@ from warmgate.server.warmup.size_sweeps import SizeSweep
 
 logger = logging.getLogger(__name__)
 
+# [(weight, the Ms it runs at, ascending)], as gemm_plan gives it.
+GemmPlan = list[tuple[torch.Tensor, list[int]]]
+
 
 def layer_weights(model: Any) -> list[torch.Tensor]:
     """One weight per distinct (shape, dtype) of the decoder layers' projections."""
@@ -40,7 +43,7 @@ def layer_weights(model: Any) -> list[torch.Tensor]:
     return list(seen.values())
 
 
-def gemm_plan(model_runner: WarmupRunner) -> list[tuple[torch.Tensor, list[int]]]:
+def gemm_plan(model_runner: WarmupRunner) -> GemmPlan:
     """[(weight, its Ms, ascending)]: layer projections at the token counts a forward can run
     outside a graph, the vocabulary head at 1..the most logits rows a step can ask for (every
     request's 1 + k query rows; prompt logprobs take at most max_num_reqs rows at a time)."""
@@ -80,11 +83,12 @@ def gemm_sweep(weight: torch.Tensor, max_m: int) -> SizeSweep:
 
 @torch.inference_mode()
 def sweep_gemm_shapes(model_runner: WarmupRunner, tracker: PhaseProgress | None = None, *,
+                      plan: GemmPlan | None = None,
                       where: str = "") -> int:
-    """Every (weight, M) of gemm_plan once. Returns the GEMMs run; `where` says, in the log
-    line, where it ran when not on the phase's own thread."""
+    """Every (weight, M) of `plan` (default: gemm_plan's) once. Returns the GEMMs run; `where`
+    says, in the log line, where it ran when not on the phase's own thread."""
     start = time.perf_counter()
-    plan = gemm_plan(model_runner)
+    plan = gemm_plan(model_runner) if plan is None else plan
     count = 0
     for weight, ms in plan:
         if ms:
