@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from warmgate.server.runner.compile_buckets import compile_buckets
 from warmgate.server.runner.cuda_graphs import capturable_sizes
 
 if TYPE_CHECKING:
-    from warmgate.server.runner.model_runner import ModelRunner
+    from warmgate.server.runner.runner_settings import RunnerSettings
 
 EAGER_TOKEN_GRANULE = 16
 
@@ -27,7 +28,7 @@ def round_up(num_tokens: int, granule: int, budget: int) -> int:
     return min(-(-num_tokens // granule) * granule, budget)
 
 
-def eager_token_counts(runner: ModelRunner) -> list[int]:
+def eager_token_counts(runner: RunnerSettings) -> list[int]:
     """Every token count the runner's forward can run at outside a captured graph once warmup
     is done (ModelRunner._run_model). With torch.compile every forward pads to a bucket.
     Otherwise a uniform decode runs at its own count when no graph holds it, and any other
@@ -48,3 +49,16 @@ def eager_token_counts(runner: ModelRunner) -> list[int]:
     if not ragged or max(ragged) < budget:
         return sorted(padded.union(misses))
     return misses
+
+
+def ragged_graph_buckets(runner: RunnerSettings) -> tuple[int, ...]:
+    """Token buckets to capture ragged-batch graphs for: torch.compile's (so a replayed
+    compiled forward never pads twice), or none when the configuration or the backend rules
+    them out. Asked before the backend exists too (the runner's on_model_built, for the
+    dense-GEMM sweep's token counts): then the backend's class answers."""
+    backend = getattr(runner, "attention_backend", runner.attention_backend_class)
+    cfg = runner.config.compilation
+    if not cfg.ragged_cuda_graphs or runner.is_pooling_model or not backend.supports_ragged_graphs:
+        return ()
+    return runner.compile_buckets or compile_buckets(
+        cfg.cuda_graph_sizes or (), runner.decode_query_len, runner.max_num_tokens)

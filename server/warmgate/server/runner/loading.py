@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -65,13 +66,17 @@ def _sync(device: torch.device) -> None:
 
 
 def load_model(config: RunnerConfig, ops: TorchOps, device: torch.device,
-               dtype: torch.dtype, tp: TensorParallel | None = None) -> LoadedModel:
+               dtype: torch.dtype, tp: TensorParallel | None = None,
+               on_built: Callable[[LlamaModel], None] | None = None) -> LoadedModel:
     """Build the model without an attention backend (the runner attaches one once the KV cache
     exists) and fill it from the weights directory, or with seeded random weights; with `tp`,
-    this rank's shard of it."""
+    this rank's shard of it. `on_built` gets the model once its tensors exist, before they
+    are filled."""
     mc = config.model
     start = time.perf_counter()
     model = LlamaModel(mc, ops, None, device, dtype, tp)
+    if on_built is not None:
+        on_built(model)
     if mc.weights_path is not None:
         num_bytes = load_weights(mc.weights_path, model)
     else:

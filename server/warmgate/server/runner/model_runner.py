@@ -22,14 +22,13 @@ from warmgate.server.jit.events import COMMUNICATOR_SETUP, CUDA_GRAPH_MISS
 from warmgate.server.runner.attention import AttentionSpec, create_backend
 from warmgate.server.runner.attention.base import AttentionMetadata
 from warmgate.server.runner.batch import classify_batch, is_prefilling
-from warmgate.server.runner.compile_buckets import compile_buckets
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
-from warmgate.server.runner.eager_tokens import EAGER_TOKEN_GRANULE, eager_token_counts, round_up
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.loading import allocate_kv, load_model, load_stats
 from warmgate.server.runner.ops import TorchOps
 from warmgate.server.runner.pooling import pool_last_tokens
 from warmgate.server.runner.request_state import ScheduledRequest
+from warmgate.server.runner.runner_settings import RunnerSettings
 from warmgate.server.runner.sampling import Sampler
 from warmgate.server.runner.sampling.step import sample_step
 from warmgate.server.runner.sampling.step_logprobs import PromptLogprobs, prompt_logprobs
@@ -43,6 +42,7 @@ from warmgate.server.runner.token_bitmask import TokenBitmaskBuffer
 from warmgate.server.runner.validation import StepLimits, validate_scheduler_output
 
 if TYPE_CHECKING:
+    from warmgate.server.runner.model import LlamaModel
     from warmgate.server.runner.tensor_parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
@@ -50,8 +50,6 @@ logger = logging.getLogger(__name__)
 # (input_ids, positions, kv_caches, meta) -> hidden states: the model, or its compiled form.
 ModelForward = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], AttentionMetadata],
                         torch.Tensor]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -81,10 +79,14 @@ def _require_resolved(config: RunnerConfig) -> None:
                          "first, or use warmgate.server.runner.build_runner")
 
 
-class ModelRunner:
+class ModelRunner(RunnerSettings):
     def __init__(self, config: RunnerConfig, ops: TorchOps | None = None,
                  jit_monitor: JitMonitor | None = None,
-                 tensor_parallel: TensorParallel | None = None) -> None:
+                 tensor_parallel: TensorParallel | None = None,
+                 on_model_built: Callable[[ModelRunner], None] | None = None) -> None:
+        """`on_model_built` is called once `self.model`'s tensors exist, before the weights
+        are read into them, with the settings eager_token_counts reads already in place (the
+        warmup starts its dense-GEMM sweep there: gemm_background.start_with_model)."""
         _require_resolved(config)
         self._read_config(config)
         self.ops = ops if ops is not None else default_ops(config)
@@ -95,7 +97,9 @@ class ModelRunner:
         # the monitor which batch is in flight and when a uniform decode found no graph, and
         # installs the hooks held until the weights are in (JitMonitor.install_pending).
         self.jit_monitor = jit_monitor if jit_monitor is not None else JitMonitor()
-        loaded = load_model(config, self.ops, self.device, self.dtype, tensor_parallel)
+        loaded = load_model(config, self.ops, self.device, self.dtype, tensor_parallel,
+                            on_built=None if on_model_built is None
+                            else lambda model: self._model_built(model, on_model_built))
         self.model = loaded.model
         kv = allocate_kv(config, self.device, self.dtype, self.model.layers[0].num_kv_heads)
         self.kv_caches, self.kv_cache_config = kv.kv_caches, kv.kv_cache_config
@@ -120,18 +124,10 @@ class ModelRunner:
         # Set by capture_cuda_graphs (the warmup's last phase); None means every batch is eager.
         self.graph_runner: CudaGraphRunner | None = None
 
-    def _read_config(self, config: RunnerConfig) -> None:
-        """The settings other code reads off the runner, under vLLM MRV2's attribute names."""
-        self.config = config
-        self.device = torch.device(config.device.device)
-        self.dtype = _DTYPES[config.device.dtype]
-        self.scheduler_config = config.scheduler
-        self.num_speculative_steps = config.speculative.num_speculative_steps
-        self.decode_query_len = config.decode_query_len
-        self.max_num_reqs = config.scheduler.max_num_seqs
-        self.max_num_tokens = config.scheduler.max_num_batched_tokens
-        self.max_model_len = config.model.max_model_len
-        self.is_pooling_model = config.model.is_pooling_model
+    def _model_built(self, model: LlamaModel,
+                     on_model_built: Callable[[ModelRunner], None]) -> None:
+        self.model = model
+        on_model_built(self)
 
     def _attach_attention_backend(self) -> None:
         mc, layer = self.config.model, self.model.layers[0]  # the layer has this rank's heads
@@ -148,18 +144,11 @@ class ModelRunner:
     def _choose_forward(self) -> None:
         """The model itself, or with compile on its torch.compile wrapper per token bucket
         (compiled later by the warmup's compile phase)."""
-        self.compile_buckets: tuple[int, ...] = ()
         self._forward: ModelForward = self.model
-        # What eager_tokens rounds to: the CPU's GEMMs keep no per-shape state, and a compiled
-        # forward pads to its own buckets.
-        self.eager_granule = (EAGER_TOKEN_GRANULE if self.device.type == "cuda"
-                              and not self.config.compilation.compile else 1)
-        if not self.config.compilation.compile:
+        if not self.compile_buckets:
             return
         from warmgate.server.runner.compiled_forward import CompiledForward  # torch._dynamo
 
-        self.compile_buckets = compile_buckets(self.config.compilation.cuda_graph_sizes or (),
-                                               self.decode_query_len, self.max_num_tokens)
         self._forward = CompiledForward(self.model, self.compile_buckets)
         logger.info("torch.compile on: %d token buckets %s (compiled by the warmup's "
                     "compile phase)", len(self.compile_buckets), list(self.compile_buckets))
@@ -241,11 +230,6 @@ class ModelRunner:
         self.attention_backend.plan(padded)
         return self._eager_forward(input_ids, positions, padded)[:meta.num_tokens]
 
-    def eager_tokens(self, num_tokens: int) -> int:
-        """The token count an eager forward of num_tokens that is not a uniform decode runs
-        at (eager_tokens.py)."""
-        return round_up(num_tokens, self.eager_granule, self.max_num_tokens)
-
     def _eager_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                        meta: AttentionMetadata) -> torch.Tensor:
         """The forward outside a graph replay (compiled per bucket when compile is on)."""
@@ -262,22 +246,6 @@ class ModelRunner:
     @property
     def cuda_graphs_captured(self) -> bool:
         return self.graph_runner is not None and self.graph_runner.captured
-
-    def ragged_graph_buckets(self) -> tuple[int, ...]:
-        """Token buckets to capture ragged-batch graphs for: torch.compile's (so a replayed
-        compiled forward never pads twice), or none when the configuration or the backend
-        rules them out."""
-        if (not self.config.compilation.ragged_cuda_graphs or self.is_pooling_model
-                or not self.attention_backend.supports_ragged_graphs):
-            return ()
-        return self.compile_buckets or compile_buckets(
-            self.config.compilation.cuda_graph_sizes or (), self.decode_query_len,
-            self.max_num_tokens)
-
-    def eager_token_counts(self) -> list[int]:
-        """The token counts a forward can run at outside a captured graph once warmup is done:
-        what the dense GEMM sweep must cover (eager_tokens.py)."""
-        return eager_token_counts(self)
 
     def capture_cuda_graphs(self) -> dict[str, object]:
         """Capture uniform-decode graphs for the configured sizes, and ragged-batch graphs for

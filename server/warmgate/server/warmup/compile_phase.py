@@ -149,8 +149,10 @@ def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None,
     kernel map, only at the sizes that launch every kernel. The GEMMs run on a thread of their
     own beside the sampler rows (gemm_background.py), except while those learn their map;
     with `defer_to`, the thread is left running there for the plan to wait for before the
-    CUDA graphs (the phases between run beside it). `plan`: gemm_plan's, when the caller has
-    it already. Returns the calls made (or to be made)."""
+    CUDA graphs (the phases between run beside it). A thread already in `defer_to` was started
+    with the model (gemm_background.start_with_model) and is the sweep: none is started here.
+    `plan`: gemm_plan's, when the caller has it already. Returns the calls made (or to be
+    made)."""
     from warmgate.server.cache.shape_sweeps import kernel_map_dir
     from warmgate.server.warmup.gemm_background import GemmSweepThread  # torch, CUDA only
     from warmgate.server.warmup.gemm_shapes import gemm_plan, sweep_gemm_shapes
@@ -158,26 +160,38 @@ def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None,
 
     kernel_dir = kernel_map_dir()
     plan = gemm_plan(model_runner) if plan is None else plan
+    started = list(defer_to or [])
     if model_runner.is_pooling_model or sampler_rows_learn(model_runner, kernel_dir):
-        calls = sweep_gemm_shapes(model_runner, tracker, plan=plan)
+        if started:  # ended before the sampler rows: the map must not see its GEMMs
+            assert defer_to is not None  # where `started` came from
+            defer_to.clear()
+            calls = sum(thread.result() for thread in started)
+            _steps(tracker, len(plan))
+        else:
+            calls = sweep_gemm_shapes(model_runner, tracker, plan=plan)
         if not model_runner.is_pooling_model:
             calls += sweep_sampler_rows(model_runner, kernel_dir=kernel_dir)
         return calls
-    gemms = GemmSweepThread(model_runner, plan)
+    gemms = started[0] if started else GemmSweepThread(model_runner, plan)
     try:
         calls = sweep_sampler_rows(model_runner, kernel_dir=kernel_dir)
     except BaseException:
         gemms.wait()  # never leave it running past a failed phase
         raise
     if defer_to is not None:
-        defer_to.append(gemms)
+        if not started:
+            defer_to.append(gemms)
         calls += gemms.planned
     else:
         calls += gemms.result()
-    if tracker is not None:  # a step per weight, as the sweep on this thread reports them
-        for _ in plan:
-            tracker.step()
+    _steps(tracker, len(plan))  # a step per weight, as the sweep on this thread reports them
     return calls
+
+
+def _steps(tracker: PhaseProgress | None, count: int) -> None:
+    if tracker is not None:
+        for _ in range(count):
+            tracker.step()
 
 
 def _gemm_only_phase(model_runner: WarmupRunner, progress: ProgressCallback | None,
@@ -186,11 +200,10 @@ def _gemm_only_phase(model_runner: WarmupRunner, progress: ProgressCallback | No
 
     plan = gemm_plan(model_runner)
     tracker = PhaseProgress(COMPILE, len(plan) + 1, progress)
-    deferred = len(defer_to) if defer_to is not None else 0
     with synced_timer(model_runner) as t:
         num_calls = _sweep(model_runner, tracker, defer_to, plan)
         tracker.step()
-    running = defer_to is not None and len(defer_to) > deferred
+    running = bool(defer_to)  # what is still there runs on beside the next phases
     logger.info("compile phase: %d shape-sweep calls (dense GEMMs over %d weights, up to %d "
                 "Ms each; sampler rows up to %d requests) in %.3f s%s", num_calls, len(plan),
                 max((len(ms) for _, ms in plan), default=0), model_runner.max_num_reqs, t[0],

@@ -6,8 +6,9 @@ structured, mixed, cuda_graphs. FlashInfer's JIT runs before the kernel warmups 
 its FlashInfer autotune before `warmup_kernels`) so its compile cost shows in its own phase
 rather than inside prefill; torch.compile's buckets likewise. Graph capture comes last: a
 warmup after capture can grow a workspace that captured graphs still point at (vLLM 55336).
-The compile phase's dense GEMMs run on beside the phases after it, on a thread of their own,
-and the plan waits for them before the capture (warmup/gemm_background.py).
+The dense GEMMs run on a thread of their own, from the model's construction (a start-up's plan)
+or the compile phase on, beside the phases, and the plan waits for them before the capture
+(warmup/gemm_background.py).
 Each phase's `compiles` and cache counts come from the runner's JitMonitor, billed to the
 phase whose step was running.
 """
@@ -48,6 +49,9 @@ from warmgate.server.warmup.gemm_background import (
     GemmSweepThread,
     abandon_gemm_sweeps,
     finish_gemm_sweeps,
+    start_with_model,
+    starts_with_model,
+    take_started,
 )
 from warmgate.server.warmup.kernels import warmup_kernels
 from warmgate.server.warmup.mixed import run_mixed_prefill_decode_warmup
@@ -82,7 +86,16 @@ def load_runner(config: RunnerConfig, *, jit_monitor: JitMonitor | None = None
 
         runner: WarmupRunner = build_tensor_parallel_runner(resolved, jit_monitor)
     else:
-        runner = ModelRunner(resolved, jit_monitor=jit_monitor)
+        # The dense-GEMM sweep starts as soon as the model's tensors exist; the plan's compile
+        # phase takes it over (gemm_background.take_started).
+        started: list[GemmSweepThread] = []
+        try:
+            runner = ModelRunner(resolved, jit_monitor=jit_monitor, on_model_built=(
+                (lambda built: started.append(start_with_model(built)))
+                if starts_with_model(resolved) else None))
+        except BaseException:
+            abandon_gemm_sweeps(started)  # never left running past a failed load
+            raise
     observers: list[str] = []
     if jit_monitor is not None:
         jit_monitor.install_pending()  # the runner did, before its backend; a no-op then
@@ -188,9 +201,10 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
             runner, runner.execute_model, runner.sample_tokens, num_tokens,
             progress=report).phases)
 
-    # The compile phase's dense-GEMM sweep, still running on its own thread while the next
-    # phases run; waited for before the CUDA graphs (warmup/gemm_background.py).
-    gemm_sweeps: list[GemmSweepThread] = []
+    # The dense-GEMM sweep, running on its own thread while the phases run (from the model's
+    # construction on, or from the compile phase); waited for before the CUDA graphs
+    # (warmup/gemm_background.py).
+    gemm_sweeps: list[GemmSweepThread] = take_started(runner)
 
     def compile_buckets(report: PlanProgress) -> list[PhaseResult]:
         return run_compile_warmup(runner, runner.execute_model, runner.sample_tokens,
