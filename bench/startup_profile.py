@@ -12,12 +12,15 @@ it), and prints the top frames and functions of each thread in seconds. Only Pyt
 frames are seen: a thread inside a C call (a CUDA synchronize, cuBLAS choosing an algorithm, a
 file read) counts for the Python line that made the call. The sampler takes the GIL for each
 sample, so a start-up profiled runs a little slower than one that is not.
+It also counts the garbage collector's passes (gc.callbacks): how many per generation, their
+seconds, and the longest, on whichever thread they ran.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import os
 import sys
 import threading
@@ -86,6 +89,35 @@ class StackSampler:
             last = now
 
 
+class CollectorTimer:
+    """The garbage collector's passes while installed: count, seconds and longest, by
+    generation."""
+
+    def __init__(self) -> None:
+        self.count: collections.Counter[int] = collections.Counter()
+        self.seconds: collections.Counter[int] = collections.Counter()
+        self.longest: dict[int, float] = {}
+        self._started: dict[int, float] = {}  # thread -> start of its pass
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        me = threading.get_ident()
+        if phase == "start":
+            self._started[me] = time.perf_counter()
+            return
+        seconds = time.perf_counter() - self._started.pop(me, time.perf_counter())
+        generation = info["generation"]
+        self.count[generation] += 1
+        self.seconds[generation] += seconds
+        self.longest[generation] = max(self.longest.get(generation, 0.0), seconds)
+
+    def lines(self) -> list[str]:
+        total = sum(self.seconds.values())
+        out = [f"garbage collector: {sum(self.count.values())} passes, {total:.3f} s"]
+        out += [f"  generation {g}: {self.count[g]} passes, {self.seconds[g]:.3f} s, longest "
+                f"{1e3 * self.longest[g]:.1f} ms" for g in sorted(self.count)]
+        return out
+
+
 def report(sampler: StackSampler, top: int, wall_s: float) -> list[str]:
     lines = [f"{sampler.samples} samples, one every {1e3 * sampler.interval_s:.1f} ms or more, "
              f"over {wall_s:.2f} s of wall time"]
@@ -113,13 +145,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from warmgate.server.main import main as server_main
 
     sampler = StackSampler(args.interval_ms / 1e3)
+    collector = CollectorTimer()
     start = time.perf_counter()
+    gc.callbacks.append(collector)
     sampler.start()
     try:
         code = server_main(server_argv)
     finally:
         sampler.stop()
-    print("\n".join(report(sampler, args.top, time.perf_counter() - start)), flush=True)
+        gc.callbacks.remove(collector)
+    print("\n".join(collector.lines() + report(sampler, args.top, time.perf_counter() - start)),
+          flush=True)
     return code
 
 

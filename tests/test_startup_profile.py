@@ -53,3 +53,20 @@ def test_a_cpu_start_is_profiled_end_to_end() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "outcome SUCCEEDED" in proc.stdout
     assert "thread MainThread:" in proc.stdout and "server/main.py:" in proc.stdout
+    assert "garbage collector:" in proc.stdout
+
+
+def test_the_collector_timer_counts_each_pass_by_generation() -> None:
+    bench = load_script("bench/startup_profile.py")
+    timer = bench.CollectorTimer()
+    timer("start", {"generation": 2})
+    timer("stop", {"generation": 2})
+    timer("start", {"generation": 0})
+    timer("stop", {"generation": 0})
+    timer("start", {"generation": 0})
+    timer("stop", {"generation": 0})
+    assert timer.count == {0: 2, 2: 1}
+    lines = timer.lines()
+    assert lines[0].startswith("garbage collector: 3 passes")
+    assert lines[1].startswith("  generation 0: 2 passes")
+    assert lines[2].startswith("  generation 2: 1 passes")

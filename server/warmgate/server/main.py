@@ -31,6 +31,7 @@ from warmgate.server.control.background_startup import (
     begin_cuda_context,
     requested_device,
 )
+from warmgate.server.control.import_collection import collector_off_for_imports
 from warmgate.server.cpu_threads import apply_cpu_threads
 from warmgate.server.startup import load_server_config
 from warmgate.server.text.errors import TextLoadError
@@ -113,6 +114,19 @@ async def serve(config: ServerConfig, text: ModelText | None = None,
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    with collector_off_for_imports() as imports_done:
+        config, text, health = _start(argv)
+        imports_done()
+        if config.warmup_only:
+            from warmgate.server.prewarm import run_warmup_only
+
+            return run_warmup_only(config)
+        return asyncio.run(serve(config, text, health))
+
+
+def _start(argv: Sequence[str]) -> tuple[ServerConfig, ModelText | None, HealthLink | None]:
+    """Everything before the model load: the health process, torch and the CUDA context, the
+    configuration, the weights' read-ahead, the tokenizer, logging."""
     # First of all the health process (api/health_process.py), from the flags alone: it
     # starts its own interpreter beside ours, and probes get NOT_SERVING from its bind on,
     # while the start-up checks and the model load go on.
@@ -138,11 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     background.logging_ready()
     logger.info("config_hash=%s runner=%s", config.runner.config_hash(), config.runner.to_dict())
     apply_cpu_threads(config.cpu_threads, config.runner.device.device)
-    if config.warmup_only:
-        from warmgate.server.prewarm import run_warmup_only
-
-        return run_warmup_only(config)
-    return asyncio.run(serve(config, text, health))
+    return config, text, health
 
 
 if __name__ == "__main__":
