@@ -20,6 +20,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 class RunnerSettings:
+    """The configuration-derived half of ModelRunner: set by _read_config, first thing."""
+
     def _read_config(self, config: RunnerConfig) -> None:
         """The settings other code reads off the runner, under vLLM MRV2's attribute names."""
         self.config = config
