@@ -17,9 +17,11 @@ STRUCTURED = "structured"
 MIXED = "mixed"
 CUDA_GRAPHS = "cuda_graphs"
 
-# A whole plan (WarmupKernels, start-up), in order.
-PLAN_PHASES = (LOAD, FLASHINFER, COMPILE, PREFILL, DECODE, SAMPLER, STRUCTURED, MIXED,
-               CUDA_GRAPHS)
+# A whole plan (WarmupKernels, start-up), in order: the phases that vary only what runs
+# after the forward (the sampler, the grammar's bitmask) come after the CUDA graphs
+# (warmup/plan.py says why).
+PLAN_PHASES = (LOAD, FLASHINFER, COMPILE, PREFILL, DECODE, MIXED, CUDA_GRAPHS, SAMPLER,
+               STRUCTURED)
 # Only a tensor-parallel runner (warmgate.server.distributed) runs this one, right after load
 # (every collective at every size class, on every rank); a TP=1 plan is PLAN_PHASES.
 DISTRIBUTED = "distributed"
@@ -30,4 +32,4 @@ MIXED_PHASES = (MIXED,)
 # sample_tokens), in plan order; load runs before a runner exists, and flashinfer, compile and
 # cuda_graphs skip on a CPU (structured too, without a tokenizer), so only these can be
 # interrupted through the callbacks.
-RUNNER_CALL_PHASES = (PREFILL, DECODE, SAMPLER, MIXED)
+RUNNER_CALL_PHASES = (PREFILL, DECODE, MIXED, SAMPLER)

@@ -9,9 +9,10 @@ from warmgate.server.core.results import (
     WarmupReport,
     WarmupResult,
 )
-from warmgate.server.warmup.kernels import warmup_kernels, warmup_shapes
+from warmgate.server.warmup.kernels import warmup_kernels
 from warmgate.server.warmup.mixed import run_mixed_prefill_decode_warmup
 from warmgate.server.warmup.plan import PHASES, load_runner, run_mixed_warmup, run_warmup_plan
+from warmgate.server.warmup.steps import warmup_shapes
 
 __all__ = [
     "PHASES",

@@ -1,14 +1,21 @@
 """The warmup plan: every warmup phase (docs/architecture.md), in order, each RAN, SKIPPED or
 FAILED.
 
-Order: load, flashinfer, compile, kernels.prefill, kernels.decode, kernels.sampler,
-structured, mixed, cuda_graphs. FlashInfer's JIT runs before the kernel warmups (as vLLM runs
+Order: load, flashinfer, compile, kernels.prefill, kernels.decode, mixed, cuda_graphs,
+kernels.sampler, structured. FlashInfer's JIT runs before the kernel warmups (as vLLM runs
 its FlashInfer autotune before `warmup_kernels`) so its compile cost shows in its own phase
-rather than inside prefill; torch.compile's buckets likewise. Graph capture comes last: a
-warmup after capture can grow a workspace that captured graphs still point at (vLLM 55336).
-The dense GEMMs run on a thread of their own, from the model's construction (a start-up's plan)
-or the compile phase on, beside the phases, and the plan waits for them before the capture
-(warmup/gemm_background.py).
+rather than inside prefill; torch.compile's buckets likewise. The dense GEMMs run on a thread
+of their own, from the model's construction (a start-up's plan) or the compile phase on, beside
+the phases, and the plan waits for them before the capture (warmup/gemm_background.py).
+
+The two phases that vary only what runs after the forward, the sampler's paths and the
+grammar's bitmask, come after the capture. Their decode steps then replay the captured graphs,
+the forward serving takes for those batches, rather than eager forwards serving never runs
+for them, and they no longer share the host with the GEMM thread. What they run after the
+capture is what every serving step runs after it: the sampler and the bitmask live outside
+any graph, and nothing the graphs read (the runner's input buffers, the KV cache, the
+FlashInfer workspace) is allocated or grown by a step. So the hazard of vLLM 55336, a warmup
+after capture growing a workspace that captured graphs still point at, has nothing to grow.
 Each phase's `compiles` and cache counts come from the runner's JitMonitor, billed to the
 phase whose step was running.
 """
@@ -53,10 +60,11 @@ from warmgate.server.warmup.gemm_background import (
     starts_with_model,
     take_started,
 )
-from warmgate.server.warmup.kernels import warmup_kernels
+from warmgate.server.warmup.kernels import warmup_forward_kernels
 from warmgate.server.warmup.mixed import run_mixed_prefill_decode_warmup
 from warmgate.server.warmup.phase_runner import PlanProgress, Step, run_phases
 from warmgate.server.warmup.runner_contract import WarmupRunner
+from warmgate.server.warmup.sampler_phase import warmup_sampler
 from warmgate.server.warmup.shapes import RESOURCE_SKIPS, default_mixed_num_tokens
 from warmgate.server.warmup.steps import synced_timer
 from warmgate.server.warmup.structured import run_structured_warmup
@@ -192,9 +200,13 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
                   if mixed_num_tokens is None else mixed_num_tokens)
 
     def kernels(report: PlanProgress) -> list[PhaseResult]:
-        result = warmup_kernels(runner, runner.execute_model, runner.sample_tokens,
-                                progress=report, on_phase=report.phase_done)
+        result = warmup_forward_kernels(runner, runner.execute_model, runner.sample_tokens,
+                                        progress=report, on_phase=report.phase_done)
         return _require_resources(_with_skipped_tail(result.phases))
+
+    def sampler(report: PlanProgress) -> list[PhaseResult]:
+        return _require_resources([warmup_sampler(runner, runner.execute_model,
+                                                  runner.sample_tokens, progress=report)])
 
     def mixed(report: PlanProgress) -> list[PhaseResult]:
         return _require_resources(run_mixed_prefill_decode_warmup(
@@ -220,11 +232,12 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
     steps: list[Step] = [
         ((FLASHINFER,), lambda _: [_flashinfer_phase(runner)]),
         ((COMPILE,), compile_buckets),
-        ((PREFILL, DECODE, SAMPLER), kernels),
-        ((STRUCTURED,), lambda report: [run_structured_warmup(
-            runner, runner.execute_model, runner.sample_tokens, progress=report)]),
+        ((PREFILL, DECODE), kernels),
         ((MIXED,), mixed),
         ((CUDA_GRAPHS,), cuda_graphs),
+        ((SAMPLER,), sampler),
+        ((STRUCTURED,), lambda report: [run_structured_warmup(
+            runner, runner.execute_model, runner.sample_tokens, progress=report)]),
     ]
     names: tuple[str, ...] = PHASES
     if getattr(runner, "tensor_parallel", None) is not None:
@@ -242,11 +255,11 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
 
 
 def _with_skipped_tail(phases: list[PhaseResult]) -> list[PhaseResult]:
-    """warmup_kernels returns only the phases it reached when it skips up front."""
+    """warmup_forward_kernels returns only the phases it reached when it skips up front."""
     names = [p.name for p in phases]
     out = list(phases)
     first = phases[0] if phases else None
-    for name in (PREFILL, DECODE, SAMPLER):
+    for name in (PREFILL, DECODE):
         if name not in names and first is not None and first.skip_reason is not None:
             out.append(PhaseResult.skipped(name, first.skip_reason, first.detail))
     return out

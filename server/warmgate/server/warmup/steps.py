@@ -15,11 +15,14 @@ scheduler's again afterwards); nothing here picks requests, budgets tokens or pr
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
+from warmgate.server.core.results import PhaseResult, PhaseStatus
 from warmgate.server.runner.scheduler_output import (
     CachedRequestData,
     GrammarOutput,
@@ -29,10 +32,13 @@ from warmgate.server.runner.scheduler_output import (
     SchedulerOutput,
 )
 from warmgate.server.warmup.runner_contract import WarmupRunner
-from warmgate.server.warmup.shapes import blocks_for
+from warmgate.server.warmup.shapes import blocks_for, kernel_shapes
 
-__all__ = ["BlockAllocator", "WarmupRequest", "blocks_for", "finish", "kv_block_sizes",
-           "new_request", "run_step", "scheduler_output", "synced_timer"]
+__all__ = ["BlockAllocator", "WarmupRequest", "blocks_for", "decode_step", "finish",
+           "kv_block_sizes", "new_request", "prefill_step", "ran_phase", "run_step",
+           "scheduler_output", "synced_timer", "warmup_shapes"]
+
+logger = logging.getLogger(__name__)
 
 # The two callbacks warmup drives the runner through (WarmupRunner.execute_model and
 # .sample_tokens, or a pipeline-parallel worker's equivalents).
@@ -42,6 +48,18 @@ SampleTokens = Callable[[GrammarOutput | None], ModelRunnerOutput | None]
 
 def kv_block_sizes(model_runner: WarmupRunner) -> list[int]:
     return [g.kv_cache_spec.block_size for g in model_runner.kv_cache_config.kv_cache_groups]
+
+
+def warmup_shapes(model_runner: WarmupRunner) -> dict[str, int]:
+    """The shapes the kernel, sampler and structured warmups use: prompt_len,
+    decode_query_len, num_reqs and their caps (warmup/shapes.py)."""
+    sched = model_runner.scheduler_config
+    return kernel_shapes(num_spec_steps=model_runner.num_speculative_steps,
+                         block_sizes=kv_block_sizes(model_runner),
+                         num_blocks=model_runner.kv_cache_config.num_blocks,
+                         max_num_seqs=sched.max_num_seqs,
+                         max_num_batched_tokens=sched.max_num_batched_tokens,
+                         max_model_len=model_runner.max_model_len)
 
 
 class BlockAllocator:
@@ -102,6 +120,61 @@ def run_step(execute: ExecuteModel, sample: SampleTokens, so: SchedulerOutput,
     execute(so)
     if sample_after:
         sample(None)
+
+
+def prefill_step(execute: ExecuteModel, sample: SampleTokens, reqs: Sequence[WarmupRequest],
+                 alloc: BlockAllocator, block_sizes: list[int],
+                 params: Sequence[SamplingParams], *, is_pooling: bool) -> None:
+    """One step in which every request of `reqs` reads its whole prompt."""
+    new = []
+    for req, sp in zip(reqs, params, strict=True):
+        blocks = alloc.take(blocks_for(req.prompt_len, block_sizes))
+        req.blocks = [len(b) for b in blocks]
+        new.append(new_request(req.req_id, list(range(req.prompt_len)), blocks,
+                               None if is_pooling else sp))
+    so = scheduler_output(new_reqs=new, num_scheduled={r.req_id: r.prompt_len for r in reqs})
+    run_step(execute, sample, so, sample_after=not is_pooling)
+    for req in reqs:
+        req.num_computed_tokens = req.prompt_len
+
+
+def decode_step(execute: ExecuteModel, sample: SampleTokens, reqs: Sequence[WarmupRequest],
+                rows: Sequence[tuple[int, bool]], num_spec_steps: int, alloc: BlockAllocator,
+                block_sizes: list[int], tokens_per_req: int) -> tuple[int, int]:
+    """One decode step over `rows` (request index, has drafts); returns (tokens scheduled,
+    requests restated back)."""
+    cached, num_scheduled, spec_tokens = [], {}, {}
+    restated = 0
+    for idx, has_drafts in rows:
+        req = reqs[idx]
+        k = num_spec_steps if has_drafts else 0
+        if req.num_computed_tokens + 1 + k > tokens_per_req:
+            # Past its blocks or max_model_len: back to the end of its prompt (a scheduler
+            # restates rejected drafts the same way); still a decode, never a prefill.
+            req.num_computed_tokens = req.prompt_len
+            restated += 1
+        need = blocks_for(req.num_computed_tokens + 1 + k, block_sizes)
+        delta = [max(0, n - h) for n, h in zip(need, req.blocks, strict=True)]
+        new_blocks = alloc.take(delta) if any(d > 0 for d in delta) else None
+        req.blocks = [max(n, h) for n, h in zip(need, req.blocks, strict=True)]
+        cached.append((req.req_id, req.num_computed_tokens, new_blocks))
+        num_scheduled[req.req_id] = 1 + k
+        if k:
+            # Draft token values do not matter for compilation; their count does.
+            spec_tokens[req.req_id] = [0] * k
+    run_step(execute, sample, scheduler_output(cached=cached, num_scheduled=num_scheduled,
+                                               spec_tokens=spec_tokens))
+    for idx, has_drafts in rows:
+        reqs[idx].num_computed_tokens += 1 + (num_spec_steps if has_drafts else 0)
+    return sum(num_scheduled.values()), restated
+
+
+def ran_phase(name: str, seconds: float, num_reqs: int, num_tokens: int, steps: int,
+              shapes: dict[str, Any], detail: str) -> PhaseResult:
+    logger.debug("warmup phase=%s status=RAN seconds=%.3f num_reqs=%d num_tokens=%d steps=%d",
+                 name, seconds, num_reqs, num_tokens, steps)
+    return PhaseResult(name=name, status=PhaseStatus.RAN, duration_s=seconds, num_reqs=num_reqs,
+                       num_tokens=num_tokens, num_steps=steps, shapes=dict(shapes), detail=detail)
 
 
 def finish(execute: ExecuteModel, req_ids: Sequence[str]) -> None:

@@ -28,15 +28,19 @@ from warmgate.server.runner.sampling.grammar_mask import apply_token_bitmask
 from warmgate.server.runner.scheduler_output import GREEDY, GrammarOutput, SchedulerOutput
 from warmgate.server.serving.grammar.spec import GrammarSpec, grammar_unavailable_reason
 from warmgate.server.text.model_text import ModelText, load_model_text
-from warmgate.server.warmup.kernels import STOCHASTIC, _decode, _prefill, decode_plan, warmup_shapes
+from warmgate.server.warmup.kernels import decode_plan
+from warmgate.server.warmup.sampler_paths import STOCHASTIC
 from warmgate.server.warmup.steps import (
     BlockAllocator,
     ExecuteModel,
     SampleTokens,
     WarmupRequest,
+    decode_step,
     finish,
     kv_block_sizes,
+    prefill_step,
     synced_timer,
+    warmup_shapes,
 )
 
 # Small, but with every construct the schema compiler and matcher handle differently.
@@ -167,13 +171,13 @@ def _run_steps(steps: _ConstrainedSteps, reqs: Sequence[WarmupRequest],
     alloc = BlockAllocator(len(block_sizes))
     tokens = 0
     try:
-        _prefill(steps.execute, steps.sample, reqs, alloc, block_sizes, params,
-                 is_pooling=False)
+        prefill_step(steps.execute, steps.sample, reqs, alloc, block_sizes, params,
+                     is_pooling=False)
         tokens += sum(r.prompt_len for r in reqs)
         tracker.step()
         for rows in plan:
-            tokens += _decode(steps.execute, steps.sample, reqs, rows, num_spec, alloc,
-                              block_sizes, tokens_per_req)[0]
+            tokens += decode_step(steps.execute, steps.sample, reqs, rows, num_spec, alloc,
+                                  block_sizes, tokens_per_req)[0]
             tracker.step()
     finally:
         finish(steps.execute, [r.req_id for r in reqs])
