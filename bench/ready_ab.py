@@ -6,9 +6,10 @@ alternates too), with one --cache-dir, so a drift in the host's speed lands on b
 
 DIR holds the other tree's client/ and server/ (e.g. `git archive REV client server | tar -x
 -C DIR`). Fill --cache-dir first (a time_to_ready run with --keep-cache-dir) so both sides
-start warm. Each server gets this process's environment with its tree first on PYTHONPATH
-(and without the compiler caches' variables, which would override --cache-dir). Prints each
-ready time, then one JSON line: the runs, the medians and new_over_base.
+start warm. Each server imports warmgate from its own tree's client/ and server/ (ahead of
+anything else on PYTHONPATH) and gets this process's environment without the compiler
+caches' variables, which would override --cache-dir. Prints each ready time, then one JSON
+line: the runs, the medians and new_over_base.
 """
 
 from __future__ import annotations
@@ -29,12 +30,18 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPILER_CACHE_ENV = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
 
 
+def tree_roots(tree: Path) -> list[str]:
+    """The folders a server of `tree` imports warmgate from."""
+    return [str(tree / "client"), str(tree / "server")]
+
+
 def tree_env(tree: Path) -> dict[str, str]:
-    """This environment, with `tree`'s client/ and server/ ahead of what PYTHONPATH had."""
+    """This environment without the compiler caches' variables and without this checkout's
+    client/ and server/ on PYTHONPATH (run_to_ready puts `tree`'s ahead of the rest)."""
     env = {k: v for k, v in os.environ.items() if k not in COMPILER_CACHE_ENV}
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
             if p and Path(p).resolve() not in (ROOT / "client", ROOT / "server")]
-    env["PYTHONPATH"] = os.pathsep.join([str(tree / "client"), str(tree / "server"), *rest])
+    env["PYTHONPATH"] = os.pathsep.join(rest)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -66,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: dict[str, list[float]] = {side: [] for side in trees}
     for i in range(args.rounds):
         for side in order(i):
-            run = run_to_ready(server_argv, tree_env(trees[side]), args.timeout)
+            run = run_to_ready(server_argv, tree_env(trees[side]), args.timeout,
+                               roots=tree_roots(trees[side]))
             runs[side].append(round(run.ready_s, 3))
             print(f"round {i} {side}: ready {run.ready_s:.3f} s", flush=True)
             if args.log_dir is not None:

@@ -28,14 +28,16 @@ def _healthy(port: int) -> bool:
     return reply.status == SERVING
 
 
-def run_to_ready(argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> ReadyRun:
+def run_to_ready(argv: Sequence[str], env: Mapping[str, str], timeout_s: float,
+                 roots: Sequence[str] | None = None) -> ReadyRun:
     """Start the server (with exactly `env`; argv needs --health-port), poll health until
-    SERVING, stop it (SIGTERM); the ready time and log.
+    SERVING, stop it (SIGTERM); the ready time and log. `roots`: the client and server
+    folders it imports warmgate from (default: the ones this process imports).
 
     Raises RuntimeError with the log's tail if it exits or does not get ready in time.
     """
     server = ServerProcess(argv, env, device=None, start_timeout_s=timeout_s,
-                           stop_signal=signal.SIGTERM, inherit_env=False)
+                           stop_signal=signal.SIGTERM, inherit_env=False, roots=roots)
     ready_s = None
     try:
         with server:

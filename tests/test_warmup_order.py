@@ -12,7 +12,6 @@ from warmgate.server.core.results import PhaseResult, PhaseStatus
 from warmgate.server.runner.scheduler_output import SchedulerOutput
 from warmgate.server.warmup import plan
 
-
 MIXED_PHASE_IDS = {"_warmup_mixed_decode", "_warmup_mixed_prefill"}
 
 

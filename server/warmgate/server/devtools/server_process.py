@@ -44,19 +44,22 @@ class ServerProcess:
     is what the time-to-ready bench reads its start-up breakdown from. `inherit_env=False`
     starts the server with exactly `env` (the bench's cold runs must not inherit compiler
     cache variables). `wait_for_main=False` returns once the health port (the health
-    process's, up before the model server) answers, with p.port still 0."""
+    process's, up before the model server) answers, with p.port still 0. `roots` are the
+    folders the child imports warmgate's client and server from, ahead of env's PYTHONPATH
+    (default: this process's, source_roots())."""
 
     def __init__(self, flags: Sequence[str] = (), env: Mapping[str, str] | None = None, *,
                  device: str | None = "cpu", start_timeout_s: float = 60.0,
                  stop_signal: signal.Signals = signal.SIGKILL,
                  fresh_caches: bool = False, inherit_env: bool = True,
-                 wait_for_main: bool = True) -> None:
+                 wait_for_main: bool = True, roots: Sequence[str] | None = None) -> None:
         self.argv = [sys.executable, "-m", "warmgate.server.main", "--host", "127.0.0.1",
                      "--port", "0", *(["--device", device] if device else []), *flags]
         self._env = {**(os.environ if inherit_env else {}), "WARMGATE_METRICS_PORT": "-1",
                      **(env or {})}
         self._env["PYTHONPATH"] = os.pathsep.join(
-            [*source_roots(), *filter(None, [self._env.get("PYTHONPATH")])])
+            [*(source_roots() if roots is None else roots),
+             *filter(None, [self._env.get("PYTHONPATH")])])
         self._cache_root: str | None = None
         if fresh_caches:
             self._cache_root = tempfile.mkdtemp(prefix="warmgate-server-caches-")
