@@ -34,7 +34,6 @@ from pathlib import Path
 
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.config.server_config import build_parser
-from warmgate.server.control.cuda_driver import device_ordinal, retain_primary_context
 
 logger = logging.getLogger(__name__)
 
@@ -95,11 +94,8 @@ def wants_cuda(device: str) -> bool:
 
 
 def create_cuda_context(device: str) -> str:
-    """Create the CUDA context on `device`: its primary context through the driver API, with
-    the GIL released (cuda_driver.py), then torch's initialisation; the log line to write."""
+    """Import torch and create the CUDA context on `device`; the log line to write."""
     start = time.perf_counter()
-    driver_failed = retain_primary_context(device_ordinal(device))
-    driver_s = time.perf_counter() - start
     try:
         import torch
 
@@ -113,11 +109,8 @@ def create_cuda_context(device: str) -> str:
         return (f"start-up: CUDA context on {device} failed in the background after "
                 f"{time.perf_counter() - start:.3f} s ({type(exc).__name__}: {exc}); the "
                 "model load will report it")
-    driver = (f"driver API {driver_s:.3f} s, GIL released" if driver_failed is None
-              else f"not through the driver API: {driver_failed}")
     return (f"start-up: CUDA context on {target} in {time.perf_counter() - start:.3f} s "
-            f"({driver}; in the background, beside the server's imports, configuration and "
-            "start)")
+            "(in the background, beside the server's imports, configuration and start)")
 
 
 def read_ahead(files: list[Path]) -> str:
@@ -148,8 +141,8 @@ def requested_device(argv: Sequence[str], environ: Mapping[str, str]) -> str:
 def begin_cuda_context(device: str) -> BackgroundStartup:
     """Main's first step: import torch and start creating the CUDA context (a device that
     wants CUDA), before anything else of the server is imported. What follows, the rest of
-    the imports and the configuration checks, runs beside the context's creation (whose slow
-    part, the driver's, runs without the GIL). `begin_background_startup` adds the rest."""
+    the imports and the configuration checks, runs beside the context's creation (torch
+    releases the GIL in its device calls). `begin_background_startup` adds the rest."""
     startup = BackgroundStartup()
     if wants_cuda(device):
         import torch  # noqa: F401  # here, on this thread: the context's thread starts after it
