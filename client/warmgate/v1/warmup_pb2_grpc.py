@@ -69,7 +69,8 @@ class WarmupServicer:
 
     def WarmupKernels(self, request, context):
         """Runs the whole warmup plan (load, flashinfer, compile, kernels.prefill, kernels.decode,
-        kernels.sampler, mixed, cuda_graphs) and returns a report with one entry per phase.
+        mixed, cuda_graphs, kernels.sampler, structured) and returns a report with one entry per
+        phase.
         Phase failures are reported in the body (outcome FAILED), not as an RPC error.
         A run on a ready server (force) turns health NOT_SERVING until it ends, SERVING again on
         success. During shutdown it is refused with UNAVAILABLE.

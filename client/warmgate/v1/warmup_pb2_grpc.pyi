@@ -45,7 +45,8 @@ class WarmupStub:
     def __new__(cls, channel: _aio.Channel) -> WarmupAsyncStub: ...
     WarmupKernels: _grpc.UnaryUnaryMultiCallable[_warmup_pb2.WarmupKernelsRequest, _warmup_pb2.WarmupReport]
     """Runs the whole warmup plan (load, flashinfer, compile, kernels.prefill, kernels.decode,
-    kernels.sampler, mixed, cuda_graphs) and returns a report with one entry per phase.
+    mixed, cuda_graphs, kernels.sampler, structured) and returns a report with one entry per
+    phase.
     Phase failures are reported in the body (outcome FAILED), not as an RPC error.
     A run on a ready server (force) turns health NOT_SERVING until it ends, SERVING again on
     success. During shutdown it is refused with UNAVAILABLE.
@@ -74,7 +75,8 @@ class WarmupAsyncStub(WarmupStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     WarmupKernels: _aio.UnaryUnaryMultiCallable[_warmup_pb2.WarmupKernelsRequest, _warmup_pb2.WarmupReport]  # type: ignore[assignment]
     """Runs the whole warmup plan (load, flashinfer, compile, kernels.prefill, kernels.decode,
-    kernels.sampler, mixed, cuda_graphs) and returns a report with one entry per phase.
+    mixed, cuda_graphs, kernels.sampler, structured) and returns a report with one entry per
+    phase.
     Phase failures are reported in the body (outcome FAILED), not as an RPC error.
     A run on a ready server (force) turns health NOT_SERVING until it ends, SERVING again on
     success. During shutdown it is refused with UNAVAILABLE.
@@ -106,7 +108,8 @@ class WarmupServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_warmup_pb2.WarmupReport, _abc.Awaitable[_warmup_pb2.WarmupReport]]:
         """Runs the whole warmup plan (load, flashinfer, compile, kernels.prefill, kernels.decode,
-        kernels.sampler, mixed, cuda_graphs) and returns a report with one entry per phase.
+        mixed, cuda_graphs, kernels.sampler, structured) and returns a report with one entry per
+        phase.
         Phase failures are reported in the body (outcome FAILED), not as an RPC error.
         A run on a ready server (force) turns health NOT_SERVING until it ends, SERVING again on
         success. During shutdown it is refused with UNAVAILABLE.
