@@ -249,7 +249,8 @@ class ModelRunner(RunnerSettings):
 
     def capture_cuda_graphs(self) -> dict[str, object]:
         """Capture uniform-decode graphs for the configured sizes, and ragged-batch graphs for
-        ragged_graph_buckets() (after all kernel warmup)."""
+        ragged_graph_buckets() (after the forward's kernel warmups: the plan runs only the
+        sampler's and the grammar's after it)."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device; this runner is on "
                                f"{self.device.type}")
