@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 
 from tests.runner_helpers import make_runner
-from warmgate.server.core.results import PhaseResult, PhaseStatus
+from tests.warmup_fakes import fail_execute, fail_sample, fake_runner
+from warmgate.server.core.results import PhaseResult, PhaseStatus, SkipReason
 from warmgate.server.runner.scheduler_output import SchedulerOutput
 from warmgate.server.warmup import plan
+from warmgate.server.warmup.sampler_phase import warmup_sampler
 
 MIXED_PHASE_IDS = {"_warmup_mixed_decode", "_warmup_mixed_prefill"}
 
@@ -66,3 +68,12 @@ def test_a_failing_sampler_keeps_the_graphs_and_fails_the_plan(
     sampler = report.phase("kernels.sampler")
     assert sampler.status is PhaseStatus.FAILED and "sampler kernel exploded" in sampler.detail
     assert report.phase("structured").status is PhaseStatus.SKIPPED
+
+
+def test_the_sampler_phase_alone_skips_what_cannot_fit_and_touches_nothing() -> None:
+    runner = fake_runner(num_blocks=1)  # block 0 is the null block: no request fits
+    phase = warmup_sampler(runner, fail_execute, fail_sample)
+    assert phase.status is PhaseStatus.SKIPPED
+    assert phase.skip_reason is SkipReason.INSUFFICIENT_KV_BLOCKS
+    pooling = warmup_sampler(fake_runner(is_pooling=True), fail_execute, fail_sample)
+    assert pooling.skip_reason is SkipReason.POOLING_MODEL
