@@ -210,7 +210,7 @@ def test_a_plan_that_fails_before_the_cuda_graphs_still_waits_for_the_sweep(
         raise ValueError("kernels broke")
 
     monkeypatch.setattr(gemm_shapes.F, "linear", slow)
-    monkeypatch.setattr(plan, "warmup_kernels", kernels_fail)
+    monkeypatch.setattr(plan, "warmup_forward_kernels", kernels_fail)
     report = plan.run_warmup_plan(runner)
     assert not report.succeeded
     assert len(done) == sum(len(ms) for _, ms in gemm_shapes.gemm_plan(runner))
