@@ -23,8 +23,8 @@ from warmgate.server.core.results import PhaseResult, SkipReason, WarmupResult
 from warmgate.server.warmup.runner_contract import WarmupRunner
 from warmgate.server.warmup.sampler_paths import SAMPLER_VARIANTS, SEEDED, STOCHASTIC
 from warmgate.server.warmup.sampler_phase import warmup_sampler
-from warmgate.server.warmup.shapes import kernel_shortfall
 from warmgate.server.warmup.steps import (
+    POOLING_NEVER_SAMPLES,
     BlockAllocator,
     ExecuteModel,
     SampleTokens,
@@ -34,6 +34,7 @@ from warmgate.server.warmup.steps import (
     kv_block_sizes,
     prefill_step,
     ran_phase,
+    shortfall_skip,
     synced_timer,
     warmup_shapes,
 )
@@ -61,14 +62,6 @@ def decode_plan(num_reqs: int, num_spec_steps: int) -> list[list[tuple[int, bool
     if spec:
         steps.append([(0, False)])
     return steps
-
-
-def _precheck(model_runner: WarmupRunner, shapes: dict[str, int]) -> WarmupResult | None:
-    short = kernel_shortfall(shapes, model_runner.scheduler_config.max_num_batched_tokens)
-    if short is None:
-        return None
-    reason, _flag, detail = short
-    return WarmupResult.skipped(PREFILL, reason, detail)
 
 
 def warmup_kernels(model_runner: WarmupRunner, worker_execute_model: ExecuteModel,
@@ -106,11 +99,12 @@ def warmup_forward_kernels(model_runner: WarmupRunner, worker_execute_model: Exe
     warmup's requests, only kernels.prefill comes back, SKIPPED with the reason.
     """
     shapes = warmup_shapes(model_runner)
-    skipped = _precheck(model_runner, shapes)
-    if skipped is not None:
-        logger.warning("warmup phase=%s status=SKIPPED reason=%s: %s", PREFILL,
-                       skipped.skip_reason.value if skipped.skip_reason else "", skipped.detail)
-        return skipped
+    skip = shortfall_skip(model_runner, shapes)
+    if skip is not None:
+        reason, detail = skip
+        logger.warning("warmup phase=%s status=SKIPPED reason=%s: %s", PREFILL, reason.value,
+                       detail)
+        return WarmupResult.skipped(PREFILL, reason, detail)
     execute, sample = worker_execute_model, worker_sample_tokens
     block_sizes = kv_block_sizes(model_runner)
     phases: list[PhaseResult] = []
@@ -128,8 +122,7 @@ def warmup_forward_kernels(model_runner: WarmupRunner, worker_execute_model: Exe
         done(_warmup_prefill(model_runner, execute, sample, reqs, alloc, block_sizes, shapes,
                              progress))
         if model_runner.is_pooling_model:
-            done(PhaseResult.skipped(DECODE, SkipReason.POOLING_MODEL,
-                                     "a pooling model never decodes or samples"))
+            done(PhaseResult.skipped(DECODE, SkipReason.POOLING_MODEL, POOLING_NEVER_SAMPLES))
         else:
             done(_warmup_decode(model_runner, execute, sample, reqs, alloc, block_sizes,
                                 shapes, progress))

@@ -15,8 +15,8 @@ from warmgate.server.core.progress import PhaseProgress, ProgressCallback
 from warmgate.server.core.results import PhaseResult, SkipReason
 from warmgate.server.warmup.runner_contract import WarmupRunner
 from warmgate.server.warmup.sampler_paths import FEATURE_VARIANTS, NOT_APPLICABLE, sampler_batches
-from warmgate.server.warmup.shapes import kernel_shortfall
 from warmgate.server.warmup.steps import (
+    POOLING_NEVER_SAMPLES,
     BlockAllocator,
     ExecuteModel,
     SampleTokens,
@@ -26,6 +26,7 @@ from warmgate.server.warmup.steps import (
     kv_block_sizes,
     prefill_step,
     ran_phase,
+    shortfall_skip,
     synced_timer,
     warmup_shapes,
 )
@@ -40,13 +41,11 @@ def warmup_sampler(model_runner: WarmupRunner, execute: ExecuteModel, sample: Sa
     configuration cannot hold the kernel warmup's requests (the reason kernels.prefill
     gives)."""
     if model_runner.is_pooling_model:
-        return PhaseResult.skipped(SAMPLER, SkipReason.POOLING_MODEL,
-                                   "a pooling model never decodes or samples")
+        return PhaseResult.skipped(SAMPLER, SkipReason.POOLING_MODEL, POOLING_NEVER_SAMPLES)
     shapes = warmup_shapes(model_runner)
-    short = kernel_shortfall(shapes, model_runner.scheduler_config.max_num_batched_tokens)
-    if short is not None:
-        reason, _flag, detail = short
-        return PhaseResult.skipped(SAMPLER, reason, detail)
+    skip = shortfall_skip(model_runner, shapes)
+    if skip is not None:
+        return PhaseResult.skipped(SAMPLER, *skip)
     num_reqs, prompt_len = shapes["num_reqs"], shapes["prompt_len"]
     num_spec = model_runner.num_speculative_steps
     block_sizes = kv_block_sizes(model_runner)

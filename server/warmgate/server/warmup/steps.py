@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmgate.server.core.results import PhaseResult, PhaseStatus
+from warmgate.server.core.results import PhaseResult, PhaseStatus, SkipReason
 from warmgate.server.runner.scheduler_output import (
     CachedRequestData,
     GrammarOutput,
@@ -32,11 +32,14 @@ from warmgate.server.runner.scheduler_output import (
     SchedulerOutput,
 )
 from warmgate.server.warmup.runner_contract import WarmupRunner
-from warmgate.server.warmup.shapes import blocks_for, kernel_shapes
+from warmgate.server.warmup.shapes import blocks_for, kernel_shapes, kernel_shortfall
 
 __all__ = ["BlockAllocator", "WarmupRequest", "blocks_for", "decode_step", "finish",
            "kv_block_sizes", "new_request", "prefill_step", "ran_phase", "run_step",
-           "scheduler_output", "synced_timer", "warmup_shapes"]
+           "scheduler_output", "shortfall_skip", "synced_timer", "warmup_shapes"]
+
+# Why a pooling model's decode and sampler phases are skipped.
+POOLING_NEVER_SAMPLES = "a pooling model never decodes or samples"
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +123,17 @@ def run_step(execute: ExecuteModel, sample: SampleTokens, so: SchedulerOutput,
     execute(so)
     if sample_after:
         sample(None)
+
+
+def shortfall_skip(model_runner: WarmupRunner,
+                   shapes: dict[str, int]) -> tuple[SkipReason, str] | None:
+    """(reason, detail) when the configuration cannot hold the kernel warmup's requests
+    (shapes.kernel_shortfall), else None: the prefill and sampler phases skip alike."""
+    short = kernel_shortfall(shapes, model_runner.scheduler_config.max_num_batched_tokens)
+    if short is None:
+        return None
+    reason, _flag, detail = short
+    return reason, detail
 
 
 def prefill_step(execute: ExecuteModel, sample: SampleTokens, reqs: Sequence[WarmupRequest],
