@@ -16,7 +16,8 @@ class in turn (plain first) sends the first request that uses the option since r
 --mode ttft: a step after a pause is slower than back to back). Per class: TTFT (client side:
 sent -> first message with tokens) and whole-request time, first / steady median, the mean
 decode step after the first token (a request that took more steps, fewer drafts accepted,
-is not slower per step), the tokens and steps produced, and the server's JIT compiles and
+is not slower per step; requests outside the grammar classes set ignore_eos, so each has
+decode steps to time), the tokens and steps produced, and the server's JIT compiles and
 CUDA-graph misses after ready from its
 /metrics before and after the class (so a compile after ready is charged to the class whose
 requests caused it). Every request has a fresh random prompt; a grammar class gives each
@@ -96,11 +97,23 @@ def option_kwargs(name: str, i: int, max_tokens: int, vocab: int, rng: random.Ra
         return {name: 1.2}
     if name == "min_p":
         return {name: 0.1}
-    if name == "min_tokens":  # the EOS (and these ids) masked for half the tokens
+    if name == "min_tokens":  # these stop ids masked for half the tokens
         return {name: max_tokens // 2, "stop_token_ids": [1, 2]}
     if name == "logit_bias":
         return {name: {rng.randrange(vocab): rng.choice((-100.0, -5.0, 5.0)) for _ in range(8)}}
     return {name: _grammar(name, 0 if same_grammar else i)}
+
+
+def request_kwargs(name: str, i: int, args: argparse.Namespace, vocab: int,
+                   rng: random.Random) -> dict[str, Any]:
+    """Every keyword of request i of class `name`. A request outside the grammar classes
+    ignores EOS: one that drew EOS as its first token would have no decode step to time, and
+    first and steady requests then produce the same number of tokens. A grammar request ends
+    when its grammar does, which takes several tokens for each of GRAMMAR_CLASSES."""
+    return {"temperature": args.temperature, "max_tokens": args.max_tokens,
+            "ignore_eos": name not in GRAMMAR_CLASSES,
+            **({"seed": rng.randrange(2**31)} if args.seeded else {}),
+            **option_kwargs(name, i, args.max_tokens, vocab, rng, args.same_grammar)}
 
 
 def _parser(prog: str | None) -> argparse.ArgumentParser:
@@ -176,10 +189,7 @@ def _run_class(client: Any, name: str, args: argparse.Namespace, vocab: int,
     before = _after_ready(metrics_port)
     try:
         for i in range(1 + args.steady):
-            kwargs = {"temperature": args.temperature, "max_tokens": args.max_tokens,
-                      **({"seed": rng.randrange(2**31)} if args.seeded else {}),
-                      **option_kwargs(name, i, args.max_tokens, vocab, rng,
-                                      args.same_grammar)}
+            kwargs = request_kwargs(name, i, args, vocab, rng)
             prompt = [rng.randrange(1, vocab) for _ in range(args.prompt_len)]
             time.sleep(args.gap_s)
             timed = _timed(client, prompt, kwargs, args.request_timeout)

@@ -33,10 +33,15 @@ def run_bench(script: str, args: Sequence[str] = (), timeout: float = 240.0
 
 def load_script(relative: str) -> ModuleType:
     """A script of the repository (bench/x.py, tools/y.py) imported from its path, for tests
-    of its functions."""
+    of its functions. Its folder leads sys.path while it imports, as when Python runs it, so
+    its imports of the scripts beside it resolve."""
     path = ROOT / relative
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
     return module

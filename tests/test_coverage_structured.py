@@ -6,6 +6,7 @@ that ignored the bitmask would be caught; bench/coverage.py and bench/first_requ
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import statistics
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_harness import run_bench
+from tests.bench_harness import load_script, run_bench
 from tests.runner_helpers import tiny_config, with_model
 from warmgate.server.devtools.batch_driver import BatchDriver
 from warmgate.server.devtools.checkpoint import write_checkpoint
@@ -27,6 +28,7 @@ from warmgate.server.text.model_text import load_model_text
 OPTION_CLASSES = ["plain", "logprobs", "prompt_logprobs", "presence_penalty",
                   "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "logit_bias",
                   "json_schema", "regex", "ebnf"]
+UNSTOPPABLE_CLASSES = set(OPTION_CLASSES[:7]) | {"logit_bias"}
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +153,8 @@ def test_first_request_options_reports_every_class_on_each_server(tmp_path: Path
                for s in report["servers"]]
         for x in own:  # the mean decode step: what follows the first token over its steps
             for t in (x["first"], *x["steady"]):
+                if c["class"] in UNSTOPPABLE_CLASSES:  # EOS ignored, no stop ids
+                    assert t["tokens"] == 6, (c["class"], t)
                 assert t["steps"] >= 2 and t["decode_step_s"] == pytest.approx(
                     (t["total_s"] - t["ttft_s"]) / (t["steps"] - 1))
         for a in ("ttft_s", "total_s", "server_ttft_s", "decode_step_s"):
@@ -176,3 +180,14 @@ def test_first_request_options_reports_every_class_on_each_server(tmp_path: Path
     assert sum(x.startswith("server ") and "ready in" in x for x in lines) == 2
     assert "worst first/steady by the median of 2 ratios: TTFT" in proc.stdout
     assert "compiles_after_ready: 0" in proc.stdout
+
+
+def test_options_requests_ignore_eos_outside_the_grammar_classes() -> None:
+    # A request that drew EOS as its first token had one step and no decode step to time
+    # (a CI run failed on it); a grammar request needs several tokens to end.
+    options = load_script("bench/first_request_options.py")
+    args = argparse.Namespace(temperature=0.7, max_tokens=6, seeded=False, same_grammar=False)
+    for name in OPTION_CLASSES:
+        kwargs = options.request_kwargs(name, 0, args, 512, random.Random(0))
+        assert kwargs["ignore_eos"] == (name not in options.GRAMMAR_CLASSES), name
+        assert kwargs["max_tokens"] == 6 and kwargs["temperature"] == 0.7
