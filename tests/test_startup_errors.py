@@ -17,6 +17,8 @@ import pytest
 
 from tests.certs import make_pki
 from tests.text_helpers import write_tiny_model
+from warmgate.server.config.presets import MODEL_PRESETS, PRESET_MAX_POSITIONS
+from warmgate.server.config.runner_config import ConfigError, ModelConfig
 from warmgate.server.config.server_config import FLAG_OPTIONS
 from warmgate.server.startup import load_server_config
 
@@ -173,6 +175,23 @@ def test_max_model_len_past_the_models_positions_exits_2(tmp_path: Path) -> None
     assert_one_line_exit_2(run_server("--model", str(tmp_path), "--max-model-len",
                                       str(limit + 1), "--warmup-only"),
                            "argument --max-model-len:")
+
+
+def test_max_model_len_past_a_presets_positions_exits_2() -> None:
+    """A preset is checked as a directory is: past tiny's 512 positions the rope cache and
+    the automatic KV cache grew with the flag, and the load ground on for minutes."""
+    assert_one_line_exit_2(run_server("--model", "tiny", "--max-model-len", "99999999",
+                                      "--warmup-only"),
+                           "argument --max-model-len:", "tiny's max_position_embeddings 512")
+
+
+def test_every_preset_accepts_its_own_default_length() -> None:
+    for name in MODEL_PRESETS:
+        model = ModelConfig.from_preset(name)
+        assert model.max_model_len <= PRESET_MAX_POSITIONS[name], name
+        assert ModelConfig.from_preset(name, max_model_len=PRESET_MAX_POSITIONS[name])
+        with pytest.raises(ConfigError, match="max_position_embeddings"):
+            ModelConfig.from_preset(name, max_model_len=PRESET_MAX_POSITIONS[name] + 1)
 
 
 # A port taken between main's check and gRPC's bind: the same one line (gRPC's C core may

@@ -21,7 +21,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
 
 
-def _cgroup_dirs(root: Path, proc_cgroup: Path) -> list[Path]:
+def cgroup_dirs(root: Path, proc_cgroup: Path) -> list[Path]:
     """This process's cgroup directories, innermost first, up to the mount's root: a limit
     set on any ancestor applies. In a container the namespace root is the mount's root."""
     dirs = []
@@ -42,7 +42,7 @@ def cgroup_cpu_limit(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) 
     """CPUs the cgroup's quota allows (cgroup v2 cpu.max, v1 cpu.cfs_quota_us), rounded
     up; None when no quota is set or the files cannot be read."""
     limits = []
-    for d in _cgroup_dirs(root, proc_cgroup):
+    for d in cgroup_dirs(root, proc_cgroup):
         try:
             fields = (d / "cpu.max").read_text().split()  # "max 100000" or "200000 100000"
             if len(fields) == 2 and fields[0] != "max":

@@ -46,8 +46,11 @@ def run_warmup_only(config: ServerConfig, *, out: TextIO | None = None) -> int:
     try:
         load = engine.load()
         if load.status is PhaseStatus.FAILED:
+            device = config.runner.device  # resolved at start-up: names what failed to load
             report = WarmupReport(WarmupOutcome.FAILED, [load], time.perf_counter() - start,
-                                  config.runner.config_hash(), model=config.runner.model.name)
+                                  config.runner.config_hash(), model=config.runner.model.name,
+                                  device=device.device,
+                                  attention_backend=device.attention_backend)
             report.compile_cache = engine.compile_cache_info()
         else:
             report = engine.run_plan(mixed_num_tokens=config.mixed_num_tokens, force=False,

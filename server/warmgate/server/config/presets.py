@@ -104,5 +104,19 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# Each preset's max_position_embeddings (the same config.json files as above; tiny's is its
+# own): --max-model-len may lower a preset's default length up to this and no further, as a
+# model directory's is checked against its file. Past it, the rope cache and the KV cache
+# would grow with a length the model was never meant to serve.
+PRESET_MAX_POSITIONS: dict[str, int] = {
+    "tiny": 512,
+    "llama-3.2-1b": 131072,
+    "llama-3.1-8b": 131072,
+    "qwen3-0.6b": 40960,
+    "qwen2.5-1.5b": 32768,
+    "mistral-7b": 32768,
+}
+
+
 def preset_names() -> list[str]:
     return sorted(MODEL_PRESETS)

@@ -18,7 +18,7 @@ from typing import Any
 from warmgate.server.config import flag_values
 from warmgate.server.config.attention_backends import backend_available
 from warmgate.server.config.flags import flag
-from warmgate.server.config.presets import MODEL_PRESETS, preset_names
+from warmgate.server.config.presets import MODEL_PRESETS, PRESET_MAX_POSITIONS, preset_names
 from warmgate.server.config.rope_config import RopeConfig
 
 
@@ -104,7 +104,12 @@ class ModelConfig:
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
         if name not in MODEL_PRESETS:
             raise ConfigError("model", f"unknown preset {name!r}; choose one of {preset_names()}")
-        return cls(name=name, **{**MODEL_PRESETS[name], **overrides})
+        config = cls(name=name, **{**MODEL_PRESETS[name], **overrides})
+        limit = PRESET_MAX_POSITIONS[name]
+        _require(config.max_model_len <= limit, "model.max_model_len",
+                 f"{config.max_model_len} exceeds preset {name}'s max_position_embeddings "
+                 f"{limit}")
+        return config
 
 
 @dataclass(frozen=True)

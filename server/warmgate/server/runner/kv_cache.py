@@ -12,8 +12,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from warmgate.server.host_memory import host_available_bytes
+
 logger = logging.getLogger(__name__)
 
+LOWER_SETTINGS = ("Lower cache.num_blocks (--num-blocks), or max_model_len or max_num_seqs "
+                  "(which size the automatic block count)")
 # Block 0 backs padded tokens and padded block-table entries; it is never handed to a request.
 NULL_BLOCK_ID = 0
 
@@ -60,6 +64,16 @@ def allocate_kv_cache(num_layers: int, num_blocks: int, spec: FullAttentionSpec,
     a zero weight, and 0 * NaN from uninitialised memory would still poison the output.
     """
     total = kv_cache_bytes(num_layers, num_blocks, spec)
+    size = (f"{num_layers} layers x {num_blocks} blocks x {spec.page_size_bytes} bytes = "
+            f"{total / 2**30:.2f} GiB")
+    if device.type == "cpu":
+        # Past what the host holds, the zero fill below would not fail but run into the OOM
+        # killer (host_memory.py says why).
+        available = host_available_bytes()
+        if available is not None and total > available:
+            raise KVCacheAllocationError(
+                f"the KV cache does not fit on {device}: {size}, {available / 2**30:.2f} GiB "
+                f"available (MemAvailable and the cgroup's memory limit). {LOWER_SETTINGS}")
     shape = (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
     caches: list[torch.Tensor] = []
     try:
@@ -71,10 +85,7 @@ def allocate_kv_cache(num_layers: int, num_blocks: int, spec: FullAttentionSpec,
             raise
         caches.clear()
         raise KVCacheAllocationError(
-            f"allocating the KV cache failed on {device}: {num_layers} layers x {num_blocks} "
-            f"blocks x {spec.page_size_bytes} bytes = {total / 2**30:.2f} GiB. Lower "
-            f"cache.num_blocks (--num-blocks), or max_model_len or max_num_seqs (which size "
-            f"the automatic block count)") from exc
+            f"allocating the KV cache failed on {device}: {size}. {LOWER_SETTINGS}") from exc
     groups = [KVCacheGroupSpec(kv_cache_spec=spec,
                                layer_names=tuple(f"layers.{i}" for i in range(num_layers)))]
     logger.info("KV cache: %d blocks of %d tokens (%d usable, block 0 is the null block), "
