@@ -70,11 +70,13 @@ def child(variant: str) -> None:
         th = threading.Thread(target=cuda)
         th.start()
     w, gaps = workload()
-    t = time.perf_counter()
+    join_wait = 0.0  # with no CUDA thread there is nothing to wait for
     if th:
+        t = time.perf_counter()
         th.join()
+        join_wait = time.perf_counter() - t
     out.update(variant=variant, workload_s=round(w, 4), stalls_s=round(gaps, 4),
-               join_wait_s=round(time.perf_counter() - t, 4))
+               join_wait_s=round(join_wait, 4))
     print(json.dumps(out))
 
 

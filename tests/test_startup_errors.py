@@ -178,11 +178,11 @@ def test_max_model_len_past_the_models_positions_exits_2(tmp_path: Path) -> None
 
 
 def test_max_model_len_past_a_presets_positions_exits_2() -> None:
-    """A preset is checked as a directory is: past tiny's 512 positions the rope cache and
-    the automatic KV cache grew with the flag, and the load ground on for minutes."""
+    """A preset is checked as a directory is: past tiny's positions the rope cache and the
+    automatic KV cache grew with the flag, and the load ground on for minutes."""
     assert_one_line_exit_2(run_server("--model", "tiny", "--max-model-len", "99999999",
                                       "--warmup-only"),
-                           "argument --max-model-len:", "tiny's max_position_embeddings 512")
+                           "argument --max-model-len:", "tiny's max_position_embeddings 32768")
 
 
 def test_every_preset_accepts_its_own_default_length() -> None:

@@ -104,12 +104,13 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-# Each preset's max_position_embeddings (the same config.json files as above; tiny's is its
-# own): --max-model-len may lower a preset's default length up to this and no further, as a
-# model directory's is checked against its file. Past it, the rope cache and the KV cache
-# would grow with a length the model was never meant to serve.
+# Each preset's max_position_embeddings (the same config.json files as above): --max-model-len
+# may raise a preset's default length up to this and no further, as a model directory's is
+# checked against its file. Past it, the rope cache and the KV cache would grow with a length
+# the model was never meant to serve. tiny is no real model: its limit is ours, long enough
+# for a test's long stream, far below a length whose caches would not fit.
 PRESET_MAX_POSITIONS: dict[str, int] = {
-    "tiny": 512,
+    "tiny": 32768,
     "llama-3.2-1b": 131072,
     "llama-3.1-8b": 131072,
     "qwen3-0.6b": 40960,
