@@ -23,6 +23,7 @@ from warmgate.server.core.failures import (
     FatalDeviceError,
     describe_failure,
     is_fatal_device_error,
+    is_out_of_memory,
 )
 from warmgate.server.core.phases import LOAD, MIXED_PHASES
 from warmgate.server.core.progress import ProgressCallback
@@ -126,7 +127,8 @@ class PlanEngine:
         except Exception as exc:  # a load failure is reported and turns health FAILED
             if is_fatal_device_error(exc):
                 raise FatalDeviceError(LOAD, exc) from exc
-            logger.exception("loading the model failed")
+            if not is_out_of_memory(exc):  # a settings problem: the phase line says it all
+                logger.exception("loading the model failed")
             phase = PhaseResult(name=LOAD, status=PhaseStatus.FAILED,
                                 duration_s=time.perf_counter() - start,
                                 detail=describe_failure(LOAD, exc))
