@@ -185,7 +185,7 @@ def test_max_model_len_past_a_presets_positions_exits_2() -> None:
                            "argument --max-model-len:", "tiny's max_position_embeddings 32768")
 
 
-def test_every_preset_accepts_its_own_default_length() -> None:
+def test_every_preset_takes_lengths_up_to_its_positions_and_no_further() -> None:
     for name in MODEL_PRESETS:
         model = ModelConfig.from_preset(name)
         assert model.max_model_len <= PRESET_MAX_POSITIONS[name], name
