@@ -15,27 +15,9 @@ import math
 import os
 from pathlib import Path
 
+from warmgate.server.cgroups import CGROUP_ROOT, PROC_CGROUP, cgroup_dirs
+
 logger = logging.getLogger(__name__)
-
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-PROC_CGROUP = Path("/proc/self/cgroup")
-
-
-def cgroup_dirs(root: Path, proc_cgroup: Path) -> list[Path]:
-    """This process's cgroup directories, innermost first, up to the mount's root: a limit
-    set on any ancestor applies. In a container the namespace root is the mount's root."""
-    dirs = []
-    try:
-        for line in proc_cgroup.read_text().splitlines():
-            hierarchy, _, path = line.partition("::")
-            if hierarchy == "0" and path:  # the cgroup v2 line
-                current = root / path.lstrip("/")
-                while current != root and root in current.parents:
-                    dirs.append(current)
-                    current = current.parent
-    except OSError:
-        pass
-    return [*dirs, root]
 
 
 def cgroup_cpu_limit(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> int | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from warmgate.server.cpu_threads import CGROUP_ROOT, PROC_CGROUP, cgroup_dirs
+from warmgate.server.cgroups import CGROUP_ROOT, PROC_CGROUP, cgroup_dirs
 
 MEMINFO = Path("/proc/meminfo")
 # cgroup v1 writes "no limit" as the largest page-aligned 64-bit number (about 2**63).
