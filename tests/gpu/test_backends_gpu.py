@@ -113,7 +113,8 @@ def test_graph_replay_matches_eager(backend: str, num_spec: int) -> None:
 @pytest.mark.parametrize("num_spec", [0, 3])
 def test_ragged_graph_replay_matches_eager(backend: str, num_spec: int) -> None:
     """Prefill and mixed batches replay their token bucket's graph where the backend allows
-    it (triton), with eager's logits; the other backends run them eagerly."""
+    it (triton; flashinfer, with the varlen kernel in the graph against its own prefill
+    wrapper eagerly), with eager's logits; the torch reference runs them eagerly."""
     if not backend_available(backend):
         pytest.skip(f"{backend} is not installed")
     eager, graphed = _runner(backend, num_spec), _runner(backend, num_spec, graphs=True)
