@@ -212,20 +212,29 @@ def main(argv: list[str], prog: str | None = None) -> int:
         raise SystemExit("--max-tokens must be >= 2, --repeats and --configs >= 1")
     rng = random.Random(args.seed)
     results: list[ConfigResult] = []
+    failures: list[str] = []
     for backend in args.backends.split(","):
         for i in range(args.configs):
             shape = args.config or draw_shape(rng, args.max_tokens, args.max_model_len_cap)
             print(f"[{backend} {i + 1}/{args.configs}] {shape.describe()}", flush=True)
-            result = measure(backend, shape, args, rng)
+            try:
+                result = measure(backend, shape, args, rng)
+            except Exception as exc:  # a refused or failed server: say so, go on
+                print(f"  FAILED: {str(exc).strip().splitlines()[0][:300]}", flush=True)
+                failures.append(f"{backend} {shape.describe()}: {exc}")
+                continue
             print(f"  ready {result.ready_s:.1f} s; first/steady TTFT {result.ttft_ratio:.2f} "
                   f"({result.first.ttft_s * 1e3:.2f} / {result.steady_ttft_s * 1e3:.2f} ms), "
                   f"decode step {result.step_ratio:.2f}; compiles after ready "
                   f"{result.compiles_after_ready}, graph misses "
                   f"{result.graph_misses_after_ready}", flush=True)
             results.append(result)
-    print("\n".join(report(results)))
+    if results:
+        print("\n".join(report(results)))
+    for failure in failures:
+        print(f"failed: {failure.splitlines()[0][:300]}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{**asdict(r), "ttft_ratio": r.ttft_ratio, "step_ratio": r.step_ratio}
                        for r in results], f, indent=1)
-    return 0
+    return 1 if failures else 0

@@ -11,10 +11,15 @@
 #   long     a 2000-token prompt on FlashInfer with and without ragged graphs
 #   configs  CONFIGS random server configurations per backend (bench/first_request.py
 #            --mode configs)
+#   breakdown  the first request's TTFT split into the serving loop's parts against the steady
+#            ones (bench/first_request.py --mode breakdown), at the fixed configuration
 #   OUT=/tmp/out PARTS="tests fixed" bash bench/gpu_first_request.sh
+# Every output lands in one tarball, $OUT/gpu-first-request.tgz (a device call brings back a
+# limited number of files); the summaries go to stdout.
 set -uo pipefail
-OUT=${OUT:-/tmp/warmgate-out}
-mkdir -p "$OUT"
+FINAL=${OUT:-/tmp/warmgate-out}
+OUT=/tmp/gpu-first-request
+mkdir -p "$OUT" "$FINAL"
 if compgen -G ".whl/*.whl" >/dev/null; then  # wheels carried for a bare machine
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
@@ -23,6 +28,8 @@ fi
 export PYTHONPATH=$PWD/client:$PWD/server${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PARTS=${PARTS:-tests fixed probe long}
 FIXED_RUNS=${FIXED_RUNS:-3}
+TRITON_RUNS=${TRITON_RUNS:-$FIXED_RUNS}
+EAGER_RUNS=${EAGER_RUNS:-2}
 CONFIGS=${CONFIGS:-12}
 MODEL=${MODEL:-llama-3.2-1b}
 SHAPE="--max-num-seqs 48 --max-num-batched-tokens 4096 --max-model-len 8192"
@@ -32,7 +39,7 @@ stage() { echo "=== $1 (+$(( $(date +%s) - T0 )) s, $(date +%T))"; }
 fr() { python3 bench/first_request.py "$@"; }
 configs() {  # configs NAME BACKEND RUNS "CONFIG" [server args]
   fr --mode configs --model "$MODEL" --device cuda --backends "$2" --configs "$3" \
-    --config "$4" --server-args "${5:-}" --vocab-size 128000 --repeats 15 --gap-s 0.5 \
+    --config "$4" "--server-args=${5:-}" --vocab-size 128000 --repeats 15 --gap-s 0.5 \
     --json "$OUT/$1.json" 2>"$OUT/$1.err" | tee "$OUT/$1.txt" | tail -4
 }
 
@@ -44,9 +51,9 @@ tests)
 fixed)
   stage "fixed configuration, $FIXED_RUNS fresh servers per arm"
   configs h200-first-request-fixed-flashinfer flashinfer "$FIXED_RUNS" "0 48 4096 8192 16 300"
-  configs h200-first-request-fixed-triton triton "$FIXED_RUNS" "0 48 4096 8192 16 300"
-  configs h200-first-request-fixed-flashinfer-eager flashinfer 2 "0 48 4096 8192 16 300" \
-    "--no-ragged-cuda-graphs" ;;
+  configs h200-first-request-fixed-triton triton "$TRITON_RUNS" "0 48 4096 8192 16 300"
+  configs h200-first-request-fixed-flashinfer-eager flashinfer "$EAGER_RUNS" \
+    "0 48 4096 8192 16 300" "--no-ragged-cuda-graphs" ;;
 probe)
   stage "probe: the eager FlashInfer path's first 1x300 prefill"
   timeout 120 python3 bench/first_request.py --mode probe --device cuda --model "$MODEL" \
@@ -70,6 +77,14 @@ configs)
       --json "$OUT/h200-first-request-configs-$b.json" 2>"$OUT/configs-$b.err" \
       | tee "$OUT/h200-first-request-configs-$b.txt" | tail -$((CONFIGS + 3))
   done ;;
+breakdown)
+  for arm in "flashinfer" "flashinfer --no-ragged-cuda-graphs" "triton"; do
+    stage "breakdown: $arm"
+    timeout 120 python3 bench/first_request.py --mode breakdown --gap-s 0.5 --repeats 20 \
+      --prompt-len 300 --model "$MODEL" --device cuda --attention-backend $arm $SHAPE \
+      --log-level WARNING 2>&1 | tee -a "$OUT/h200-first-request-breakdown.txt" | tail -4
+  done ;;
 *) echo "unknown part: $part"; exit 2 ;;
 esac; done
+tar czf "$FINAL/gpu-first-request.tgz" -C "$OUT" .
 stage done
