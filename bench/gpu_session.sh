@@ -28,14 +28,14 @@ warmup|warmup-fi|warmup-other)
   [ "$s" = warmup-other ] && backends="triton torch"
   for b in $backends; do
     stage "warmup llama-3.2-1b $b"
-    timeout 300 python3 -m warmgate.server.warmup --model llama-3.2-1b --attention-backend $b \
+    timeout 300 python3 -m warmgate.server.run_warmup --model llama-3.2-1b --attention-backend $b \
       --max-num-seqs 64 --max-num-batched-tokens 2048 --max-model-len 2048 2>"$OUT/warmup_$b.err" \
       | tee -a "$OUT/warmup_tables.txt"
     tail -3 "$OUT/warmup_$b.err"
   done ;;
 spec)
   stage "warmup llama-3.2-1b flashinfer k=3"
-  timeout 300 python3 -m warmgate.server.warmup --model llama-3.2-1b --attention-backend flashinfer \
+  timeout 300 python3 -m warmgate.server.run_warmup --model llama-3.2-1b --attention-backend flashinfer \
     --num-speculative-steps 3 --max-num-seqs 64 --max-num-batched-tokens 2048 --max-model-len 2048 \
     2>"$OUT/warmup_spec.err" | tee -a "$OUT/warmup_tables.txt" ;;
 bench)

@@ -1,4 +1,8 @@
-"""`python -m warmgate.server.warmup`: run the whole plan and print the phase table."""
+"""`python -m warmgate.server.run_warmup`: run the whole plan and print the phase table.
+
+A program at the top of the house, beside main.py and prewarm.py: it reads the server's flags
+(startup.py) and prints the API's JSON report (api/convert.py), both above warmup/.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from warmgate.server.warmup.table import format_phase_table
 
 
 def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m warmgate.server.warmup",
+    p = argparse.ArgumentParser(prog="python -m warmgate.server.run_warmup",
                                 description="Warm every kernel path of a model runner once and "
                                             "print how long each phase took (the server's "
                                             "runner flags and environment variables).")

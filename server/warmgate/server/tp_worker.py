@@ -1,5 +1,9 @@
-"""A worker rank: `python -m warmgate.server.distributed.worker --rank R --store-port P
---reply-fd F`, started by rank 0 (workers.py), never by hand.
+"""A worker rank: `python -m warmgate.server.tp_worker --rank R --store-port P --reply-fd F`,
+started by rank 0 (distributed/workers.py), never by hand.
+
+A program at the top of the house, beside main.py: it runs the warmup's dense-GEMM sweep for
+rank 0 (warmup/gemm_shapes.py), and the warmup plan builds the tensor-parallel runner
+(distributed/build.py), so inside distributed/ it would close a cycle.
 
 It installs the same JIT observers as rank 0 and sends every event they (and the runner: a
 CUDA-graph miss, a communicator set-up) record to rank 0 over the pipe F (replies.py).
@@ -47,7 +51,7 @@ def _exit_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="warmgate.server.distributed.worker")
+    parser = argparse.ArgumentParser(prog="python -m warmgate.server.tp_worker")
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--store-port", type=int, required=True)
     parser.add_argument("--reply-fd", type=int, default=None,
