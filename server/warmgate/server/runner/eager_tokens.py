@@ -2,7 +2,7 @@
 batches pad to.
 
 cuBLAS chooses an algorithm at every new GEMM shape, also where it picks a kernel an earlier
-shape ran (bench/kernel_map_touch.py), so every token count a forward can run at after ready
+shape ran (bench/warm.py kernel-map-touch), so every token count a forward can run at after ready
 must be swept before it (warmup/gemm_shapes.py). Two things keep that set small. On CUDA an
 eager forward that is not a uniform decode runs at its count rounded up to a multiple of
 EAGER_TOKEN_GRANULE, with padding tokens that no request owns (InputBatch.padded): 1/16 of the

@@ -14,7 +14,7 @@ touch (GPU): where a first batch of a new shape spends its extra time after warm
    run in bench/results/h200-first-touch.txt predates that module: it swept its own list,
    the vocabulary head up to max_num_batched_tokens rows.)
 
-    python bench/first_request.py --mode touch --device cuda --model llama-3.2-1b \\
+    python bench/warm.py first-request --mode touch --device cuda --model llama-3.2-1b \\
         --attention-backend triton --max-num-seqs 16 --max-num-batched-tokens 1024
 """
 

@@ -1,7 +1,7 @@
 """Serving on a CPU device with torch's default intra-op threads (one per core) against
 warmgate's default (--cpu-threads 0: every usable core but one), side by side in one run.
 
-    python bench/cpu_threads.py [--server-args "--model tiny"] [--requests 40] [--streams 8]
+    python bench/serve.py cpu-threads [--server-args "--model tiny"] [--requests 40] [--streams 8]
 
 For each setting, one fresh server process (warmed up), then: --requests single requests one
 after another, each after --gap-s idle (time to first token, server side, p50 / p90 / max);

@@ -2,7 +2,7 @@
 median, with the warmup plan run before ready and with it disabled; then output tokens/s at
 many concurrent streams without and with speculative decoding.
 
-Usage: python bench/first_request.py --mode ttft [--server-args "--model tiny ..."]
+Usage: python bench/warm.py first-request --mode ttft [--server-args "--model tiny ..."]
        [--prompt-len 128] [--max-tokens 16] [--repeats 20] [--num-speculative-steps 3]
        [--streams 64] [--keep-caches] [--json] [--out FILE]
 
@@ -22,7 +22,7 @@ to the first request. --repeats more back to back give the other median, printed
   (b) warmup off (`--no-warmup-on-start --serve-before-ready`): wait until GetStatus says the
       model is loaded (PENDING, no runner work in flight), retrying while Generate answers
       UNAVAILABLE; the first request then pays every first-use cost the plan would have.
-Throughput: bench/load_gen.py's client at --streams concurrent streams (all arriving at once),
+Throughput: bench/serve.py load-gen's client at --streams concurrent streams (all arriving at once),
 on one server with --num-speculative-steps 0 and one with K, both warmed up; ratio K / 0.
 --num-speculative-steps overrides one given in --server-args; the servers' --max-num-seqs
 (default 8) caps the batch whatever --streams says.

@@ -1,7 +1,7 @@
 """Generate load: replay a seeded workload of streaming requests and measure, on the client,
 time to first token, inter-token latency, end-to-end latency, errors and throughput.
 
-Usage: python bench/load_gen.py [--target host:port | --server-args "--model tiny ..."]
+Usage: python bench/serve.py load-gen [--target host:port | --server-args "--model tiny ..."]
        [--num-requests 64] [--rate inf] [--concurrency C] [--prompt-len fixed:128]
        [--output-len fixed:64] [--temperature 0] [--seed 0] [--vocab V] [--repetitive] [--json]
 

@@ -1,11 +1,11 @@
 """Coverage workload: after the warmup plan marks the runner ready, random batches from
 everything the configuration allows must compile nothing.
 
-    python bench/coverage.py --compile --batches 2000
-    python bench/coverage.py --device cuda \\
+    python bench/warm.py coverage --compile --batches 2000
+    python bench/warm.py coverage --device cuda \\
         --attention-backend flashinfer --num-speculative-steps 3 --batches 2000
-    python bench/coverage.py --write-checkpoint llama-3.2-1b --model /tmp/ckpt-1b-text ...
-    python bench/coverage.py --tensor-parallel-size 2 --batches 600
+    python bench/warm.py coverage --write-checkpoint llama-3.2-1b --model /tmp/ckpt-1b-text ...
+    python bench/warm.py coverage --tensor-parallel-size 2 --batches 600
 
 Requests draw every sampling option at random; with a model that has a tokenizer and EOS ids
 (`--write-checkpoint PRESET` writes PRESET's shapes with random weights and a small trained

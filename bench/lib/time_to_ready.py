@@ -1,8 +1,8 @@
 """Time to ready against the floor (issue 20), every figure from a fresh process:
 
-    python bench/time_to_ready.py --write-checkpoint llama-3.2-1b --model-dir /tmp/ckpt-1b \
+    python bench/start.py time-to-ready --write-checkpoint llama-3.2-1b --model-dir /tmp/ckpt-1b \
         --attention-backend triton --runs 3            (on the GPU machine, repo root)
-    python bench/time_to_ready.py --model-dir /tmp/ckpt-1b --load-only   (weights only)
+    python bench/start.py time-to-ready --model-dir /tmp/ckpt-1b --load-only   (weights only)
 
 The floor: a bare CUDA init (`import torch; torch.zeros(1, device=...)`, process wall) and a
 bare `safetensors.torch.load_file(..., device=...)` of the same checkpoint (page cache warm).
@@ -49,7 +49,7 @@ from ready_probe import run_to_ready
 
 from warmgate.server.devtools.ready_log import ReadyRun
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "client"), str(ROOT / "server"),
                                                    os.environ.get("PYTHONPATH")])),
        "PYTHONUNBUFFERED": "1"}

@@ -1,6 +1,6 @@
 """Decode attention on the GPU: the Triton paged kernel against torch SDPA.
 
-    python bench/kernels_gpu.py [--context 2048]
+    python bench/serve.py kernels [--context 2048]
 
 Every request has `context` cached tokens and one query token (bf16, 32 query heads, 8 KV
 heads, block_size 16). SDPA gets the same K/V twice: already dense (its best case, no paging)

@@ -1,6 +1,6 @@
 """The first call at a size a kernel map skipped: does it cost more than the same call again?
 
-    python bench/kernel_map_touch.py --device cuda --model llama-3.2-1b [runner flags]
+    python bench/warm.py kernel-map-touch --device cuda --model llama-3.2-1b [runner flags]
         [--samples 24] [--policies every,sequences,kept,none] [--json FILE]
 
 A warm start with a kernel map sweeps only some sizes of a shape sweep: what

@@ -7,8 +7,8 @@ which releases the GIL, before torch.zeros). Prints one JSON line per process: t
 wall time, the sum of its pauses longer than 2 ms (a GIL the other thread held), and the
 thread's seconds.
 
-    python bench/cuda_init_gil.py            # 3 rounds of the three variants (needs CUDA)
-    python bench/cuda_init_gil.py none       # one process, one variant
+    python bench/start.py cuda-init-gil            # 3 rounds of the three variants (needs CUDA)
+    python bench/start.py cuda-init-gil none       # one process, one variant
 """
 
 from __future__ import annotations
@@ -81,9 +81,13 @@ def child(variant: str) -> None:
 
 
 if __name__ == "__main__":
+    usage = f"usage: {sys.argv[0]} [{'|'.join(VARIANTS)}]"
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(f"{usage}\n\n{__doc__}")
+        sys.exit()
     if len(sys.argv) > 1:
         if sys.argv[1] not in VARIANTS:
-            sys.exit(f"usage: {sys.argv[0]} [{'|'.join(VARIANTS)}]")
+            sys.exit(usage)
         child(sys.argv[1])
         sys.exit()
     for _ in range(3):

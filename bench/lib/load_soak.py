@@ -1,7 +1,7 @@
 """Load and soak: many concurrent GetStatus and Health.Check calls during forced warmups, then
 a soak; errors (the goal is 0), latency p50/p99/max, and the server's RSS around the soak.
 
-Usage: python bench/load_soak.py [--concurrency 1000]
+Usage: python bench/load.py soak [--concurrency 1000]
        [--burst-per-client 5] [--soak 10000] [--channels 4] [-- extra warmgate-server flags]
 
 The server is a real `warmgate-server` process (tiny model on the CPU unless flags say

@@ -9,7 +9,7 @@ Each step is timed on rank 0 until every worker has decoded the message and ackn
 (a round trip, so it bounds the latency a worker adds before its forward starts); `send` is
 rank 0's own cost (pickle and write) alone. Prints microseconds per decode step.
 
-    python bench/tp_broadcast.py [--ranks 2] [--requests 64] [--steps 2000]
+    python bench/serve.py tp-broadcast [--ranks 2] [--requests 64] [--steps 2000]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """--mode options: the first Generate that uses each sampling option after ready, against steady
 requests with the same option, on ONE warmed `warmgate-server` process.
 
-Usage: python bench/first_request.py --mode options --model-dir DIR
+Usage: python bench/warm.py first-request --mode options --model-dir DIR
        [--write-checkpoint PRESET] [--server-args "--device cuda --attention-backend triton"]
        [--classes plain,logprobs,...] [--steady 10] [--prompt-len 128] [--max-tokens 16]
        [--gap-s 0.25] [--temperature 0.7] [--seeded] [--same-grammar] [--keep-caches]

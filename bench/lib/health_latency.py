@@ -1,9 +1,9 @@
 """Health.Check latency while idle vs while kernels warm up (the kubelet's probe timeout is 1 s).
 
-Usage: python bench/health_latency.py [--seconds 5] [--clients 50]
+Usage: python bench/load.py health-latency [--seconds 5] [--clients 50]
        [--model tiny] [--device auto] [--interval 0.02] [-- extra warmgate-server flags]
-       python bench/health_latency.py --burst 3000 [--channels 10]
-       [--repeats 3] [--health-port]    (simultaneous Checks instead: bench/health_burst.py)
+       python bench/load.py health-latency --burst 3000 [--channels 10]
+       [--repeats 3] [--health-port]    (simultaneous Checks instead: bench/lib/health_burst.py)
 
 A real server (the real runner, warmup not on start) runs in this process on a loop thread,
 exactly as warmgate-server runs it. The probes run in a separate process, as the kubelet

@@ -1,7 +1,7 @@
 """First-request diagnostics: is the first batch of each shape after ready, and the first
 Generate, as fast as the steady ones, and if not, where does the extra time go?
 
-    python bench/first_request.py --mode MODE [flags of the mode]
+    python bench/warm.py first-request --mode MODE [flags of the mode]
 
 On a runner in this process (warmgate-server's runner flags, the CPU unless --device):
 
@@ -21,7 +21,7 @@ On Generate over gRPC (time to first token):
              penalties, min_p, min_tokens, logit_bias, JSON schema / regex / EBNF) after
              ready / steady median, with the server's compiles and graph misses per option
 
-`python bench/first_request.py --mode MODE --help` lists a mode's flags.
+`python bench/warm.py first-request --mode MODE --help` lists a mode's flags.
 """
 
 from __future__ import annotations

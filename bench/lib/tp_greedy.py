@@ -1,6 +1,6 @@
 """Greedy tokens at tensor-parallel size N against TP=1, prompt by prompt (issue 23).
 
-    python bench/tp_greedy.py --model llama-3.1-8b --device cuda --dtype bfloat16 \
+    python bench/serve.py tp-greedy --model llama-3.1-8b --device cuda --dtype bfloat16 \
         --attention-backend flashinfer --tensor-parallel-size 2 --prompts 20 --tokens 16
 
 Both runners warm up first (the plan, CUDA graphs included), then each of --prompts seeded

@@ -1,7 +1,7 @@
 """--mode batch: first-batch latency after ready, per batch class, divided by that class's
 steady-state median: with the warmup plan run before ready, and with it disabled.
 
-    python bench/first_request.py --mode batch --compile
+    python bench/warm.py first-request --mode batch --compile
 
 A ratio near 1 means the first request of that shape costs what every later one does; the
 "warmup off" column shows what a request pays when the plan did not run (torch.compile

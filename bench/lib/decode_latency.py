@@ -1,6 +1,6 @@
 """Decode step latency on the GPU: CUDA graphs vs eager, and the attention backends side by side.
 
-    python bench/decode_latency.py [--model llama-3.2-1b]
+    python bench/serve.py decode-latency [--model llama-3.2-1b]
 
 For every available backend one runner is built, its requests prefilled, decode steps timed
 eagerly, then graphs captured and the same steps timed again. Prints one table of medians and

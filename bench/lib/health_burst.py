@@ -1,4 +1,4 @@
-"""`bench/health_latency.py --burst N`: N simultaneous Health.Check calls from --channels
+"""`bench/load.py health-latency --burst N`: N simultaneous Health.Check calls from --channels
 channels, in a separate process (as probes come from outside), each with the kubelet's 1 s
 timeout (a long --timeout measures capacity instead). Every burst prints its p50, p99, max
 and errors by code; the last line sums them.

@@ -1,7 +1,7 @@
 """Where a start-up's Python time goes: every thread's stack, sampled while
 `warmgate-server --warmup-only` loads and warms up in this process.
 
-    python bench/startup_profile.py [--interval-ms 2] [--top 25] -- WARMGATE-SERVER FLAGS
+    python bench/start.py profile [--interval-ms 2] [--top 25] -- WARMGATE-SERVER FLAGS
 
 Run it with the --cache-dir of an earlier start to see a warm start. A thread of its own reads
 sys._current_frames() every interval and counts, per thread, the innermost frame of each
@@ -26,8 +26,10 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
+HARNESS = str(Path(__file__).resolve().parent)  # bench/lib/
 Counts = dict[str, collections.Counter[str]]  # thread -> where -> seconds
 STACK_DEPTH = 8  # frames of a stack kept for the "how it got there" table
 
@@ -70,7 +72,10 @@ class StackSampler:
             chain: list[str] = []
             walk: FrameType | None = frame
             while walk is not None:
-                seen.add(_where(walk, line=False))
+                # This script and the entry point that ran it sit on every stack of the
+                # main thread and say nothing of where the start-up goes.
+                if not walk.f_code.co_filename.startswith(HARNESS):
+                    seen.add(_where(walk, line=False))
                 if len(chain) < STACK_DEPTH:
                     chain.append(_where(walk, line=True))
                 walk = walk.f_back

@@ -1,7 +1,7 @@
 """--mode breakdown: where the first Generate after ready spends its time to first token, against
 the steady requests, in one process (client and server share the clock).
 
-    python bench/first_request.py --mode breakdown [--gap-s 0.25 --repeats 20] \
+    python bench/warm.py first-request --mode breakdown [--gap-s 0.25 --repeats 20] \
         --model llama-3.2-1b --device cuda --num-speculative-steps 3   (server flags)
 
 Every request follows --gap-s of idleness; a first request faster than the steady median

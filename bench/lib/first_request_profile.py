@@ -2,7 +2,7 @@
 its steady steps, function by function (cProfile), and how much of a steady step the GPU is
 busy (torch.profiler).
 
-    python bench/first_request.py --mode profile --device cuda \
+    python bench/warm.py first-request --mode profile --device cuda \
         --model llama-3.2-1b --attention-backend triton --num-speculative-steps 3
 
 Classes and their steps are --mode batch's (same requests, same idle gap before every timed

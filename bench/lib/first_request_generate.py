@@ -1,6 +1,6 @@
 """Generate on fresh `warmgate-server` processes, timed from the client: one request's time to
 first token (client and server side), the first request after ready against steady ones, and
-throughput at many streams. Used by first_request.py --mode ttft and bench/cpu_threads.py."""
+throughput at many streams. Used by first_request.py --mode ttft and bench/serve.py cpu-threads."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 tree given as --base and from this checkout, alternated round by round (which goes first
 alternates too), with one --cache-dir, so a drift in the host's speed lands on both.
 
-    python bench/ready_ab.py --base DIR --cache-dir DIR --rounds 4 -- WARMGATE-SERVER FLAGS
+    python bench/start.py ready-ab --base DIR --cache-dir DIR --rounds 4 -- WARMGATE-SERVER FLAGS
 
 DIR holds the other tree's client/ and server/ (e.g. `git archive REV client server | tar -x
 -C DIR`). Fill --cache-dir first (a time_to_ready run with --keep-cache-dir) so both sides
@@ -25,7 +25,7 @@ from typing import Any
 
 from ready_probe import run_to_ready
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Set, these would be respected instead of --cache-dir's entry.
 COMPILER_CACHE_ENV = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
 
