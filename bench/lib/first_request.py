@@ -20,6 +20,9 @@ On Generate over gRPC (time to first token):
   options    on one server, the first request that uses each sampling option (logprobs,
              penalties, min_p, min_tokens, logit_bias, JSON schema / regex / EBNF) after
              ready / steady median, with the server's compiles and graph misses per option
+  configs    random server configurations (k, max_num_seqs, token budget, model length,
+             block size, prompt length), a fresh server each: the first request's TTFT and
+             decode step after ready / steady, worst first
 
 `python bench/warm.py first-request --mode MODE --help` lists a mode's flags.
 """
@@ -36,7 +39,8 @@ MODES = {"batch": ("first_request_batch", "main"), "probe": ("first_request_prob
          "touch": ("first_request_probe", "touch"),
          "profile": ("first_request_profile", "main"), "ttft": ("first_request_ttft", "main"),
          "breakdown": ("first_request_breakdown", "main"),
-         "options": ("first_request_options", "main")}
+         "options": ("first_request_options", "main"),
+         "configs": ("first_request_configs", "main")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,8 +115,12 @@ def show(label: str, r: StepTimes, steady: float | None = None) -> None:
           f"new segments {r[3]}{ratio}", flush=True)
 
 
-def prefill_once(case: Case, num_tokens: int = 24) -> StepTimes:
-    reqs, plan = prefill_requests(case, num_tokens)
+# The prefill the probe times: (requests, tokens each); --prefill-shape sets it.
+PREFILL_SHAPE = [4, 24]
+
+
+def prefill_once(case: Case, num_tokens: int | None = None) -> StepTimes:
+    reqs, plan = prefill_requests(case, num_tokens or PREFILL_SHAPE[1], PREFILL_SHAPE[0])
     r = timed(case.sched, plan)
     case.finish(reqs)
     return r
@@ -150,7 +154,7 @@ def probe_prefill(case: Case, k: int) -> None:
     first = prefill_once(case)
     steady = [prefill_once(case) for _ in range(15)]
     med = statistics.median(s[0] for s in steady)
-    print("prefill 4x24")
+    print(f"prefill {PREFILL_SHAPE[0]}x{PREFILL_SHAPE[1]}")
     show("first", first, med)
     show("second", steady[0], med)
     show("steady median", (med, statistics.median(s[1] for s in steady), 0, 0), med)
@@ -176,12 +180,15 @@ def probe(argv: list[str], prog: str | None = None) -> int:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[1])
     add_runner_args(p)
     p.add_argument("--first", default="prefill", choices=("prefill", "decode"))
+    p.add_argument("--prefill-shape", default="4x24", metavar="RxN",
+                   help="the timed prefill: R requests of N prompt tokens each")
     p.add_argument("--trace-segments", action="store_true",
                    help="instead of timing: which allocations of the first step (and of "
                         "the second) needed new CUDA segments")
     args = p.parse_args(argv)
     if args.trace_segments and not args.device.startswith("cuda"):
         p.error("--trace-segments reads the CUDA caching allocator: pass --device cuda")
+    PREFILL_SHAPE[:] = [int(v) for v in args.prefill_shape.lower().split("x")]
     gc.callbacks.append(_gc_cb)
     k = args.num_speculative_steps
     runner, load_phase, monitor = build(runner_config(args))

@@ -67,10 +67,10 @@ class Case:
             self.sched.finish(r.req_id)
 
 
-def prefill_requests(case: Case, num_tokens: int = 24) -> tuple[list[DrivenRequest],
-                                                                 dict[str, Work]]:
-    """NUM_REQS new requests of num_tokens, and the step that prefills them whole."""
-    reqs = [case.request(num_tokens, STOCHASTIC) for _ in range(NUM_REQS)]
+def prefill_requests(case: Case, num_tokens: int = 24, num_reqs: int = NUM_REQS
+                     ) -> tuple[list[DrivenRequest], dict[str, Work]]:
+    """num_reqs new requests of num_tokens, and the step that prefills them whole."""
+    reqs = [case.request(num_tokens, STOCHASTIC) for _ in range(num_reqs)]
     return reqs, {r.req_id: Work(num_tokens) for r in reqs}
 
 
