@@ -1,7 +1,7 @@
 """--mode configs: the first Generate after ready against steady ones, on server configurations
 nobody tuned the warmup for.
 
-    python bench/first_request.py --mode configs --model llama-3.2-1b --device cuda \\
+    python bench/warm.py first-request --mode configs --model llama-3.2-1b --device cuda \\
         --backends flashinfer,triton --configs 12 [--seed 0] \\
         [--config "K SEQS BUDGET LEN BLOCK PROMPT"]
 
