@@ -9,10 +9,10 @@
 #   probe    the eager FlashInfer path's first 1x300 prefill vs the next, in one process, and
 #            the CUDA segments the first steps allocate
 #   long     a 2000-token prompt on FlashInfer with and without ragged graphs
-#   configs  CONFIGS random server configurations per backend (bench/first_request.py
+#   configs  CONFIGS random server configurations per backend (bench/warm.py first-request
 #            --mode configs)
 #   breakdown  the first request's TTFT split into the serving loop's parts against the steady
-#            ones (bench/first_request.py --mode breakdown), at the fixed configuration
+#            ones (bench/warm.py first-request --mode breakdown), at the fixed configuration
 #   OUT=/tmp/out PARTS="tests fixed" bash bench/gpu_first_request.sh
 # Every output lands in one tarball, $OUT/gpu-first-request.tgz (a device call brings back a
 # limited number of files); the summaries go to stdout.
@@ -36,7 +36,7 @@ SHAPE="--max-num-seqs 48 --max-num-batched-tokens 4096 --max-model-len 8192"
 git rev-parse HEAD >"$OUT/commit.txt" 2>/dev/null || true
 T0=$(date +%s)
 stage() { echo "=== $1 (+$(( $(date +%s) - T0 )) s, $(date +%T))"; }
-fr() { python3 bench/first_request.py "$@"; }
+fr() { python3 bench/warm.py first-request "$@"; }
 configs() {  # configs NAME BACKEND RUNS "CONFIG" [server args]
   fr --mode configs --model "$MODEL" --device cuda --backends "$2" --configs "$3" \
     --config "$4" "--server-args=${5:-}" --vocab-size 128000 --repeats 15 --gap-s 0.5 \
@@ -56,10 +56,10 @@ fixed)
     "0 48 4096 8192 16 300" "--no-ragged-cuda-graphs" ;;
 probe)
   stage "probe: the eager FlashInfer path's first 1x300 prefill"
-  timeout 120 python3 bench/first_request.py --mode probe --device cuda --model "$MODEL" \
+  timeout 120 python3 bench/warm.py first-request --mode probe --device cuda --model "$MODEL" \
     --attention-backend flashinfer --no-ragged-cuda-graphs $SHAPE --num-blocks 8192 \
     --prefill-shape 1x300 2>&1 | grep -v "^\(INFO\|DEBUG\)" | tee "$OUT/probe-flashinfer-eager.txt" | tail -20
-  timeout 120 python3 bench/first_request.py --mode probe --device cuda --model "$MODEL" \
+  timeout 120 python3 bench/warm.py first-request --mode probe --device cuda --model "$MODEL" \
     --attention-backend flashinfer --no-ragged-cuda-graphs $SHAPE --num-blocks 8192 \
     --prefill-shape 1x300 --trace-segments 2>&1 | grep -v "^\(INFO\|DEBUG\)" \
     >"$OUT/probe-flashinfer-eager-segments.txt"; tail -30 "$OUT/probe-flashinfer-eager-segments.txt" ;;
@@ -72,7 +72,7 @@ long)
 configs)
   for b in flashinfer triton; do
     stage "$CONFIGS random configurations on $b"
-    timeout 560 python3 bench/first_request.py --mode configs --model "$MODEL" --device cuda \
+    timeout 560 python3 bench/warm.py first-request --mode configs --model "$MODEL" --device cuda \
       --backends "$b" --configs "$CONFIGS" --seed 1 --vocab-size 128000 --repeats 8 --gap-s 0.3 \
       --json "$OUT/h200-first-request-configs-$b.json" 2>"$OUT/configs-$b.err" \
       | tee "$OUT/h200-first-request-configs-$b.txt" | tail -$((CONFIGS + 3))
@@ -80,7 +80,7 @@ configs)
 breakdown)
   for arm in "flashinfer" "flashinfer --no-ragged-cuda-graphs" "triton"; do
     stage "breakdown: $arm"
-    timeout 120 python3 bench/first_request.py --mode breakdown --gap-s 0.5 --repeats 20 \
+    timeout 120 python3 bench/warm.py first-request --mode breakdown --gap-s 0.5 --repeats 20 \
       --prompt-len 300 --model "$MODEL" --device cuda --attention-backend $arm $SHAPE \
       --log-level WARNING 2>&1 | tee -a "$OUT/h200-first-request-breakdown.txt" | tail -4
   done ;;

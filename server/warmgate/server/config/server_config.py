@@ -115,7 +115,7 @@ class ServerConfig:
 
 FLAG_OPTIONS: tuple[Option, ...] = tuple(options_of(ServerConfig))
 # The flags that shape a runner, for the tools that build one without a server
-# (`python -m warmgate.server.warmup`, bench/): the server's names, parsing and defaults.
+# (`python -m warmgate.server.run_warmup`, bench/): the server's names, parsing and defaults.
 RUNNER_FLAGS = tuple(o.flag for o in FLAG_OPTIONS if o.path.startswith("runner."))
 
 
