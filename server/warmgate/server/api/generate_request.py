@@ -63,6 +63,7 @@ def parse_generate_request(request: gen_pb.GenerateRequest, config: RunnerConfig
             bad.append(FieldViolation(field, f"{len(prompt)} tokens leave no room to generate "
                                       f"under max_model_len = {max_len}"))
     s = request.sampling
+    # No upper bound (config.sampling_limits says why).
     if not math.isfinite(s.temperature) or s.temperature < 0:
         bad.append(FieldViolation("sampling.temperature",
                                   f"must be a finite number >= 0, got {s.temperature}"))
@@ -115,7 +116,7 @@ def _grammar_spec(s: gen_pb.SamplingParams, text: ModelText, bad: list[FieldViol
     elif len(spec.text) > MAX_GRAMMAR_CHARS:
         bad.append(FieldViolation(spec.field, f"{len(spec.text)} characters, at most "
                                   f"{MAX_GRAMMAR_CHARS}"))
-    if s.min_tokens > 0:
+    if s.min_tokens > 0 and not any(v.field == "sampling.min_tokens" for v in bad):
         # A complete grammar allows only EOS, which min_tokens forbids: every token would be
         # masked, and the sampler would draw from nothing.
         bad.append(FieldViolation("sampling.min_tokens", f"cannot be combined with {spec.field}: "
