@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import grpc
 import pytest
@@ -19,11 +20,9 @@ from tests.runner_helpers import make_runner, prompt, tiny_config
 from tests.test_grpc_generate import collect
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.errors import WarmgateRpcError
-from warmgate.server.api.generate_request import (
-    GREEDY_BELOW_TEMPERATURE,
-    parse_generate_request,
-)
+from warmgate.server.api.generate_request import parse_generate_request
 from warmgate.server.config.sampling_limits import (
+    GREEDY_BELOW_TEMPERATURE,
     MAX_ABS_LOGIT_BIAS,
     MAX_ABS_PENALTY,
     MAX_REPETITION_PENALTY,
@@ -115,14 +114,22 @@ def test_a_large_temperature_is_accepted() -> None:
     assert params.temperature == FLOAT32_MAX
 
 
-def test_the_runner_refuses_an_unbounded_penalty_before_touching_its_state() -> None:
+@pytest.mark.parametrize(("params", "message"), [
+    (SamplingParams(repetition_penalty=6e-38), "repetition_penalty 6e-38 is outside"),
+    (SamplingParams(repetition_penalty=1e38), "repetition_penalty 1e+38 is outside"),
+    (SamplingParams(temperature=1e-38), "temperature 1e-38 is outside"),
+    (SamplingParams(min_p=math.nan), "min_p nan is outside"),
+    (SamplingParams(presence_penalty=-3.0), "presence_penalty -3.0 is outside"),
+    (SamplingParams(logit_bias=((3, 1e9),)), "logit_bias 3: 1000000000.0 is outside"),
+])
+def test_the_runner_refuses_unbounded_floats_before_touching_its_state(
+        params: SamplingParams, message: str) -> None:
     """Scheduler outputs are untrusted (they will arrive over RPCs): the runner checks the
     same ranges, as a ValueError naming the request and the option."""
     runner = make_runner()
-    so = scheduler_output(new_reqs=[new_request(
-        "p", prompt(4), ([1, 2],), SamplingParams(repetition_penalty=6e-38))],
-        num_scheduled={"p": 4})
-    with pytest.raises(ValueError, match="'p': repetition_penalty 6e-38 is outside"):
+    so = scheduler_output(new_reqs=[new_request("p", prompt(4), ([1, 2],), params)],
+                          num_scheduled={"p": 4})
+    with pytest.raises(ValueError, match=re.escape(f"'p': {message}")):
         runner.execute_model(so)
     assert not runner.input_batch.requests
 

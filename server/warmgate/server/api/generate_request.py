@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from warmgate.server.api.prompt import prompt_token_ids
 from warmgate.server.api.sampling_options import sampling_options
 from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.config.sampling_limits import GREEDY_BELOW_TEMPERATURE
 from warmgate.server.core.errors import FieldViolation, InvalidArgument
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.grammar.spec import GrammarSpec, grammar_unavailable_reason
@@ -21,9 +22,6 @@ DEFAULT_MAX_TOKENS = 16
 MAX_REQUEST_ID_CHARS = 128
 # Stop ids are checked one by one per generated token; thousands would be a mistake.
 MAX_STOP_TOKEN_IDS = 64
-# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): logits / 1e-38 overflow
-# float32 to inf and the softmax to NaN, which returned junk tokens with finish LENGTH.
-GREEDY_BELOW_TEMPERATURE = 1e-5
 # Longer grammars are refused before they reach the compiler (whose time grows with them).
 MAX_GRAMMAR_CHARS = 100_000
 

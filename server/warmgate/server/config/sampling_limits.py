@@ -30,6 +30,9 @@ MAX_ABS_PENALTY = 2.0
 # 0.5-2; these ends leave room without leaving float32 (|logit| * 100 / 1e-5 temperature).
 MIN_REPETITION_PENALTY = float32(0.01)
 MAX_REPETITION_PENALTY = 100.0
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): logits / 1e-38 overflow
+# float32 to inf and the softmax to NaN, which returned junk tokens with finish LENGTH.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 # temperature has no upper bound: dividing by a large one only shrinks the logits towards a
 # uniform draw, finite up to float32's largest.
 # OpenAI's range for a logit bias: -100 bans a token, 100 all but forces it.

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from warmgate.server.config.runner_config import cdiv
 from warmgate.server.config.sampling_limits import (
+    GREEDY_BELOW_TEMPERATURE,
     MAX_ABS_LOGIT_BIAS,
     MAX_ABS_PENALTY,
     MAX_REPETITION_PENALTY,
@@ -120,7 +121,9 @@ def _check_sampling(req_id: str, p: SamplingParams, vocab_size: int) -> None:
               "presence_penalty": (p.presence_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY),
               "frequency_penalty": (p.frequency_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY),
               "min_p": (p.min_p, 0.0, 1.0), "top_p": (p.top_p, 0.0, 1.0),
-              "temperature": (p.temperature, 0.0, math.inf)}
+              # 0 is greedy; between 0 and the greedy threshold logits / t overflow.
+              "temperature": (p.temperature, 0.0 if p.temperature == 0.0
+                              else GREEDY_BELOW_TEMPERATURE, math.inf)}
     for name, (value, low, high) in ranges.items():
         if not (low <= value <= high and math.isfinite(value)):  # NaN fails both
             raise ValueError(f"request {req_id!r}: {name} {value} is outside [{low:g}, "
