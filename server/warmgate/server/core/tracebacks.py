@@ -21,28 +21,18 @@ TAIL_FRAMES = 20
 _LOGGED_ATTR = "_warmgate_traceback_logged"
 
 
-class _Omitted(traceback.FrameSummary):
-    """Stands in the stack for the frames left out."""
-
-    def __init__(self, count: int) -> None:
-        super().__init__("", 0, "", lookup_line=False, line="")
-        self.count = count
-
-
-class _CompactStack(traceback.StackSummary):
-    def format_frame_summary(self, frame_summary: traceback.FrameSummary) -> str:
-        if isinstance(frame_summary, _Omitted):
-            return f"  [... {frame_summary.count} frames omitted ...]\n"
-        formatted: str = super().format_frame_summary(frame_summary)
-        return formatted
+# The file name of the frame that stands in for the omitted ones; its formatted line is
+# replaced (StackSummary's per-frame hook is 3.11's, and 3.10 is supported).
+_OMITTED = "<warmgate: frames omitted>"
 
 
 def _shorten(te: traceback.TracebackException) -> None:
     stack = te.stack
     if len(stack) > HEAD_FRAMES + TAIL_FRAMES + 1:
         omitted = len(stack) - HEAD_FRAMES - TAIL_FRAMES
-        te.stack = _CompactStack([*stack[:HEAD_FRAMES], _Omitted(omitted),
-                                  *stack[-TAIL_FRAMES:]])
+        marker = traceback.FrameSummary(_OMITTED, omitted, "", lookup_line=False, line="")
+        te.stack = traceback.StackSummary.from_list([*stack[:HEAD_FRAMES], marker,
+                                                     *stack[-TAIL_FRAMES:]])
 
 
 def compact_traceback(exc: BaseException) -> str:
@@ -57,8 +47,16 @@ def compact_traceback(exc: BaseException) -> str:
             continue
         seen.add(id(te))
         _shorten(te)
-        pending += [te.__cause__, te.__context__, *(te.exceptions or [])]
-    return "".join(top.format()).rstrip("\n")
+        # An ExceptionGroup's members (3.11) have stacks of their own.
+        pending += [te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or [])]
+    return "".join(_omitted_line(chunk) for chunk in top.format()).rstrip("\n")
+
+
+def _omitted_line(chunk: str) -> str:
+    if _OMITTED not in chunk:
+        return chunk
+    count = chunk.split(", line ", 1)[1].split(",", 1)[0]
+    return f"  [... {count} frames omitted ...]\n"
 
 
 def traceback_logged(exc: BaseException) -> bool:
