@@ -32,8 +32,8 @@ MIN_REPETITION_PENALTY = float32(0.01)
 MAX_REPETITION_PENALTY = 100.0
 # Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): logits / 1e-38 overflow
 # float32 to inf and the softmax to NaN, which returned junk tokens with finish LENGTH.
+# No upper bound: dividing by a large temperature only shrinks the logits towards a uniform
+# draw, finite up to float32's largest.
 GREEDY_BELOW_TEMPERATURE = 1e-5
-# temperature has no upper bound: dividing by a large one only shrinks the logits towards a
-# uniform draw, finite up to float32's largest.
 # OpenAI's range for a logit bias: -100 bans a token, 100 all but forces it.
 MAX_ABS_LOGIT_BIAS = 100.0
