@@ -154,7 +154,8 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     if config.security.auth:
         interceptors.append(AuthInterceptor(config.security.auth_tokens))
     server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
-    warmup_pb2_grpc.add_WarmupServicer_to_server(WarmupService(controller), server)
+    warmup_pb2_grpc.add_WarmupServicer_to_server(WarmupService(
+        controller, max_watchers=config.max_status_watchers), server)
     generation = GenerationService(controller, engine, config.runner, config.serving,
                                    metrics.serving, text)
     generate_pb2_grpc.add_GenerationServicer_to_server(generation, server)
