@@ -47,7 +47,7 @@ def test_template_whose_compile_fails_its_bounds_fails_the_start_up(tiny_dir: Pa
     # Nesting deep enough to exhaust jinja's recursive parser, inside the worker process.
     (model / "chat_template.jinja").write_text("{% if 1 %}" * 5000 + "{% endif %}" * 5000)
     assert_one_line_exit_2(run_server("--model", str(model)), "--model",
-                           str(model / "chat_template.jinja"), "compiling it")
+                           str(model / "chat_template.jinja"), "failed to compile: RecursionError")
 
 
 def _load(model: Path) -> None:

@@ -178,5 +178,4 @@ class ChatTemplate:
                 chunks.append(chunk)
             return "".join(chunks)
         except _RENDER_ERRORS as exc:
-            raise PromptError("messages", f"the model's chat template refused them: "
-                                          f"{type(exc).__name__}: {exc}") from None
+            raise PromptError("messages", f"{type(exc).__name__}: {exc}") from None

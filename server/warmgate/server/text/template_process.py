@@ -82,7 +82,7 @@ class _Worker:
 
     def _read(self, timeout_s: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
-        data = b""
+        data = bytearray()
         size: int | None = None
         while size is None or len(data) < HEADER.size + size:
             left = deadline - time.monotonic()
@@ -95,8 +95,8 @@ class _Worker:
             data += chunk
             if size is None and len(data) >= HEADER.size:
                 (size,) = HEADER.unpack(data[:HEADER.size])
-        message: dict[str, Any] = json.loads(data[HEADER.size:].decode("utf-8",
-                                                                       "surrogatepass"))
+        message: dict[str, Any] = json.loads(bytes(data[HEADER.size:]).decode(
+            "utf-8", "surrogatepass"))
         return message
 
     @property
@@ -166,7 +166,7 @@ class BoundedChatTemplate:
                         with self._lock:
                             self._idle.append(worker)
         except _Failure as exc:
-            raise PromptError("messages", f"the model's chat template ({self.origin}): "
+            raise PromptError("messages", f"the model's chat template ({self.origin}) "
                                           f"{exc}") from None
 
     def _start_worker(self, *, at_load: bool) -> _Worker:
@@ -221,8 +221,9 @@ class BoundedChatTemplate:
                               "prompt that long cannot fit max_model_len)")
         if error == "compile":  # already names the template
             raise _Failure(str(reply["message"]).removeprefix(f"{self.origin}: "))
-        raise _Failure(f"{doing} failed: {reply['message']}")
+        refused = "refused them" if request["op"] == "render" else "failed to compile"
+        raise _Failure(f"{refused}: {reply['message']}")
 
     def _bound(self, doing: str, what: str) -> _Failure:
-        logger.info("chat template %s: %s %s", self.origin, doing, what)
-        return _Failure(f"{doing} {what}")
+        logger.info("chat template %s: %s, %s", self.origin, doing, what)
+        return _Failure(f"{doing}, {what}")

@@ -67,8 +67,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         if size is None or not isinstance(times, int):
             return
         if size * times > self.max_chars:
-            raise RenderBoundError("output", f"a {type(sequence).__name__} of {size} "
-                                   f"{'characters' if isinstance(sequence, str) else 'items'} "
-                                   f"times {times} passes the output bound of "
-                                   f"{self.max_chars} characters")
+            what = f"string of {size} characters" if isinstance(sequence, str) \
+                else f"{type(sequence).__name__} of {size} items"
+            raise RenderBoundError("output", f"a {what} times {times} passes the output "
+                                   f"bound of {self.max_chars} characters")
 
