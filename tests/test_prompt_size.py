@@ -113,9 +113,12 @@ def test_byte_bound_is_sound_and_absent_where_text_can_vanish() -> None:
         tokenizer = train_tokenizer(kind)
         bound, why = max_prompt_bytes(tokenizer, 64)
         assert bound is not None, why
-        longest = max(tokenizer.get_vocab(with_added_tokens=True), key=len)
-        # The densest texts: the longest token repeated, spaces, multi-byte characters.
-        for text in (longest * 200, " " * 5000, MULTIBYTE_TEXT * 200, "a" * 5000):
+        special = max(tokenizer.get_vocab(with_added_tokens=True), key=len)
+        longest = tokenizer.decode([max(tokenizer.get_vocab(with_added_tokens=False).items(),
+                                        key=lambda kv: len(kv[0]))[1]])
+        # The densest texts: the longest tokens repeated, spaces, multi-byte characters.
+        for text in (special * 200, longest * 200, " " * 5000, MULTIBYTE_TEXT * 200,
+                     "a" * 5000):
             size = len(text.encode())
             num_tokens = len(tokenizer.encode(text).ids)
             assert num_tokens * bound >= size * 64, (kind, text[:20], num_tokens, bound)

@@ -2,14 +2,15 @@
 tokens, so a longer prompt is refused before it is tokenized (4 MB took 2.5 s of CPU).
 
 Sound for a tokenizer that drops no input: every token then covers at most as many input
-bytes as its own string has in UTF-8 (byte-level BPE writes each byte as one character of
-one or two bytes, Metaspace writes a space as the 3-byte U+2581, byte-fallback tokens are
-`<0xNN>`), so n bytes give at least n / longest tokens. A normalizer can shrink the text
-before that: Unicode normalization and lowercasing by at most 3x (fullwidth letters, the
-Kelvin sign, conjoining jamo: 3 bytes to 1), counted as 4; Replace by its pattern's length
-over its replacement's. Where input can vanish (a normalizer that strips or deletes, a
-pre-tokenizer that drops whitespace, an unknown token that fuses a whole run), there is no
-bound, and the prompt is only tokenized off the event loop.
+bytes as its own string has in UTF-8 (Metaspace writes a space as the 3-byte U+2581,
+byte-fallback tokens are `<0xNN>`), or characters under a ByteLevel pre-tokenizer (which
+writes each byte as one character), so n bytes give at least n / longest tokens. A
+normalizer can shrink the text before that: Unicode normalization and lowercasing by at most
+3x (fullwidth letters, the Kelvin sign, conjoining jamo: 3 bytes to 1), counted as 4;
+Replace by its pattern's length over its replacement's. Where input can vanish (a
+normalizer that strips or deletes, a pre-tokenizer that drops whitespace, an unknown token
+that fuses a whole run), there is no bound, and the prompt is only tokenized off the event
+loop.
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ def _keeps_all(pre_tokenizer: dict[str, Any] | None) -> bool:
     return kind in _KEEPING_PRE_TOKENIZERS
 
 
+def _byte_level(pre_tokenizer: dict[str, Any] | None) -> bool:
+    if pre_tokenizer is None:
+        return False
+    if pre_tokenizer.get("type") == "Sequence":
+        return any(_byte_level(p) for p in pre_tokenizer.get("pretokenizers", []))
+    return pre_tokenizer.get("type") == "ByteLevel"
+
+
 def _fuses_unknown(model: dict[str, Any]) -> bool:
     """Whether one unknown token can stand for a whole run of input."""
     kind = model.get("type")
@@ -86,8 +95,15 @@ def max_prompt_bytes(tokenizer: Tokenizer, max_model_len: int) -> tuple[int | No
                       "text")
     if _fuses_unknown(spec.get("model", {})):
         return None, "one unknown token may stand for a whole run of text"
-    vocab = tokenizer.get_vocab(with_added_tokens=True)
-    longest = max([MIN_TOKEN_BYTES, *(len(t.encode("utf-8", "surrogatepass")) for t in vocab)])
+    # Under a ByteLevel pre-tokenizer each character of a model token stands for one byte
+    # (some are 2 bytes in UTF-8); added tokens match the raw text.
+    per_char = _byte_level(spec.get("pre_tokenizer"))
+    added = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
+    longest = max([MIN_TOKEN_BYTES, *(len(t.encode("utf-8", "surrogatepass"))
+                                      for t in added)])
+    for token in tokenizer.get_vocab(with_added_tokens=False):
+        longest = max(longest, len(token) if per_char else
+                      len(token.encode("utf-8", "surrogatepass")))
     bound = int(max_model_len * longest * shrink)
     why = (f"max_model_len {max_model_len} x {longest} bytes, the longest token"
            + (f", x {shrink:g} for the normalizer" if shrink != 1 else ""))
