@@ -134,7 +134,7 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     started for --health-port; without one, create_server starts it (and stop() ends it).
     """
     # Before anything binds: an unusable tokenizer or chat template fails the start-up.
-    text = text if text is not None else load_model_text(config.runner.model)
+    text = text if text is not None else load_model_text(config.runner.model, config.serving)
     metrics = Metrics(config.runner.parallel.tensor_parallel_size)
     health = WarmgateHealth()
     engine = engine if engine is not None else _default_engine(config)

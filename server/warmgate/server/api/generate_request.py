@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from warmgate.server.api.prompt import prompt_token_ids
+from warmgate.server.api.prompt import prompt_token_ids, prompt_token_ids_async
 from warmgate.server.api.sampling_options import sampling_options
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.config.sampling_limits import GREEDY_BELOW_TEMPERATURE
@@ -41,15 +41,33 @@ def _first_outside(values: list[int], vocab_size: int) -> int | None:
     return next((i for i, t in enumerate(values) if not 0 <= t < vocab_size), None)
 
 
+async def parse_generate_request_async(request: gen_pb.GenerateRequest, config: RunnerConfig,
+                                       text: ModelText) -> ParsedRequest:
+    """parse_generate_request, with the prompt tokenized (and its chat template rendered)
+    off the event loop."""
+    try:
+        prompt: tuple[str, list[int]] | PromptError = await prompt_token_ids_async(request,
+                                                                                   text)
+    except PromptError as exc:
+        prompt = exc
+    return parse_generate_request(request, config, text, prompt)
+
+
 def parse_generate_request(request: gen_pb.GenerateRequest, config: RunnerConfig,
-                           text: ModelText | None = None) -> ParsedRequest:
-    """`text` (the model's tokenizer and EOS ids) defaults to none: token ids only."""
+                           text: ModelText | None = None,
+                           prompt_ids: tuple[str, list[int]] | PromptError | None = None
+                           ) -> ParsedRequest:
+    """`text` (the model's tokenizer and EOS ids) defaults to none: token ids only;
+    `prompt_ids`, the prompt's (field, token ids) or why it has none, when already known."""
     text = text if text is not None else ModelText()
     vocab, max_len = config.model.vocab_size, config.model.max_model_len
     bad: list[FieldViolation] = []
     field, prompt = "prompt_token_ids", list[int]()
     try:
-        field, prompt = prompt_token_ids(request, text)
+        if isinstance(prompt_ids, PromptError):
+            raise prompt_ids
+        field, prompt = prompt_ids if prompt_ids is not None else prompt_token_ids(request,
+                                                                                   text)
     except PromptError as exc:
         bad += [FieldViolation(f, exc.message) for f in exc.fields]
     else:

@@ -34,6 +34,7 @@ from warmgate.server.config.flags import (
 )
 from warmgate.server.config.flags import add_options as _add_options
 from warmgate.server.config.hf_config import ModelLoadError, model_config_from_hf
+from warmgate.server.config.model_files import ModelFileError, check_inside_model_dir
 from warmgate.server.config.presets import MODEL_PRESETS, preset_names
 from warmgate.server.config.runner_config import ConfigError, ModelConfig, RunnerConfig
 from warmgate.server.config.security import (
@@ -169,6 +170,10 @@ def _model_config(model: str, max_model_len: int | None) -> ModelConfig:
     if model in MODEL_PRESETS:
         return ModelConfig.from_preset(model, **overrides)
     if os.path.isdir(model):
+        try:
+            check_inside_model_dir(model)
+        except ModelFileError as exc:  # names the file
+            raise ConfigError("model", str(exc)) from None
         try:
             return model_config_from_hf(model, **overrides)
         except ConfigError:  # already names its flag

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from warmgate.server.config import flag_values
 from warmgate.server.config.flags import flag
 from warmgate.server.config.runner_config import ConfigError
+
+MIN_TEMPLATE_MEMORY_MIB = 64
 
 
 @dataclass(frozen=True)
@@ -22,11 +25,30 @@ class ServingConfig:
     max_waiting_requests: int = field(default=1024, metadata=flag(
         "--max-waiting-requests", "Generate requests queued for a batch slot, at most; more "
         "are answered RESOURCE_EXHAUSTED"))
+    # The chat template runs in worker processes with these bounds (text.template_process).
+    chat_template_timeout_s: float = field(default=1.0, metadata=flag(
+        "--chat-template-timeout", "seconds a chat template may take to render one request's "
+        "messages (or to compile at start-up); past it the request fails INVALID_ARGUMENT",
+        parse=flag_values.positive_float))
+    chat_template_memory_mib: int = field(default=256, metadata=flag(
+        "--chat-template-memory", "MiB of address space for each chat template worker "
+        "process; a render that needs more fails its request INVALID_ARGUMENT"))
+    chat_template_workers: int = field(default=2, metadata=flag(
+        "--chat-template-workers", "chat template renders running at once, each in its own "
+        "worker process; more requests wait for one"))
 
     def __post_init__(self) -> None:
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError("serving.ngram_min", f"need 1 <= --ngram-min <= --ngram-max, got "
                               f"{self.ngram_min} and {self.ngram_max}")
+        # An interpreter with jinja2 takes about 25 MiB of address space before any render.
+        if self.chat_template_memory_mib < MIN_TEMPLATE_MEMORY_MIB:
+            raise ConfigError("serving.chat_template_memory_mib",
+                              f"must be >= {MIN_TEMPLATE_MEMORY_MIB}, got "
+                              f"{self.chat_template_memory_mib}")
+        if self.chat_template_workers < 1:
+            raise ConfigError("serving.chat_template_workers",
+                              f"must be >= 1, got {self.chat_template_workers}")
         if self.max_waiting_requests < 1:
             raise ConfigError("serving.max_waiting_requests",
                               f"must be >= 1, got {self.max_waiting_requests}")
