@@ -9,7 +9,7 @@
 #   probe    the eager FlashInfer path's first 1x300 prefill vs the next, in one process, and
 #            the CUDA segments the first steps allocate
 #   long     a 2000-token prompt on FlashInfer with and without ragged graphs
-#   configs  CONFIGS random server configurations per backend (bench/warm.py first-request
+#   configs  CONFIGS random server configurations per backend, CONFIGS_TIMEOUT s each (bench/warm.py first-request
 #            --mode configs)
 #   breakdown  the first request's TTFT split into the serving loop's parts against the steady
 #            ones (bench/warm.py first-request --mode breakdown), at the fixed configuration
@@ -20,6 +20,8 @@ set -uo pipefail
 FINAL=${OUT:-/tmp/warmgate-out}
 OUT=/tmp/gpu-first-request
 mkdir -p "$OUT" "$FINAL"
+# The tarball is written however the call ends (a part's timeout, the call's own limit).
+trap 'tar czf "$FINAL/gpu-first-request.tgz" -C "$OUT" .' EXIT
 if compgen -G ".whl/*.whl" >/dev/null; then  # wheels carried for a bare machine
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
@@ -72,7 +74,7 @@ long)
 configs)
   for b in flashinfer triton; do
     stage "$CONFIGS random configurations on $b"
-    timeout 560 python3 bench/warm.py first-request --mode configs --model "$MODEL" --device cuda \
+    timeout "${CONFIGS_TIMEOUT:-280}" python3 bench/warm.py first-request --mode configs --model "$MODEL" --device cuda \
       --backends "$b" --configs "$CONFIGS" --seed 1 --vocab-size 128000 --repeats 8 --gap-s 0.3 \
       --json "$OUT/h200-first-request-configs-$b.json" 2>"$OUT/configs-$b.err" \
       | tee "$OUT/h200-first-request-configs-$b.txt" | tail -$((CONFIGS + 3))
@@ -86,5 +88,4 @@ breakdown)
   done ;;
 *) echo "unknown part: $part"; exit 2 ;;
 esac; done
-tar czf "$FINAL/gpu-first-request.tgz" -C "$OUT" .
 stage done
