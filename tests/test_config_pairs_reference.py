@@ -113,7 +113,10 @@ def dtype_twice(d: Path) -> None:
 def qwen2_window_off(d: Path) -> None:
     """A window shorter than the prompt, not applied: use_sliding_window is false."""
     _save(d, "Qwen2Config", "Qwen2ForCausalLM", 7, use_sliding_window=False)
-    _edit_config(d, lambda c: c.update(sliding_window=16, max_window_layers=0))
+    # Without the layer_types transformers saved, max_window_layers 0 makes every layer a
+    # sliding one, were the window applied.
+    _edit_config(d, lambda c: (c.update(sliding_window=16, max_window_layers=0),
+                               c.pop("layer_types", None)))
 
 
 def tied_over_a_different_head(d: Path) -> None:
