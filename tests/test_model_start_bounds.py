@@ -78,9 +78,12 @@ def _claim_f64(directory: Path, name: str) -> None:
 # Runs the server and prints its peak RSS. A small process of its own starts it: a child's
 # ru_maxrss counts the memory of the process it was forked from until it execs, which for
 # pytest (torch, transformers loaded) alone would be hundreds of MiB.
-_MEASURE = ("import resource, subprocess, sys; "
-            "code = subprocess.call(sys.argv[1:]); "
-            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+# (A server that does not exit in time is killed by this parent, not left behind.)
+_MEASURE = ("import resource, subprocess, sys\n"
+            "p = subprocess.Popen(sys.argv[1:])\n"
+            "try:\n    code = p.wait(timeout=60)\n"
+            "except subprocess.TimeoutExpired:\n    p.terminate()\n    code = p.wait()\n"
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
             "sys.exit(code)")
 
 
@@ -92,7 +95,7 @@ def _run(directory: Path) -> tuple[int, str, int]:
     proc = subprocess.run(
         [sys.executable, "-c", _MEASURE, sys.executable, "-m", "warmgate.server.main",
          "--host", "127.0.0.1", "--port", "0", "--device", "cpu", "--model", str(directory)],
-        env=env, capture_output=True, text=True, timeout=90, check=False)
+        env=env, capture_output=True, text=True, timeout=120, check=False)
     # ru_maxrss is in KiB on Linux.
     return proc.returncode, proc.stderr, int(proc.stdout.strip().splitlines()[-1]) * 1024
 
