@@ -218,7 +218,8 @@ def _dtype_notes(hf: dict[str, Any], notes: list[ConfigNote]) -> None:
     named = new if new is not None else old
     if named is not None:
         note(notes, "dtype" if new is not None else "torch_dtype",
-             f"{named!r} names the checkpoint's dtype; warmgate computes in --dtype's")
+             f"{named!r}, the checkpoint's dtype, is not read: --dtype decides what the "
+             "model computes in (the model line says which)")
 
 
 def hf_config_dict(config: ModelConfig, dtype_name: str) -> dict[str, Any]:
