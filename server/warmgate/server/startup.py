@@ -23,8 +23,9 @@ from warmgate.server.config.server_config import (
     runner_config_from_args,
     server_config_from_args,
 )
-from warmgate.server.config.startup_checks import check_attention_backend
+from warmgate.server.config.startup_checks import check_attention_backend, check_host_memory
 from warmgate.server.distributed.startup_check import check_tensor_parallel
+from warmgate.server.host_memory import host_available_bytes
 
 
 def check_model_files(runner: RunnerConfig) -> None:
@@ -55,6 +56,8 @@ def check_can_warm_up(runner: RunnerConfig, mixed_num_tokens: int | None,
                       environ: Mapping[str, str]) -> None:
     """The resolved backend runs here, and the warmup plan fits: a configuration whose plan
     can never succeed can never serve."""
+    # Before the runner (and torch) is imported: an absurd length fails in a small process.
+    check_host_memory(runner, host_available_bytes())
     from warmgate.server.warmup.shapes import check_config_capacity  # imports the runner
 
     check_attention_backend(runner, environ)

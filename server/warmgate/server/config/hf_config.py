@@ -4,7 +4,11 @@ Both formats transformers writes are read: 4.x (top-level `rope_theta`, `rope_sc
 5.x (`rope_parameters`). Every key the reference implementation (transformers' Llama, Mistral,
 Qwen2 and Qwen3 modeling code) reads and that changes the numbers is either implemented or
 refused with a ModelLoadError naming the file and the key: a checkpoint served with math that
-differs from its reference would generate wrong tokens while looking healthy.
+differs from its reference would generate wrong tokens while looking healthy. Where the
+directory says one thing twice (two rope keys, head_dim and hidden_size / heads, dtype and
+torch_dtype, sliding_window and use_sliding_window, a tied config over a file with its own
+lm_head.weight), transformers' choice wins and a ConfigNote records it (`read_model_dir`);
+the load phase logs the notes.
 """
 
 from __future__ import annotations
@@ -13,8 +17,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from warmgate.server.config.rope_config import RopeConfig, RopeError
+from warmgate.server.config.config_notes import ConfigNote, note
+from warmgate.server.config.hf_attention import head_dim, num_kv_heads, sliding_window
+from warmgate.server.config.hf_rope import rope_from_hf
+from warmgate.server.config.model_load_error import ModelLoadError
 from warmgate.server.config.runner_config import ConfigError, ModelConfig
+from warmgate.server.config.tied_head import HEAD, file_head
+
+__all__ = ["HF_ARCHITECTURES", "HF_CLASS", "ConfigNote", "ModelLoadError", "hf_config_dict",
+           "max_position_embeddings", "model_config_from_hf", "read_model_dir"]
 
 # HF class name -> ModelConfig.architecture, and the model_type transformers writes for it.
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
@@ -37,16 +48,13 @@ _FIELD_KEYS = {**_HF_KEYS, "num_kv_heads": "num_key_value_heads", "head_dim": "h
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
              "intermediate_size")
 # What transformers assumes when config.json leaves a key out (each configuration_*.py).
-_DEFAULT_SLIDING_WINDOW = {"mistral": 4096}
-_DEFAULT_HEAD_DIM_QWEN3 = 128
-_DEFAULT_ROPE_THETA = 10000.0
 _DEFAULT_RMS_NORM_EPS = 1e-6
 _DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768, "qwen3": 32768}
+# More positions than any checkpoint of these architectures declares (Qwen2.5-1M: 1,010,000)
+# by 16x: a larger value is a broken file, and everything sized by it (the rope cache, the
+# automatic KV cache and block tables) would be absurd.
+MAX_POSITIONS_LIMIT = 2**24
 _INT = ("an integer", (int,))
-# Rope parameters that are numbers when present (a string would be read by float() or fail).
-_ROPE_NUMBERS = ("rope_theta", "factor", "original_max_position_embeddings", "low_freq_factor",
-                 "high_freq_factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
-                 "mscale_all_dim", "partial_rotary_factor")
 # config.json keys read here -> the JSON type they must have when present and not null.
 _TYPED_KEYS: tuple[tuple[str, str, tuple[type, ...]], ...] = (
     *((key, *_INT) for key in (*_REQUIRED, "max_position_embeddings", "num_key_value_heads",
@@ -61,15 +69,6 @@ _TYPED_KEYS: tuple[tuple[str, str, tuple[type, ...]], ...] = (
 )
 
 
-class ModelLoadError(ValueError):
-    """A model directory cannot be served as its reference would run it: the message is one
-    line naming the file and the key (config entry or tensor name)."""
-
-    def __init__(self, path: str | Path, key: str, message: str) -> None:
-        super().__init__(f"{path}: {key}: {message}")
-        self.path = str(path)
-        self.key = key
-        self.message = message
 
 
 def _architecture(hf: dict[str, Any], path: Path) -> str:
@@ -82,60 +81,16 @@ def _architecture(hf: dict[str, Any], path: Path) -> str:
     if not isinstance(names, list) or len(names) != 1 or names[0] not in HF_ARCHITECTURES:
         raise ModelLoadError(path, "architectures", f"{names!r} is not supported; supported: "
                              f"{', '.join(HF_ARCHITECTURES)}")
+    model_type = hf.get("model_type")
+    if model_type is not None and model_type != HF_ARCHITECTURES[names[0]]:
+        # transformers' Auto classes build the model model_type names, other servers the one
+        # architectures names: the file must not leave that to the reader.
+        raise ModelLoadError(path, "model_type", f"{model_type!r} disagrees with architectures "
+                             f"{names!r} (whose model_type is "
+                             f"{HF_ARCHITECTURES[names[0]]!r}); make them agree")
     return HF_ARCHITECTURES[names[0]]
 
 
-def _rope(hf: dict[str, Any], path: Path) -> RopeConfig:
-    """RopeConfig from rope_parameters (5.x) or rope_theta + rope_scaling (4.x)."""
-    if hf.get("rope_parameters") is not None:
-        key, params = "rope_parameters", dict(hf["rope_parameters"])
-    else:
-        key, params = "rope_scaling", dict(hf.get("rope_scaling") or {})
-    if any(isinstance(v, dict) for v in params.values()):
-        raise ModelLoadError(path, key, "per-layer-type rope parameters are not supported")
-    for name in _ROPE_NUMBERS:
-        value = params.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ModelLoadError(path, f"{key}.{name}", f"{value!r} is not a number")
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    # transformers' default_theta for all four architectures when the file names none.
-    theta = params.get("rope_theta", hf.get("rope_theta"))
-    theta = _DEFAULT_ROPE_THETA if theta is None else theta
-    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
-    if partial is not None and partial != 1.0:
-        raise ModelLoadError(path, f"{key}.partial_rotary_factor",
-                             f"{partial}: partial rotary embeddings are not implemented")
-    fields: dict[str, Any] = {"rope_type": rope_type, "theta": float(theta)}
-    if rope_type in ("linear", "llama3", "yarn"):
-        # transformers prefers a top-level original_max_position_embeddings, then the rope
-        # dict's, then max_position_embeddings.
-        original = hf.get("original_max_position_embeddings",
-                          params.get("original_max_position_embeddings",
-                                     hf.get("max_position_embeddings")))
-        factor = params.get("factor")
-        if factor is None and rope_type == "yarn" and original:
-            factor = hf["max_position_embeddings"] / original
-        if factor is None:
-            raise ModelLoadError(path, f"{key}.factor", f"missing for rope_type {rope_type!r}")
-        fields["factor"] = float(factor)
-        if rope_type != "linear":  # linear scaling never reads the trained length
-            fields["original_max_position_embeddings"] = original
-    if rope_type == "llama3":
-        for name in ("low_freq_factor", "high_freq_factor"):
-            if params.get(name) is None:
-                raise ModelLoadError(path, f"{key}.{name}", "missing for rope_type 'llama3'")
-            fields[name] = float(params[name])
-    if rope_type == "yarn":
-        # transformers treats 0 / None as "use the paper's value" for the betas.
-        fields.update(beta_fast=float(params.get("beta_fast") or 32),
-                      beta_slow=float(params.get("beta_slow") or 1),
-                      truncate=bool(params.get("truncate", True)),
-                      attention_factor=params.get("attention_factor"),
-                      mscale=params.get("mscale"), mscale_all_dim=params.get("mscale_all_dim"))
-    try:
-        return RopeConfig(**fields)
-    except RopeError as exc:
-        raise ModelLoadError(path, f"{key}.{exc.key}", exc.message) from None
 
 
 def _refuse_unimplemented(hf: dict[str, Any], arch: str, path: Path) -> None:
@@ -154,21 +109,6 @@ def _refuse_unimplemented(hf: dict[str, Any], arch: str, path: Path) -> None:
         raise ModelLoadError(path, "mlp_bias", "true: MLP biases are not implemented")
 
 
-def _sliding_window(hf: dict[str, Any], arch: str, path: Path) -> int | None:
-    """The attention window the reference applies to some layer, or None."""
-    if arch == "mistral":
-        if hf.get("layer_types") is not None:
-            raise ModelLoadError(path, "layer_types", "per-layer attention types are not "
-                                 "supported for MistralForCausalLM")
-        window: int | None = hf.get("sliding_window", _DEFAULT_SLIDING_WINDOW["mistral"])
-        return window
-    if arch in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
-        window = hf.get("sliding_window", 4096)
-        layer_types = hf.get("layer_types") or [
-            "sliding_attention" if i >= hf.get("max_window_layers", 28) else "full_attention"
-            for i in range(hf["num_hidden_layers"])]
-        return window if "sliding_attention" in layer_types else None
-    return None
 
 
 def _read(path: Path) -> tuple[dict[str, Any], str]:
@@ -190,6 +130,10 @@ def _read(path: Path) -> tuple[dict[str, Any], str]:
                 "max_position_embeddings": _DEFAULT_MAX_POSITIONS[arch]}
     hf = {**hf, **{k: v for k, v in defaults.items() if hf.get(k) is None}}
     _check_types(hf, path)
+    positions = hf["max_position_embeddings"]
+    if not 1 <= positions <= MAX_POSITIONS_LIMIT:
+        raise ModelLoadError(path, "max_position_embeddings", f"{positions} is outside "
+                             f"1..{MAX_POSITIONS_LIMIT}, more than any checkpoint declares")
     return hf, arch
 
 
@@ -212,20 +156,26 @@ def max_position_embeddings(directory: str | Path) -> int:
 
 def model_config_from_hf(directory: str | Path, **overrides: Any) -> ModelConfig:
     """A ModelConfig from an HF config.json; overrides win (e.g. a lower max_model_len)."""
+    return read_model_dir(directory, **overrides)[0]
+
+
+def read_model_dir(directory: str | Path, **overrides: Any
+                   ) -> tuple[ModelConfig, tuple[ConfigNote, ...]]:
+    """model_config_from_hf, and the notes on every key another one overrode."""
     directory = Path(directory)
     path = directory / "config.json"
+    notes: list[ConfigNote] = []
     hf, arch = _read(path)
     _refuse_unimplemented(hf, arch, path)
     fields: dict[str, Any] = {f: hf[k] for f, k in _HF_KEYS.items()}
-    heads = hf["num_attention_heads"]
-    default_head_dim = _DEFAULT_HEAD_DIM_QWEN3 if arch == "qwen3" else hf["hidden_size"] // heads
-    fields.update(architecture=arch, rope=_rope(hf, path),
-                  num_kv_heads=hf.get("num_key_value_heads") or heads,
-                  head_dim=hf.get("head_dim") or default_head_dim,
-                  tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+    fields.update(architecture=arch, rope=rope_from_hf(hf, path, notes),
+                  num_kv_heads=num_kv_heads(hf, arch, notes),
+                  head_dim=head_dim(hf, arch, path, notes),
+                  tie_word_embeddings=_tied(hf, directory, notes),
                   name=directory.name, weights_path=str(directory))
+    _dtype_notes(hf, notes)
     fields.update(overrides)
-    window = _sliding_window(hf, arch, path)
+    window = sliding_window(hf, arch, path, notes)
     if window is not None and window < fields["max_model_len"]:
         raise ModelLoadError(path, "sliding_window", f"{window} is shorter than max_model_len "
                              f"{fields['max_model_len']}; sliding-window attention is not "
@@ -237,7 +187,39 @@ def model_config_from_hf(directory: str | Path, **overrides: Any) -> ModelConfig
         field_name = exc.field_name.removeprefix("model.")
         raise ModelLoadError(path, _FIELD_KEYS.get(field_name, field_name),
                              exc.message) from None
-    return config
+    return config, tuple(notes)
+
+
+def _tied(hf: dict[str, Any], directory: Path, notes: list[ConfigNote]) -> bool:
+    """tie_word_embeddings, unless the files hold a different head: transformers then keeps
+    the file's head (and warns)."""
+    if not hf.get("tie_word_embeddings", False):
+        return False
+    head = file_head(directory)
+    if head is None:
+        return True
+    if head.equal:
+        note(notes, HEAD, f"{head.path.name} holds one equal to model.embed_tokens.weight: "
+             "tied, as tie_word_embeddings says")
+        return True
+    note(notes, HEAD, f"tie_word_embeddings is true but {head.path.name} holds an "
+         f"{HEAD} that differs from model.embed_tokens.weight: serving the file's head "
+         "untied, as transformers does", warning=True)
+    return False
+
+
+def _dtype_notes(hf: dict[str, Any], notes: list[ConfigNote]) -> None:
+    """The checkpoint's dtype is not read (--dtype decides what is computed in); transformers
+    5 reads dtype before the 4.x torch_dtype."""
+    new, old = hf.get("dtype"), hf.get("torch_dtype")
+    if new is not None and old is not None and new != old:
+        note(notes, "torch_dtype", f"{old!r} is ignored: dtype {new!r} wins, as in "
+             "transformers 5", warning=True)
+    named = new if new is not None else old
+    if named is not None:
+        note(notes, "dtype" if new is not None else "torch_dtype",
+             f"{named!r}, the checkpoint's dtype, is not read: --dtype decides what the "
+             "model computes in (the model line says which)")
 
 
 def hf_config_dict(config: ModelConfig, dtype_name: str) -> dict[str, Any]:

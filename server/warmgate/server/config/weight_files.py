@@ -3,17 +3,13 @@
 Names and shapes are read without loading tensor data, so start-up can refuse a directory it
 could never load (missing, misshapen or unexpected tensors, a config.json that disagrees)
 before any memory is allocated; `runner.weights.load_weights` runs the same checks before it
-copies. The headers are parsed here in plain Python (8-byte length, then JSON, as the format
-defines them): no torch import, so the start-up checks run while torch is still loading in
-the background and the health port binds without waiting for it.
+copies. The headers are parsed in plain Python (config.safetensors_header): no torch import,
+so the start-up checks run while torch is still loading in the background and the health
+port binds without waiting for it.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 from warmgate.server.config.hf_config import (
@@ -22,6 +18,10 @@ from warmgate.server.config.hf_config import (
     model_config_from_hf,
 )
 from warmgate.server.config.runner_config import ModelConfig
+from warmgate.server.config.safetensors_header import TensorEntry, read_header
+
+__all__ = ["MATCH_FIELDS", "TensorEntry", "check_config_matches", "expected_tensor_shapes",
+           "index_weight_files", "read_header"]
 
 # Fields that decide tensor shapes or the numbers computed from them; a config that disagrees
 # on one would load garbage or fail half-way, so loading refuses up front.
@@ -31,43 +31,6 @@ MATCH_FIELDS = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_
 
 # Tensors some checkpoints carry that are not parameters of the reference model either.
 _NON_PARAMETER_SUFFIXES = (".rotary_emb.inv_freq",)
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    """One tensor of a safetensors header; begin/end are absolute offsets in the file."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int
-    end: int
-
-
-def read_header(path: Path) -> dict[str, TensorEntry]:
-    """The tensors of one safetensors file, from its header; ModelLoadError naming the file
-    for one that is unreadable or shorter than its header says."""
-    try:
-        size = os.stat(path).st_size
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > size - 8:
-                raise ValueError(f"a {length}-byte header in a {size}-byte file")
-            header = json.loads(f.read(length))
-        header.pop("__metadata__", None)
-        base = 8 + length
-        entries = {name: TensorEntry(name, info["dtype"], tuple(info["shape"]),
-                                     base + info["data_offsets"][0],
-                                     base + info["data_offsets"][1])
-                   for name, info in header.items()}
-    except (OSError, struct.error, ValueError, KeyError, TypeError, IndexError) as exc:
-        raise ModelLoadError(path, "header", f"not a readable safetensors file: "
-                             f"{type(exc).__name__}: {exc}") from exc
-    for e in entries.values():
-        if e.end > size or e.begin > e.end:
-            raise ModelLoadError(path, e.name, f"bytes {e.begin}..{e.end} of a {size}-byte "
-                                 "file (a truncated file)")
-    return entries
 
 
 def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

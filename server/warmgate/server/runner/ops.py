@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from warmgate.server.config.rope_config import RopeConfig
-from warmgate.server.runner.rope import rope_frequencies
+from warmgate.server.runner.rope import cos_sin_cache
 
 
 def build_cos_sin_cache(max_position: int, head_dim: int, rope: RopeConfig | float,
@@ -25,11 +25,7 @@ def build_cos_sin_cache(max_position: int, head_dim: int, rope: RopeConfig | flo
         raise ValueError(f"head_dim must be even for rotary embeddings, got {head_dim}")
     if not isinstance(rope, RopeConfig):
         rope = RopeConfig(theta=float(rope))
-    inv_freq, scale = rope_frequencies(rope, head_dim)  # [half] float32
-    pos = torch.arange(max_position, dtype=torch.float64, device=device)
-    # float64 for the angles: at position 8k a float32 product loses the low bits of the phase.
-    freqs = torch.outer(pos, inv_freq.to(device=device, dtype=torch.float64))  # [max_pos, half]
-    return (torch.cat([freqs.cos(), freqs.sin()], dim=-1) * scale).to(torch.float32)
+    return cos_sin_cache(max_position, head_dim, rope, device)
 
 
 class TorchOps:

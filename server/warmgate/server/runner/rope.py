@@ -88,3 +88,28 @@ def rope_frequencies(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, flo
     if rope.rope_type == "default":
         return inv_freq, 1.0
     raise ValueError(f"rope_type {rope.rope_type!r} has no frequency schedule")
+
+
+# Positions per step of the cache build: the float64 angles and their cos and sin exist for
+# one chunk at a time, so the build peaks at the float32 cache plus a few MiB, not at five
+# times the cache (a 16M-position cache would otherwise pass through about 40 GB).
+CACHE_CHUNK_POSITIONS = 32768
+
+
+def cos_sin_cache(max_position: int, head_dim: int, rope: RopeConfig,
+                  device: torch.device | str = "cpu",
+                  chunk: int = CACHE_CHUNK_POSITIONS) -> torch.Tensor:
+    """[max_position, head_dim] float32: cos of every (position, frequency) in the first half,
+    sin in the second, times the rope's attention factor. The angles are float64: at position
+    8k a float32 product loses the low bits of the phase. Each element is computed as a
+    whole-cache build would, so the chunk size does not change a bit."""
+    inv_freq, scale = rope_frequencies(rope, head_dim)  # [half] float32
+    inv = inv_freq.to(device=device, dtype=torch.float64)
+    half = inv.shape[0]
+    out = torch.empty((max_position, 2 * half), dtype=torch.float32, device=device)
+    for start in range(0, max_position, chunk):
+        stop = min(start + chunk, max_position)
+        freqs = torch.outer(torch.arange(start, stop, dtype=torch.float64, device=device), inv)
+        out[start:stop, :half] = freqs.cos() * scale
+        out[start:stop, half:] = freqs.sin() * scale
+    return out

@@ -20,6 +20,7 @@ from warmgate.server.config.hf_config import (
     ModelLoadError,
     hf_config_dict,
     model_config_from_hf,
+    read_model_dir,
 )
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.config.weight_files import (
@@ -183,11 +184,17 @@ def load_weights(directory: str | Path, model: LlamaModel) -> int:
     """
     directory = Path(directory)
     check_config_matches(model.config, directory)
+    # Every key config.json says twice, or that the reference does not apply: which one won.
+    for note in read_model_dir(directory, max_model_len=1)[1]:
+        logger.log(logging.WARNING if note.warning else logging.INFO, "model %s: %s: %s",
+                   directory, note.key, note.text)
     cfg, rope = model.config, model.config.rope
     logger.info("model %s: architecture %s, %d layers, %d/%d heads of %d, rope %s theta %g "
-                "factor %g, sliding window %s, max_model_len %d", directory, cfg.architecture,
-                cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, rope.rope_type,
-                rope.theta, rope.factor, cfg.sliding_window, cfg.max_model_len)
+                "factor %g, sliding window %s, max_model_len %d, tied head %s, dtype %s",
+                directory, cfg.architecture, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads,
+                cfg.head_dim, rope.rope_type, rope.theta, rope.factor, cfg.sliding_window,
+                cfg.max_model_len, cfg.tie_word_embeddings,
+                str(model.dtype).removeprefix("torch."))
     start = time.perf_counter()
     where = index_weight_files(directory, model.config)  # names and shapes checked
     headers = {f: read_header(f) for f in set(where.values())}

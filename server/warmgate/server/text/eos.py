@@ -1,12 +1,20 @@
-"""The model's end-of-sequence ids: generation_config.json's eos_token_id, else config.json's
-(as transformers' generate reads them); an int or a list of ints."""
+"""The model's end-of-sequence ids: generation_config.json's eos_token_id, else config.json's;
+an int or a list of ints.
+
+Where both files set one and they differ, generation_config.json's wins, as in transformers'
+generate. Where generation_config.json exists but sets none, transformers stops at no EOS at
+all; warmgate uses config.json's instead (the model's declared end of sequence) and logs it.
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from warmgate.server.text.errors import TextLoadError
 from warmgate.server.text.files import read_json_object
+
+logger = logging.getLogger(__name__)
 
 EOS_SOURCES = ("generation_config.json", "config.json")
 EOS_KEY = "eos_token_id"
@@ -14,15 +22,27 @@ EOS_KEY = "eos_token_id"
 
 def read_eos_token_ids(directory: Path, vocab_size: int) -> tuple[tuple[int, ...], str | None]:
     """(the ids, the file they came from); ((), None) when neither file sets any."""
+    values: dict[str, object] = {}
     for name in EOS_SOURCES:
         path = directory / name
-        if not path.is_file():
-            continue
-        value = read_json_object(path).get(EOS_KEY)
-        if value is None:
-            continue
-        return _checked_ids(path, value, vocab_size), name
-    return (), None
+        if path.is_file():
+            values[name] = read_json_object(path).get(EOS_KEY)
+    found = [name for name, value in values.items() if value is not None]
+    if not found:
+        return (), None
+    source = found[0]
+    ids = _checked_ids(directory / source, values[source], vocab_size)
+    # The file that lost is only read, not checked: the reference never uses it either.
+    for name in found[1:]:
+        other = values[name]
+        listed = other if isinstance(other, list) else [other]
+        if not (all(isinstance(v, int) for v in listed) and set(listed) == set(ids)):
+            logger.warning("EOS ids: %s's %s win over %s's %s, as in transformers' generate",
+                           source, list(ids), name, other)
+    if source != EOS_SOURCES[0] and EOS_SOURCES[0] in values:
+        logger.warning("EOS ids: %s sets no %s, so %s's %s are used (transformers' generate "
+                       "would stop at none)", EOS_SOURCES[0], EOS_KEY, source, list(ids))
+    return ids, source
 
 
 def _checked_ids(path: Path, value: object, vocab_size: int) -> tuple[int, ...]:
