@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from warmgate.server.config.flag_values import positive_float
 from warmgate.server.config.flags import flag
 from warmgate.server.config.runner_config import ConfigError
+
+# A grammar that takes longer is an outlier (the warmup's take milliseconds; a 12 KB schema
+# of 150 patterned properties took 133 s on SmolLM2's vocabulary), and its request waits for
+# it: past this, it fails.
+GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -22,11 +28,35 @@ class ServingConfig:
     max_waiting_requests: int = field(default=1024, metadata=flag(
         "--max-waiting-requests", "Generate requests queued for a batch slot, at most; more "
         "are answered RESOURCE_EXHAUSTED"))
+    # Structured output (serving/grammar/compiles.py). The budget covers the wait for a compile
+    # slot and the compile in a killable probe process.
+    grammar_compile_timeout_s: float = field(default=GRAMMAR_COMPILE_TIMEOUT_S, metadata=flag(
+        "--grammar-compile-timeout", "seconds a request's grammar (JSON schema, regex, EBNF) may "
+        "take to compile, waiting for a compile slot included; past it the request fails "
+        "RESOURCE_EXHAUSTED", parse=positive_float))
+    grammar_max_compiles: int = field(default=2, metadata=flag(
+        "--grammar-max-compiles", "grammar compiles running at once (each in its own probe "
+        "process, about 260 MiB); more grammar requests wait, within their budget"))
+    grammar_cache_mib: int = field(default=512, metadata=flag(
+        "--grammar-cache-mib", "resident memory compiled grammars may hold, least recently "
+        "used dropped first"))
+    grammar_json_whitespace: bool = field(default=False, metadata=flag(
+        "--grammar-json-whitespace", "let JSON-schema output put free whitespace (up to 20 "
+        "characters: newlines, indentation) between elements; off: compact one-line JSON"))
 
     def __post_init__(self) -> None:
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError("serving.ngram_min", f"need 1 <= --ngram-min <= --ngram-max, got "
                               f"{self.ngram_min} and {self.ngram_max}")
+        if not self.grammar_compile_timeout_s > 0:  # also false for NaN
+            raise ConfigError("serving.grammar_compile_timeout_s",
+                              f"must be > 0, got {self.grammar_compile_timeout_s}")
+        if self.grammar_max_compiles < 1:
+            raise ConfigError("serving.grammar_max_compiles",
+                              f"must be >= 1, got {self.grammar_max_compiles}")
+        if self.grammar_cache_mib < 0:
+            raise ConfigError("serving.grammar_cache_mib",
+                              f"must be >= 0, got {self.grammar_cache_mib}")
         if self.max_waiting_requests < 1:
             raise ConfigError("serving.max_waiting_requests",
                               f"must be >= 1, got {self.max_waiting_requests}")
