@@ -19,7 +19,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.grpc_harness import run, server_config, serving
-from tests.test_grammar_compiles import HEAVY_PATTERN, NO_STRING, patterned_schema
+from tests.test_grammar_compiles import NO_STRING, patterned_schema
 from tests.test_grpc_structured import EOS, SCHEMA, _check_schema
 from tests.test_grpc_text import collect
 from tests.text_helpers import write_tiny_model
