@@ -81,6 +81,11 @@ class ProbePool:
         self.num_started = 0
         self.num_killed = 0
 
+    @property
+    def processes(self) -> list[asyncio.subprocess.Process]:
+        """The probe processes started and not yet reaped (killed ones until they are)."""
+        return [p.proc for p in self._spawned]
+
     def start(self) -> None:
         """Start processes up to the pool's size in the background."""
         missing = self._size - len(self._idle) - len(self._busy) - len(self._starting)
