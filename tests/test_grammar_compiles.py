@@ -209,6 +209,7 @@ def test_past_the_budget_or_when_nobody_waits_the_probe_is_killed(backend: Gramm
             await _one_more_dead(compiles, 2)
             assert seen[-1][0] == "cancelled"
             # Shutdown kills a compile in progress; its request is told so.
+            await compiles.matcher(GrammarSpec("regex", "[cd]"))  # a probe is up again
             pending = asyncio.ensure_future(compiles.matcher(
                 GrammarSpec("json_schema", patterned_schema(salt="y"))))
             await asyncio.sleep(0.3)
