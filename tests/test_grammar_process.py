@@ -26,6 +26,7 @@ from warmgate.server.serving.grammar.probe_pool import WORKER_MODULE
 GRACE_S = 1.0
 CACHE_MIB = 40
 PROBE_KILLED = re.compile(r"grammar compile probe (\d+) killed mid-compile")
+PROBE_READY = re.compile(r"grammar compile probe (\d+) ready in")
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +39,15 @@ def _probes(server_pid: int) -> list[psutil.Process]:
             if WORKER_MODULE in " ".join(p.cmdline())]
 
 
-def _wait_probes(server_pid: int, count: int, timeout_s: float = 60.0) -> list[int]:
+def _wait_probes(p: ServerProcess, count: int, timeout_s: float = 60.0) -> list[int]:
+    """The probe processes' pids, once `count` of them said they are ready."""
     deadline = time.monotonic() + timeout_s
-    while len(found := _probes(server_pid)) < count:
+    while len(ready := PROBE_READY.findall(p.log())) < count:
         assert time.monotonic() < deadline, "the compile probes did not start"
         time.sleep(0.1)
-    return [p.pid for p in found]
+    pids = [int(pid) for pid in ready]
+    assert set(pids) <= {q.pid for q in _probes(p.proc.pid)}
+    return pids
 
 
 def _gone(pid: int) -> bool:
@@ -60,7 +64,7 @@ def test_sigterm_with_heavy_compiles_in_flight_exits_within_the_grace(model_dir:
     with ServerProcess(flags, stop_signal=signal.SIGTERM) as p, \
             WarmgateClient(p.target, timeout=120) as client, ThreadPoolExecutor(4) as pool:
         client.wait_ready(120)
-        probes = _wait_probes(p.proc.pid, 2)
+        probes = _wait_probes(p, 2)
         # A request that gives up (its deadline) takes its compile with it.
         with pytest.raises(WarmgateRpcError) as info:
             list(client.generate([1, 2, 3], json_schema=patterned_schema(salt="gone"),
