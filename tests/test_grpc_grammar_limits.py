@@ -159,3 +159,17 @@ def test_grammars_without_a_valid_output_are_invalid_argument_before_any_token(
             assert len(got.token_ids) == 4
 
     run(body(), 180)
+
+
+def test_free_whitespace_in_json_is_the_servers_option(model_dir: Path) -> None:
+    """The same request as the compact one above: with whitespace allowed, this seeded model
+    pads its JSON (the issue a newcomer met), which the compact default keeps out."""
+    async def body() -> None:
+        async with serving(_config(model_dir, "--grammar-json-whitespace")) as s, \
+                AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
+            await c.warmup_kernels()
+            got, _ = await collect(c, prompt="The capital of France is", max_tokens=200,
+                                   json_schema=json.dumps(SCHEMA))
+            assert "\n" in got.text or "  " in got.text, got.text
+
+    run(body(), 180)

@@ -57,7 +57,7 @@ class ServingMetrics:
             "warmgate_grammar_compile_seconds", "Grammar compiles of Generate requests (one per "
             "distinct grammar: cached ones and ones shared by concurrent requests compile once), "
             "by outcome: compiled, invalid, timeout (past --grammar-compile-timeout), cancelled "
-            "(every waiting request went).", ["outcome"], buckets=GRAMMAR_COMPILE_BUCKETS,
+            "(every waiting request went first).", ["outcome"], buckets=GRAMMAR_COMPILE_BUCKETS,
             registry=r)
         for outcome in GRAMMAR_COMPILE_OUTCOMES:
             self.grammar_compile.labels(outcome=outcome)

@@ -197,6 +197,8 @@ class GrammarCompiles:
                 done.set_result(compiled)
             else:
                 done.set_exception(error or RuntimeError("no compiled grammar"))
+                # Read here, so one whose requests all went is not reported as never read.
+                done.exception()
 
         def work() -> None:
             if self._cache.make_room(memory_bytes):
