@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 21's H200 evidence: bench/coverage.py with every sampling option and grammar rows (JSON
+# Issue 21's H200 evidence: bench/warm.py coverage with every sampling option and grammar rows (JSON
 # schema / regex / EBNF through xgrammar) drawn at random, 2,000 batches after ready for triton
-# and flashinfer at k=0 and k=3 (about 4 minutes), then bench/first_request.py --mode options
+# and flashinfer at k=0 and k=3 (about 4 minutes), then bench/warm.py first-request --mode options
 # (the first request that uses each option after ready / steady) on FIRST_SERVERS fresh servers
 # per backend in turn (default 3, class order shuffled per server; ~60-80 s per server per
 # backend, so ~6-8 minutes at 3). Together that is over 10 minutes: where one command is limited
@@ -55,7 +55,7 @@ coverage() {  # coverage BACKEND K
   local name="coverage-$1-k$2" caches rc
   caches=$(mktemp -d /tmp/warmgate-caches.XXXX)
   TRITON_CACHE_DIR=$caches/triton TORCHINDUCTOR_CACHE_DIR=$caches/inductor timeout 300 \
-    python3 bench/coverage.py --device cuda --model "$CKPT" --attention-backend "$1" \
+    python3 bench/warm.py coverage --device cuda --model "$CKPT" --attention-backend "$1" \
     --num-speculative-steps "$2" $LIMITS --batches 2000 >"$OUT/$name.txt" 2>"$OUT/$name.err"
   rc=$?
   echo "$name: exit $rc after +$(( $(date +%s) - T0 )) s; $(grep -E '^(structured rows|structured_failures|cuda_graph_misses_after_ready|compiles_after_ready)' "$OUT/$name.txt" | tr '\n' ' ')"
@@ -77,7 +77,7 @@ fi
 if [[ " $PARTS " == *" first "* ]]; then
   for b in $FIRST_BACKENDS; do
     stage "first request per option, $b, k=$FIRST_K, $FIRST_SERVERS servers${FIRST_CACHE_DIR:+, --cache-dir $FIRST_CACHE_DIR/$b}"
-    timeout $(( 60 + 120 * FIRST_SERVERS )) python3 bench/first_request.py --mode options \
+    timeout $(( 60 + 120 * FIRST_SERVERS )) python3 bench/warm.py first-request --mode options \
       --model-dir "$CKPT" --servers "$FIRST_SERVERS" --steady "$FIRST_STEADY" --shuffle \
       --server-args "--device cuda --attention-backend $b --num-speculative-steps $FIRST_K $LIMITS${FIRST_CACHE_DIR:+ --cache-dir $FIRST_CACHE_DIR/$b}" \
       --out "$OUT/first-options-$b.json" >"$OUT/first-options-$b.txt" 2>"$OUT/first-options-$b.err"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 20's H200 evidence, time to ready against the floor, in device calls of under 10 minutes
 # each (caches die with the machine, and a call is limited to 10 minutes):
-#   PARTS=1b     bench/time_to_ready.py on llama-3.2-1b's shapes, flashinfer then triton,
+#   PARTS=1b     bench/start.py time-to-ready on llama-3.2-1b's shapes, flashinfer then triton,
 #                RUNS warm starts each (default 5; about 250 s and 130 s)
 #   PARTS=8b     the same on llama-3.1-8b's shapes (a 16 GB checkpoint written on the machine),
 #                BACKENDS_8B (default flashinfer), RUNS_8B warm starts (default 2)
@@ -32,7 +32,7 @@ stage() { echo "=== $1 (+$(( $(date +%s) - T0 )) s, $(date +%T))"; }
 ready() {  # ready PRESET CKPT BACKEND RUNS
   local name="h200-time-to-ready-$1-$3"
   stage "$name, $4 warm runs"
-  timeout 560 python3 bench/time_to_ready.py --write-checkpoint "$1" --model-dir "$2" \
+  timeout 560 python3 bench/start.py time-to-ready --write-checkpoint "$1" --model-dir "$2" \
     --attention-backend "$3" --runs "$4" --log-dir "$LOGS/$1-$3" >"$OUT/$name.txt" 2>"$OUT/$name.err"
   echo "exit $?; $(grep -E '^(ready_over_floor|warm_over_cold|cold_over_longest_compile)' \
     "$OUT/$name.txt" | tr '\n' ' ')"

@@ -28,22 +28,22 @@ warmup|warmup-fi|warmup-other)
   [ "$s" = warmup-other ] && backends="triton torch"
   for b in $backends; do
     stage "warmup llama-3.2-1b $b"
-    timeout 300 python3 -m warmgate.server.warmup --model llama-3.2-1b --attention-backend $b \
+    timeout 300 python3 -m warmgate.server.run_warmup --model llama-3.2-1b --attention-backend $b \
       --max-num-seqs 64 --max-num-batched-tokens 2048 --max-model-len 2048 2>"$OUT/warmup_$b.err" \
       | tee -a "$OUT/warmup_tables.txt"
     tail -3 "$OUT/warmup_$b.err"
   done ;;
 spec)
   stage "warmup llama-3.2-1b flashinfer k=3"
-  timeout 300 python3 -m warmgate.server.warmup --model llama-3.2-1b --attention-backend flashinfer \
+  timeout 300 python3 -m warmgate.server.run_warmup --model llama-3.2-1b --attention-backend flashinfer \
     --num-speculative-steps 3 --max-num-seqs 64 --max-num-batched-tokens 2048 --max-model-len 2048 \
     2>"$OUT/warmup_spec.err" | tee -a "$OUT/warmup_tables.txt" ;;
 bench)
   stage "bench decode latency"
-  timeout 240 python3 bench/decode_latency.py --steps 20 --json "$OUT/decode_latency.json" 2>"$OUT/decode.err" \
+  timeout 240 python3 bench/serve.py decode-latency --steps 20 --json "$OUT/decode_latency.json" 2>"$OUT/decode.err" \
     | tee "$OUT/decode_latency.txt"; tail -5 "$OUT/decode.err"
   stage "bench kernels"
-  timeout 90 python3 bench/kernels_gpu.py 2>&1 | tee "$OUT/kernels_gpu.txt" | tail -20 ;;
+  timeout 90 python3 bench/serve.py kernels 2>&1 | tee "$OUT/kernels_gpu.txt" | tail -20 ;;
 cache)
   # Cold vs warm --warmup-only --cache-dir (issue 6); later stages reuse its FlashInfer JIT.
   stage "cache cold vs warm"
@@ -57,7 +57,7 @@ coverage)
     IFS=: read -r -a f <<<"$entry"
     if [ ${#f[@]} -eq 3 ]; then m=${f[0]} b=${f[1]} k=${f[2]}; else m=llama-3.2-1b b=${f[0]} k=${f[1]}; fi
     stage "coverage $m $b k=$k"
-    timeout 150 python3 bench/coverage.py --device cuda --model "$m" --attention-backend "$b" \
+    timeout 150 python3 bench/warm.py coverage --device cuda --model "$m" --attention-backend "$b" \
       --num-speculative-steps "$k" --max-num-seqs 16 --max-num-batched-tokens 1024 \
       --max-model-len 1024 --batches 2000 2>"$OUT/coverage_${m}_${b}_k$k.err" \
       | tee "$OUT/coverage_${m}_${b}_k$k.txt" | tail -6
@@ -65,7 +65,7 @@ coverage)
 first)
   # First batch after ready over the steady median, per batch class, warmup on vs off.
   stage "first batch llama-3.2-1b ${FIRST_BACKEND:-triton}"
-  timeout ${FIRST_TIMEOUT:-240} python3 bench/first_request.py --mode batch --device cuda --model llama-3.2-1b \
+  timeout ${FIRST_TIMEOUT:-240} python3 bench/warm.py first-request --mode batch --device cuda --model llama-3.2-1b \
     --attention-backend ${FIRST_BACKEND:-triton} --max-num-seqs 16 --max-num-batched-tokens 1024 \
     --max-model-len 1024 --trials ${FIRST_TRIALS:-3} --gap-s ${FIRST_GAP:-0.1} \
     ${FIRST_CLASSES:+--classes "$FIRST_CLASSES"} ${FIRST_SKIP_OFF:+--skip-off} \
@@ -74,7 +74,7 @@ profile)
   # Host time per function, first batch against steady steps, and GPU busy time per step.
   for k in 0 3; do
     stage "step profile llama-3.2-1b triton k=$k"
-    timeout 150 python3 bench/first_request.py --mode profile --device cuda --model llama-3.2-1b \
+    timeout 150 python3 bench/warm.py first-request --mode profile --device cuda --model llama-3.2-1b \
       --attention-backend triton --max-num-seqs 16 --max-num-batched-tokens 1024 \
       --max-model-len 1024 --num-speculative-steps $k \
       2>>"$OUT/step_profile.err" | tee -a "$OUT/step_profile.txt" | grep -E "first|busy"
@@ -82,7 +82,7 @@ profile)
 first-nosweep)
   # The same without the compile phase's dense GEMM sweep: what the sweep buys.
   stage "first batch llama-3.2-1b ${FIRST_BACKEND:-triton} --no-shape-sweeps"
-  timeout ${FIRST_TIMEOUT:-240} python3 bench/first_request.py --mode batch --device cuda --model llama-3.2-1b \
+  timeout ${FIRST_TIMEOUT:-240} python3 bench/warm.py first-request --mode batch --device cuda --model llama-3.2-1b \
     --attention-backend ${FIRST_BACKEND:-triton} --max-num-seqs 16 --max-num-batched-tokens 1024 \
     --max-model-len 1024 --no-shape-sweeps 2>"$OUT/first_batch_nosweep.err" \
     | tee "$OUT/first_batch_nosweep.txt" | tail -14 ;;
@@ -90,7 +90,7 @@ probe)
   # Is a first step after ready slow for being first, or for the idle / other work before it?
   for a in "--first prefill" "--first decode --num-speculative-steps 3"; do
     stage "first probe llama-3.2-1b triton $a ${CUDA_MODULE_LOADING:+(CUDA_MODULE_LOADING=$CUDA_MODULE_LOADING)}"
-    timeout 120 python3 bench/first_request.py --mode probe --device cuda --model llama-3.2-1b \
+    timeout 120 python3 bench/warm.py first-request --mode probe --device cuda --model llama-3.2-1b \
       --attention-backend triton --max-num-seqs 16 --max-num-batched-tokens 1024 \
       --max-model-len 1024 $a 2>>"$OUT/first_probe.err" | tee -a "$OUT/first_probe.txt"
   done ;;
@@ -98,7 +98,7 @@ segments)
   # Which allocations of the first steps after ready need new CUDA segments (cudaMalloc).
   for a in "--first prefill" "--first decode --num-speculative-steps 3"; do
     stage "segments llama-3.2-1b triton $a"
-    timeout 120 python3 bench/first_request.py --mode probe --device cuda --model llama-3.2-1b \
+    timeout 120 python3 bench/warm.py first-request --mode probe --device cuda --model llama-3.2-1b \
       --attention-backend triton --max-num-seqs 16 --max-num-batched-tokens 1024 \
       --max-model-len 1024 --trace-segments $a 2>>"$OUT/segments.err" | tee -a "$OUT/segments.txt"
   done ;;
@@ -106,14 +106,14 @@ breakdown)
   # Where the first Generate's time to first token goes, against steady requests (issue 7).
   for i in $(seq ${BREAKDOWN_TRIALS:-3}); do
     stage "ttft breakdown llama-3.2-1b triton #$i"
-    timeout 120 python3 bench/first_request.py --mode breakdown --model llama-3.2-1b --device cuda \
+    timeout 120 python3 bench/warm.py first-request --mode breakdown --model llama-3.2-1b --device cuda \
       --attention-backend triton --max-num-seqs 64 --max-num-batched-tokens 2048 \
       --max-model-len 2048 --num-speculative-steps 3 2>>"$OUT/breakdown.err" | tee -a "$OUT/breakdown.txt"
   done ;;
 touch)
   # Where a first batch's extra time goes after warmup (cuBLAS per-shape state, host ops).
   stage "first touch llama-3.2-1b triton"
-  timeout 120 python3 bench/first_request.py --mode touch --device cuda --model llama-3.2-1b \
+  timeout 120 python3 bench/warm.py first-request --mode touch --device cuda --model llama-3.2-1b \
     --attention-backend triton --max-num-seqs 16 --max-num-batched-tokens 1024 \
     --max-model-len 1024 --no-shape-sweeps 2>"$OUT/first_touch.err" \
     | grep -v USDT | tee "$OUT/first_touch.txt" ;;
@@ -121,7 +121,7 @@ serve)
   # Issue 7: Generate's first TTFT after ready / steady median (warmup on, off) and 64-stream
   # throughput without and with speculative decoding, on fresh server processes.
   stage "generate ttft + throughput llama-3.2-1b ${SERVE_BACKEND:-triton}"
-  timeout ${SERVE_TIMEOUT:-330} python3 bench/first_request.py --mode ttft --server-args "--model llama-3.2-1b \
+  timeout ${SERVE_TIMEOUT:-330} python3 bench/warm.py first-request --mode ttft --server-args "--model llama-3.2-1b \
     --device cuda --attention-backend ${SERVE_BACKEND:-triton} --max-num-seqs 64 \
     --max-num-batched-tokens 2048 --max-model-len 2048" --prompt-len 128 --max-tokens 16 \
     --repeats 20 --trials ${SERVE_TRIALS:-3} --off-trials ${SERVE_OFF_TRIALS:-${SERVE_TRIALS:-3}} --streams 64 --num-speculative-steps 3 --output-len fixed:128 \
@@ -130,7 +130,7 @@ serve)
 serve-nosweep)
   # TTFT only, without the compile phase's dense GEMM sweep: what the sweep buys a first request.
   stage "generate ttft llama-3.2-1b ${SERVE_BACKEND:-triton} --no-shape-sweeps"
-  timeout 200 python3 bench/first_request.py --mode ttft --server-args "--model llama-3.2-1b --device cuda \
+  timeout 200 python3 bench/warm.py first-request --mode ttft --server-args "--model llama-3.2-1b --device cuda \
     --attention-backend ${SERVE_BACKEND:-triton} --max-num-seqs 64 --max-num-batched-tokens 2048 \
     --max-model-len 2048 --no-shape-sweeps" --prompt-len 128 --max-tokens 16 --repeats 20 \
     --trials ${SERVE_TRIALS:-3} --num-speculative-steps 3 --skip-throughput --out "$OUT/ttft_nosweep.json" \

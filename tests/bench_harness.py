@@ -24,10 +24,11 @@ def user_env() -> dict[str, str]:
     return env
 
 
-def run_bench(script: str, args: Sequence[str] = (), timeout: float = 240.0
+def run_bench(command: str, args: Sequence[str] = (), timeout: float = 240.0
               ) -> subprocess.CompletedProcess[str]:
-    """`python <script> <args>` from the repository root; stdout and stderr captured."""
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, env=user_env(),
+    """`python <command> <args>` from the repository root, command as README shows it
+    (`bench/warm.py coverage`); stdout and stderr captured."""
+    return subprocess.run([sys.executable, *command.split(), *args], cwd=ROOT, env=user_env(),
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 

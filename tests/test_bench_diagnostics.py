@@ -1,5 +1,5 @@
 """The GPU diagnostics behind bench/results run on the CPU too, so they cannot rot between
-GPU sessions: each mode of bench/first_request.py, run as its README command is, prints its
+GPU runs: each mode of bench/warm.py first-request, run as its README command is, prints its
 table, and bad flags are refused with the reason."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from tests.bench_harness import run_bench
 
 
 def first_request(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_bench("bench/first_request.py", args)
+    return run_bench("bench/warm.py first-request", args)
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> str:

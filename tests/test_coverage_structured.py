@@ -1,7 +1,7 @@
 """Grammar rows in the coverage workload (devtools/structured_rows.py) on a random-weight
 checkpoint with the tokenizer devtools writes: constrained requests run the real xgrammar path,
 every token they produce is one their grammar allows, completed outputs parse, and a runner
-that ignored the bitmask would be caught; bench/coverage.py and bench/first_request.py
+that ignored the bitmask would be caught; bench/warm.py coverage and bench/warm.py first-request
 --mode options run on such a checkpoint."""
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def test_a_runner_that_ignored_the_bitmask_is_caught(model_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_coverage_runs_grammar_rows_on_a_checkpoint_it_writes(tmp_path: Path) -> None:
-    proc = run_bench("bench/coverage.py", ["--write-checkpoint", "tiny", "--model",
+    proc = run_bench("bench/warm.py coverage", ["--write-checkpoint", "tiny", "--model",
                                            str(tmp_path / "ckpt"), "--batches", "60",
                                            "--num-speculative-steps", "3", "--max-num-seqs",
                                            "4", "--max-num-batched-tokens", "64",
@@ -131,7 +131,7 @@ def test_coverage_runs_grammar_rows_on_a_checkpoint_it_writes(tmp_path: Path) ->
 @pytest.mark.slow
 def test_first_request_options_reports_every_class_on_each_server(tmp_path: Path) -> None:
     out = tmp_path / "options.json"
-    proc = run_bench("bench/first_request.py", [
+    proc = run_bench("bench/warm.py first-request", [
         "--mode", "options", "--write-checkpoint", "tiny", "--model-dir", str(tmp_path / "m"),
         "--server-args", "--device cpu --max-num-seqs 4 --max-num-batched-tokens 64 "
         "--max-model-len 128 --num-speculative-steps 2", "--steady", "2", "--prompt-len", "8",
@@ -186,7 +186,7 @@ def test_first_request_options_reports_every_class_on_each_server(tmp_path: Path
 def test_options_requests_ignore_eos_outside_the_grammar_classes() -> None:
     # A request that drew EOS as its first token had one step and no decode step to time
     # (a CI run failed on it); a grammar request needs several tokens to end.
-    options = load_script("bench/first_request_options.py")
+    options = load_script("bench/lib/first_request_options.py")
     args = argparse.Namespace(temperature=0.7, max_tokens=6, seeded=False, same_grammar=False)
     for name in OPTION_CLASSES:
         kwargs = options.request_kwargs(name, 0, args, 512, random.Random(0))

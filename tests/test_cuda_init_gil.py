@@ -1,4 +1,4 @@
-"""bench/cuda_init_gil.py: one variant's process prints its JSON line; on the CPU only the
+"""bench/start.py cuda-init-gil: one variant's process prints its JSON line; on the CPU only the
 workload alone runs (the other two need CUDA)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from tests.bench_harness import run_bench
 
 
 def test_the_workload_alone_prints_its_wall_time_and_no_stalls() -> None:
-    proc = run_bench("bench/cuda_init_gil.py", ["none"])
+    proc = run_bench("bench/start.py cuda-init-gil", ["none"])
     assert proc.returncode == 0, proc.stderr
     line = json.loads(proc.stdout.splitlines()[-1])
     assert line["variant"] == "none" and line["workload_s"] > 0
@@ -17,5 +17,5 @@ def test_the_workload_alone_prints_its_wall_time_and_no_stalls() -> None:
 
 
 def test_an_unknown_variant_is_refused() -> None:
-    proc = run_bench("bench/cuda_init_gil.py", ["cudnn"])
+    proc = run_bench("bench/start.py cuda-init-gil", ["cudnn"])
     assert proc.returncode == 1 and "usage:" in proc.stderr

@@ -26,7 +26,7 @@ def test_3000_simultaneous_checks_from_10_channels_are_all_answered() -> None:
 
             async def check(stub: health_pb2_grpc.HealthStub) -> None:
                 # A generous deadline: this test is about refusals, not latency (that is
-                # bench/health_latency.py --burst, on a machine not shared with a test run).
+                # bench/load.py health-latency --burst, on a machine not shared with a test run).
                 try:
                     await stub.Check(request, timeout=60)
                     codes["OK"] += 1

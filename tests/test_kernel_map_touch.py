@@ -1,5 +1,5 @@
-"""bench/kernel_map_touch.py: the sizes it times are ones no map kept (else the first call would
-be warm by construction and the check would prove nothing), and it refuses to run off the GPU
+"""bench/warm.py kernel-map-touch: the sizes it times are ones no map kept (else the first call
+would be warm by construction and the check would prove nothing), and it refuses to run off the GPU
 with one line and exit 2."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from tests.bench_harness import load_script, run_bench
 
 
 def _bench() -> ModuleType:
-    return load_script("bench/kernel_map_touch.py")
+    return load_script("bench/lib/kernel_map_touch.py")
 
 
 # Kernels per size: a, then the same a with a split-K reduce r, then b; a alone again at 7.
@@ -34,6 +34,6 @@ def test_only_sizes_no_map_kept_are_timed() -> None:
 
 
 def test_off_the_gpu_it_exits_2_with_one_line() -> None:
-    proc = run_bench("bench/kernel_map_touch.py", ["--model", "llama-3.2-1b"])
+    proc = run_bench("bench/warm.py kernel-map-touch", ["--model", "llama-3.2-1b"])
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "--device cuda" in proc.stderr

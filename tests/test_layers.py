@@ -1,10 +1,11 @@
 """The server's layers, read from the source with `ast` (nothing is imported or executed).
 
 Packages are the first level under warmgate.server (config, runner, warmup, ...); a top-level
-module (main, app, prewarm, startup, cpu_threads) is its own node. A `__main__` module is a
-program (`python -m warmgate.server.warmup`): nothing imports it, so it is its own node too,
-beside main.py, rather than a part of its package. Every import counts, lazy ones inside
-functions and `TYPE_CHECKING` ones included: a dependency deferred is still a dependency.
+module (main, app, prewarm, startup, run_warmup, tp_worker) is its own node. Every module of a
+package belongs to it, a `__main__` program too: a program that imports from several floors
+lives at the top, beside main.py. Every import counts, lazy ones inside functions and
+`TYPE_CHECKING` ones included: a dependency deferred is still a dependency. Cycles are looked
+for twice: between packages, and between the modules themselves (inside a package too).
 
 The direction the rules keep:
 core <- config <- (runner, kernels, jit, cache, text) <- warmup, serving <- control <- api
@@ -78,11 +79,7 @@ def node_of(module: str) -> str | None:
     if module != PACKAGE and not module.startswith(PACKAGE + "."):
         return None
     parts = module.split(".")[2:]
-    if not parts:
-        return PACKAGE
-    if parts[-1] == "__main__":
-        return ".".join(parts)
-    return parts[0]
+    return parts[0] if parts else PACKAGE
 
 
 def is_under(module: str, prefixes: Iterable[str]) -> bool:
@@ -159,6 +156,30 @@ def test_no_package_level_cycle(modules: dict[str, set[str]]) -> None:
     detail = [sorted(e for (a, b), es in edges.items() if a in c and b in c for e in es)
               for c in found]
     assert not found, f"package cycles {found}, through the imports {detail}"
+
+
+def module_graph(modules: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    """{module: the warmgate.server modules it imports}, a package's __init__ included."""
+    return {source: {t for t in targets if t in modules and t != source}
+            for source, targets in modules.items()}
+
+
+def test_the_module_graph_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
+    """A cycle that hides in a function body or under TYPE_CHECKING is still found."""
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                 f"    from {PACKAGE}.pkg.b import B\n")
+    b.write_text(f"def f():\n    from {PACKAGE}.pkg import a\n")
+    found = {f"{PACKAGE}.pkg.a": imported_names(a, f"{PACKAGE}.pkg.a"),
+             f"{PACKAGE}.pkg.b": imported_names(b, f"{PACKAGE}.pkg.b")}
+    assert cycles(module_graph(found)) == [[f"{PACKAGE}.pkg.a", f"{PACKAGE}.pkg.b"]]
+
+
+def test_no_module_cycle(modules: dict[str, set[str]]) -> None:
+    """No two modules of the server import each other, directly or round a loop: every
+    module can be read (and imported) after the ones it uses."""
+    found = cycles(module_graph(modules))
+    assert not found, f"module cycles: {found}"
 
 
 def test_core_imports_nothing_of_warmgate(modules: dict[str, set[str]]) -> None:

@@ -1,4 +1,4 @@
-"""bench/load_soak.py, small: 200 concurrent clients during forced warmups, a 1,000-call soak.
+"""bench/load.py soak, small: 200 concurrent clients during forced warmups, a 1,000-call soak.
 
 No timed assertions (bench prints the latencies); this proves the run is error-free, every
 warmup in the burst succeeded and the server's memory did not run away. It runs the script
@@ -17,7 +17,7 @@ from tests.bench_harness import run_bench
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/status")
 def test_load_then_soak_has_no_errors() -> None:
-    proc = run_bench("bench/load_soak.py", ["--concurrency", "200", "--burst-per-client", "2",
+    proc = run_bench("bench/load.py soak", ["--concurrency", "200", "--burst-per-client", "2",
                                             "--soak", "1000", "--channels", "2"], timeout=150)
     table = proc.stdout + proc.stderr
     assert proc.returncode == 0, table  # exit 1 when any call failed

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_harness import user_env
+from tests.bench_harness import load_script, user_env
 from warmgate.client.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,28 +90,49 @@ def test_generate_json_after_the_command_as_the_readme_shows() -> None:
     assert args.json and args.prompt_ids == [1, 2, 3]
 
 
+BENCH_README = (ROOT / "bench" / "README.md").read_text(encoding="utf-8")
+ENTRIES = ("warm", "start", "serve", "load")
+
+
 def bench_commands() -> list[list[str]]:
-    """Every bench script README.md names (and bench/gpu_session.sh runs), as `script --help`;
-    a script with modes once more per mode, `script --mode M --help`."""
-    text = README + (ROOT / "bench" / "gpu_session.sh").read_text(encoding="utf-8")
-    scripts = sorted(set(re.findall(r"\bbench/[a-z_]+\.py\b", text)))
-    modes = {m for group in re.findall(r"--mode ([a-z|]+)", text) for m in group.split("|")}
-    commands = [[script, "--help"] for script in scripts]
-    commands += [["bench/first_request.py", "--mode", m, "--help"] for m in sorted(modes)]
+    """Every bench command README.md and bench/README.md show (and the GPU scripts run), as
+    `python bench/ENTRY.py [COMMAND] --help`; first-request once more per mode it is shown
+    with, `... first-request --mode M --help`."""
+    text = " ".join((README + BENCH_README + "".join(
+        p.read_text(encoding="utf-8") for p in sorted((ROOT / "bench").glob("*.sh")))).split())
+    found = set(re.findall(r"(?<![\w/])bench/([a-z_]+)\.py(?: ([a-z][a-z-]*))?", text))
+    commands = sorted([f"bench/{name}.py", *([command] if command else []), "--help"]
+                      for name, command in found)
+    modes = {m for group in re.findall(r"first-request --mode ([a-z|]+)", text)
+             for m in group.split("|")}
+    commands += [["bench/warm.py", "first-request", "--mode", m, "--help"]
+                 for m in sorted(modes)]
     return commands
 
 
-def test_readme_names_the_bench_scripts_and_modes() -> None:
-    commands = bench_commands()
-    assert ["bench/coverage.py", "--help"] in commands
-    assert {c[2] for c in commands if "--mode" in c} == {
-        "batch", "probe", "touch", "profile", "ttft", "breakdown", "options"}
+def entry_commands(entry: str) -> dict[str, object]:
+    commands: dict[str, object] = load_script(f"bench/{entry}.py").COMMANDS
+    return commands
+
+
+def test_the_docs_show_every_entry_command_and_first_request_mode() -> None:
+    """bench/README.md's table lists each entry's every command, and the first-request modes
+    README and bench/README show are all of them (a new mode or command gets its row)."""
+    shown = {tuple(c[:2]) for c in bench_commands()}
+    for entry in ENTRIES:
+        assert (f"bench/{entry}.py", "--help") in shown, entry
+        for command in entry_commands(entry):
+            assert (f"bench/{entry}.py", command) in shown, (entry, command)
+            assert f"`python bench/{entry}.py {command}" in BENCH_README, (entry, command)
+    modes = {c[3] for c in bench_commands() if "--mode" in c}
+    assert modes == set(load_script("bench/lib/first_request.py").MODES), modes
 
 
 def test_every_bench_command_runs_from_the_repository_root() -> None:
     """As a user runs them after the Quick start (`python bench/x.py` from the root, the
     editable install's path and nothing else): all at once, each must print its usage."""
     commands = bench_commands()
+    assert len(commands) > 20, commands
     procs = [subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=user_env(), text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
              for argv in commands]

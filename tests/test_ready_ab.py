@@ -1,4 +1,4 @@
-"""bench/ready_ab.py: the two trees alternate which starts first, each server imports its own
+"""bench/start.py ready-ab: the two trees alternate which starts first, each server imports its own
 tree, and a whole CPU comparison (this checkout against a copy of itself) runs end to end."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ BASE_MARK = "ready_ab test: the base tree"
 
 
 def _bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # as `python bench/ready_ab.py` has it
-    return load_script("bench/ready_ab.py")
+    monkeypatch.syspath_prepend(str(ROOT / "bench" / "lib"))  # as bench/start.py has it
+    return load_script("bench/lib/ready_ab.py")
 
 
 def test_the_sides_alternate_and_the_ratio_is_of_medians(
@@ -55,7 +55,7 @@ def test_a_cpu_comparison_runs_end_to_end(tmp_path: Path) -> None:
         "def main(argv: Sequence[str] | None = None) -> int:\n"
         f"    print({BASE_MARK!r}, file=sys.stderr, flush=True)\n"))
     assert BASE_MARK in main.read_text()
-    proc = run_bench("bench/ready_ab.py",
+    proc = run_bench("bench/start.py ready-ab",
                      ["--base", str(base), "--cache-dir", str(tmp_path / "cache"),
                       "--rounds", "1", "--log-dir", str(tmp_path / "logs"), "--",
                       "--model", "tiny", "--device", "cpu"])

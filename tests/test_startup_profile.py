@@ -1,4 +1,4 @@
-"""bench/startup_profile.py: a sample is counted for the seconds it stands for, at the line a
+"""bench/start.py profile: a sample is counted for the seconds it stands for, at the line a
 thread was on and for every function of its stack; and a whole warm-up-only start on the CPU
 is profiled, its table printed, its exit code kept."""
 
@@ -20,7 +20,7 @@ def _parked_outer(release: threading.Event, parked: threading.Event) -> None:
 
 
 def test_a_sample_counts_its_seconds_where_the_thread_was_and_for_its_callers() -> None:
-    bench = load_script("bench/startup_profile.py")
+    bench = load_script("bench/lib/startup_profile.py")
     release, parked = threading.Event(), threading.Event()
     thread = threading.Thread(target=_parked_outer, args=(release, parked), name="parked")
     thread.start()
@@ -47,7 +47,7 @@ def test_a_sample_counts_its_seconds_where_the_thread_was_and_for_its_callers() 
 
 
 def test_a_cpu_start_is_profiled_end_to_end() -> None:
-    proc = run_bench("bench/startup_profile.py",
+    proc = run_bench("bench/start.py profile",
                      ["--interval-ms", "5", "--top", "3", "--", "--model", "tiny",
                       "--device", "cpu"])
     assert proc.returncode == 0, proc.stderr
@@ -57,7 +57,7 @@ def test_a_cpu_start_is_profiled_end_to_end() -> None:
 
 
 def test_the_collector_timer_counts_each_pass_by_generation() -> None:
-    bench = load_script("bench/startup_profile.py")
+    bench = load_script("bench/lib/startup_profile.py")
     timer = bench.CollectorTimer()
     timer("start", {"generation": 2})
     timer("stop", {"generation": 2})

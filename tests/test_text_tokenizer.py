@@ -205,6 +205,6 @@ def test_a_template_that_fails_on_the_messages_is_the_requests_error(
     directory = write_text_files(tmp_path, train_tokenizer("byte_level"), chat_template=template)
     ours = TextTokenizer.load(directory, 10**6)
     assert ours is not None
-    with pytest.raises(PromptError, match="the model's chat template refused them") as info:
+    with pytest.raises(PromptError, match=r"the model's chat template \(.*\) refused them") as info:
         ours.encode_chat(CHATS[0])
     assert info.value.fields == ("messages",)

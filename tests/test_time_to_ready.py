@@ -1,4 +1,4 @@
-"""bench/time_to_ready.py end to end on the CPU (tiny, one run), run as a user runs it
+"""bench/start.py time-to-ready end to end on the CPU (tiny, one run), run as a user runs it
 (tests/bench_harness.py), and its log parsing (devtools.ready_log)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from warmgate.server.devtools.ready_log import ReadyRun
 
 
 def time_to_ready(*args: str) -> str:
-    proc = run_bench("bench/time_to_ready.py", args, timeout=600)
+    proc = run_bench("bench/start.py time-to-ready", args, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -84,8 +84,9 @@ def test_end_to_end_on_the_cpu(tmp_path: Path) -> None:
 
 def test_a_kept_cache_that_is_not_empty_is_refused(tmp_path: Path) -> None:
     (tmp_path / "old-entry").mkdir()
-    proc = run_bench("bench/time_to_ready.py", ["--model-dir", str(tmp_path), "--device", "cpu",
-                                                "--keep-cache-dir", str(tmp_path)], timeout=60)
+    proc = run_bench("bench/start.py time-to-ready",
+                     ["--model-dir", str(tmp_path), "--device", "cpu",
+                      "--keep-cache-dir", str(tmp_path)], timeout=60)
     assert proc.returncode == 2 and "not empty" in proc.stderr
 
 
@@ -149,7 +150,7 @@ def test_breakdown_and_longest_compile_from_the_log() -> None:
 
 def test_a_server_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
     # The last --model wins: the server refuses it at start-up and exits 2.
-    proc = run_bench("bench/time_to_ready.py", [
+    proc = run_bench("bench/start.py time-to-ready", [
         "--write-checkpoint", "tiny", "--model-dir", str(tmp_path / "tiny"), "--device", "cpu",
         "--attention-backend", "torch", "--runs", "1", "--timeout", "120",
         "--server-flag=--model=no-such-model"], timeout=300)

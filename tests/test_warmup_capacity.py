@@ -12,8 +12,8 @@ from google.protobuf import json_format
 from tests.runner_helpers import make_runner, tiny_config
 from tests.warmup_fakes import Recorder, fake_runner, query_lens
 from warmgate.server.config.runner_config import ConfigError
+from warmgate.server.run_warmup import main as warmup_main
 from warmgate.server.warmup import PhaseStatus, SkipReason, run_warmup_plan, warmup_kernels
-from warmgate.server.warmup.__main__ import main as warmup_main
 from warmgate.server.warmup.kernels import decode_plan
 from warmgate.server.warmup.shapes import check_config_capacity
 from warmgate.v1 import warmup_pb2 as pb

@@ -123,22 +123,23 @@ def test_mixed_warmup_report(num_tokens: int, status: PhaseStatus) -> None:
 def test_module_entry_point_prints_the_phase_table() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "client"),
                                                         str(ROOT / "server")])}
-    proc = subprocess.run([sys.executable, "-m", "warmgate.server.warmup", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "warmgate.server.run_warmup", "--json"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0, proc.stderr
     report = json_format.Parse(proc.stdout, pb.WarmupReport())  # the CLI's schema, strictly
     assert report.outcome == pb.WARMUP_OUTCOME_SUCCEEDED
     assert [p.name for p in report.phases] == list(PHASES)
-    table = subprocess.run([sys.executable, "-m", "warmgate.server.warmup"], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=120, check=True).stdout
+    table = subprocess.run([sys.executable, "-m", "warmgate.server.run_warmup"], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=120,
+                           check=True).stdout
     assert "kernels.decode" in table and "NO_CUDA" in table and "outcome SUCCEEDED" in table
 
 
 def test_module_entry_point_takes_the_servers_runner_flags(
         capsys: pytest.CaptureFixture[str]) -> None:
     """Same names, parsing and errors as warmgate-server: a bad value names its flag."""
-    from warmgate.server.warmup.__main__ import main
+    from warmgate.server.run_warmup import main
 
     for argv, flag in ((["--model", "nope"], "--model"),
                        (["--num-speculative-steps", "-1"], "--num-speculative-steps"),

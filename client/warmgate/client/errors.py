@@ -25,16 +25,13 @@ class WarmgateRpcError(Exception):
     precondition_violations: list[Violation] = field(default_factory=list)
 
     def __str__(self) -> str:
-        # The message repeats the violations for clients that do not decode details; when
-        # they are present they are the clearer text.
-        if self.field_violations or self.precondition_violations:
-            lines = [f"{self.code.name}:"]
-        else:
-            lines = [f"{self.code.name}: {self.message}"]
-        lines += [f"  field {v.subject}: {v.description}" for v in self.field_violations]
-        lines += [f"  precondition {v.subject}: {v.description}"
+        """One line, as every other CLI error: `CODE: field f: what is wrong`. The message
+        repeats the violations for clients that do not decode details; when they are present
+        they are the clearer text, several joined with `; `."""
+        parts = [f"field {v.subject}: {v.description}" for v in self.field_violations]
+        parts += [f"precondition {v.subject}: {v.description}"
                   for v in self.precondition_violations]
-        return "\n".join(lines)
+        return f"{self.code.name}: {'; '.join(parts) if parts else self.message}"
 
 
 def from_rpc_error(error: grpc.RpcError) -> WarmgateRpcError:

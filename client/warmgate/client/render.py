@@ -11,6 +11,8 @@ from google.protobuf.message import Message
 from warmgate.v1 import warmup_pb2 as pb
 
 BAR_WIDTH = 24
+LOAD_PHASE = "load"  # the server's core.phases.LOAD; the client imports no server code
+SETTLED = (pb.WARMUP_STATE_READY, pb.WARMUP_STATE_FAILED)
 
 
 def to_json(message: Message) -> str:
@@ -44,10 +46,20 @@ def report_table(report: pb.WarmupReport) -> str:
     flags = [name for name, on in (("joined in-flight run", report.joined_in_flight),
                                    ("stored report", report.from_stored)) if on]
     lines.append(f"outcome {enum_name(pb.WarmupOutcome, report.outcome, 'WARMUP_OUTCOME_')} "
-                 f"in {seconds(report.total_duration):.3f} s  model={report.model} "
+                 f"in {_total(report)}  model={report.model} "
                  f"device={report.device} attention={report.attention_backend} "
                  f"config={report.config_hash}" + (f"  ({', '.join(flags)})" if flags else ""))
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _total(report: pb.WarmupReport) -> str:
+    """The run's wall time, split into the load and the warmup after it when the run loaded
+    the model: the status line's elapsed time counts only the warmup."""
+    total = seconds(report.total_duration)
+    load = next((seconds(p.duration) for p in report.phases if p.name == LOAD_PHASE), None)
+    if load is None:
+        return f"{total:.3f} s"
+    return f"{total:.3f} s (load {load:.3f} s + warmup {total - load:.3f} s)"
 
 
 def state_name(status: pb.WarmupStatus) -> str:
@@ -60,13 +72,14 @@ def _eta(status: pb.WarmupStatus) -> str:
     return f"eta {seconds(status.estimated_remaining):.1f}s"
 
 
-def status_line(status: pb.WarmupStatus) -> str:
+def status_line(status: pb.WarmupStatus, *, elapsed: bool = True) -> str:
     """One plain line, for logs and non-TTY watches."""
     parts = [f"state={state_name(status)}"]
     if status.current_phase:
         parts += [f"phase={status.current_phase} ({status.phase_index + 1}/{status.num_phases})",
                   f"steps={status.steps_done}/{status.steps_total}", _eta(status)]
-    parts.append(f"elapsed={seconds(status.elapsed):.1f}s")
+    if elapsed:
+        parts.append(f"elapsed={seconds(status.elapsed):.1f}s")
     if status.failure_reason:
         parts.append(f"reason={status.failure_reason}")
     return " ".join(parts)
@@ -74,7 +87,10 @@ def status_line(status: pb.WarmupStatus) -> str:
 
 def status_text(status: pb.WarmupStatus) -> str:
     """GetStatus for a person: the line, the runner's identity, the last report if any."""
-    lines = [status_line(status),
+    # Settled with a report: its outcome line gives the run's time (the load named in it),
+    # so a second figure measured from another start (the warmup only) is left out.
+    settled = status.state in SETTLED and status.HasField("last_report")
+    lines = [status_line(status, elapsed=not settled),
              f"model={status.model} device={status.device} "
              f"attention={status.attention_backend} config={status.config_hash}"]
     if status.HasField("compile_cache"):

@@ -1,7 +1,7 @@
 """`warmgate report --plot out.png`: draw a warmup report as a phase timeline.
 
 The report comes from `--input FILE` (JSON from `warmgate --json warmup`, `warmgate --json
-status` or `python -m warmgate.server.warmup --json`; `-` reads stdin) or, without it, from the
+status` or `python -m warmgate.server.run_warmup --json`; `-` reads stdin) or, without it, from the
 server's last finished warmup (GetStatus: nothing is run). Exit codes follow the CLI's: 0 the
 plot was written, 4 there is no report to draw (none finished yet, unreadable input, or
 matplotlib missing), 3 the server answered with an error (raised to the CLI's handler).

@@ -8,7 +8,7 @@ matplotlib is imported only when a plot is drawn (the `plot` extra): the client 
 needs it. The Agg canvas is used directly, without pyplot, so no global backend is switched.
 
 The input is a WarmupReport as JSON, in either form warmgate prints:
-  - `python -m warmgate.server.warmup --json`: status "RAN", skip_reason "MAX_NUM_REQS_LT_2"
+  - `python -m warmgate.server.run_warmup --json`: status "RAN", skip_reason "MAX_NUM_REQS_LT_2"
     or null, duration_s 1.5, total_duration_s;
   - `warmgate --json warmup` (protobuf JSON): status "PHASE_STATUS_RAN", skip_reason
     "SKIP_REASON_..." (or skipReason), duration "1.500s", total_duration (or totalDuration).

@@ -137,7 +137,8 @@ class SamplingParams(_message.Message):
     """OpenAI's: subtracted from a token's logit once per time it was generated, in [-2, 2]."""
     repetition_penalty: _builtins.float
     """transformers' (CTRL): the logit of every token in the prompt or generated so far is divided
-    by it when positive, multiplied when negative; > 0, unset or 1 disables it.
+    by it when positive, multiplied when negative; in [0.01, 100] (further out the logits
+    overflow float32), unset or 1 disables it.
     """
     min_p: _builtins.float
     """Drop tokens whose probability (after temperature) is below min_p times the most likely

@@ -134,7 +134,7 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     started for --health-port; without one, create_server starts it (and stop() ends it).
     """
     # Before anything binds: an unusable tokenizer or chat template fails the start-up.
-    text = text if text is not None else load_model_text(config.runner.model)
+    text = text if text is not None else load_model_text(config.runner.model, config.serving)
     metrics = Metrics(config.runner.parallel.tensor_parallel_size)
     health = WarmgateHealth()
     engine = engine if engine is not None else _default_engine(config)
@@ -154,7 +154,8 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     if config.security.auth:
         interceptors.append(AuthInterceptor(config.security.auth_tokens))
     server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
-    warmup_pb2_grpc.add_WarmupServicer_to_server(WarmupService(controller), server)
+    warmup_pb2_grpc.add_WarmupServicer_to_server(WarmupService(
+        controller, max_watchers=config.max_status_watchers), server)
     generation = GenerationService(controller, engine, config.runner, config.serving,
                                    metrics.serving, text)
     generate_pb2_grpc.add_GenerationServicer_to_server(generation, server)

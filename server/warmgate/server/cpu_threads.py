@@ -4,7 +4,7 @@ On a CPU device torch's default is one thread per core, and the model then compe
 event loop, gRPC and the serving worker for those same cores: each parallel op waits at its
 barrier for a thread the kernel descheduled, so leaving one core free shortens prefill and
 the time to first token on a small machine, while many-stream throughput favours every core
-(bench/results/cpu-threads.txt, from bench/cpu_threads.py); --cpu-threads sets the count where
+(bench/results/cpu-threads.txt, from bench/serve.py cpu-threads); --cpu-threads sets the count where
 throughput matters more. On CUDA the model's work is on the GPU and torch's default stays.
 """
 

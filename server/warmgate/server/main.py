@@ -149,7 +149,7 @@ def _start(argv: Sequence[str]) -> tuple[ServerConfig, ModelText | None, HealthL
     if not config.warmup_only:  # which binds nothing and serves no text
         _check_ports(config, health_held=health is not None)
         try:
-            text = load_model_text(config.runner.model)
+            text = load_model_text(config.runner.model, config.serving)
         except TextLoadError as exc:
             startup_error(f"argument --model: {exc}")
     configure_logging(config)

@@ -23,6 +23,7 @@ from warmgate.server.core.errors import (
     WarmgateError,
 )
 from warmgate.server.core.failures import is_fatal_device_error
+from warmgate.server.core.tracebacks import log_failure
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +69,10 @@ def to_grpc_status(exc: BaseException) -> grpc.Status:
     """A grpc.Status (code, message, google.rpc.Status trailer) for any exception.
 
     Anything that is not a WarmgateError is a bug on our side: INTERNAL, with the type and
-    message so the caller can report it, and the traceback logged here. The exception is a
-    fatal device error, which is UNAVAILABLE: not a bug, and not this replica's to answer.
+    message so the caller can report it, and the traceback logged here (once per exception:
+    call it once per RPC, and a step's failure that the serving loop logged already gets a
+    line). The exception is a fatal device error, which is UNAVAILABLE: not a bug, and not
+    this replica's to answer.
     """
     if isinstance(exc, WarmgateError):
         code, message, details = status_code_of(exc), str(exc), details_of(exc)
@@ -79,7 +82,7 @@ def to_grpc_status(exc: BaseException) -> grpc.Status:
                                   f"the device failed ({type(exc).__name__}: {exc}); the "
                                   "server is restarting", [])
     else:
-        logger.error("unhandled %s in an RPC", type(exc).__name__, exc_info=exc)
+        log_failure(logger, exc, "unhandled %s in an RPC: INTERNAL", type(exc).__name__)
         code, message, details = (grpc.StatusCode.INTERNAL,
                                   f"internal error: {type(exc).__name__}: {exc}", [])
     # grpc.StatusCode's number is google.rpc.Code's: the same table (status.proto).
@@ -87,8 +90,7 @@ def to_grpc_status(exc: BaseException) -> grpc.Status:
     return rpc_status.to_status(status)
 
 
-async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
-    """End the call with the status `exc` maps to (any RPC: its messages do not matter)."""
-    status = to_grpc_status(exc)
+async def abort(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> NoReturn:
+    """End the call with `status` (to_grpc_status's; any RPC: its messages do not matter)."""
     await context.abort(status.code, status.details, trailing_metadata=status.trailing_metadata)
     raise AssertionError("unreachable: context.abort raises")  # for type checkers

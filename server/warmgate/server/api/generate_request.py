@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from warmgate.server.api.prompt import prompt_token_ids
+from warmgate.server.api.prompt import prompt_token_ids, prompt_token_ids_async
 from warmgate.server.api.sampling_options import sampling_options
 from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.config.sampling_limits import GREEDY_BELOW_TEMPERATURE
 from warmgate.server.core.errors import FieldViolation, InvalidArgument
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.grammar.spec import GrammarSpec, grammar_unavailable_reason
@@ -21,9 +22,6 @@ DEFAULT_MAX_TOKENS = 16
 MAX_REQUEST_ID_CHARS = 128
 # Stop ids are checked one by one per generated token; thousands would be a mistake.
 MAX_STOP_TOKEN_IDS = 64
-# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): logits / 1e-38 overflow
-# float32 to inf and the softmax to NaN, which returned junk tokens with finish LENGTH.
-GREEDY_BELOW_TEMPERATURE = 1e-5
 # Longer grammars are refused before they reach the compiler (whose time grows with them).
 MAX_GRAMMAR_CHARS = 100_000
 
@@ -43,15 +41,33 @@ def _first_outside(values: list[int], vocab_size: int) -> int | None:
     return next((i for i, t in enumerate(values) if not 0 <= t < vocab_size), None)
 
 
+async def parse_generate_request_async(request: gen_pb.GenerateRequest, config: RunnerConfig,
+                                       text: ModelText) -> ParsedRequest:
+    """parse_generate_request, with the prompt tokenized (and its chat template rendered)
+    off the event loop."""
+    try:
+        prompt: tuple[str, list[int]] | PromptError = await prompt_token_ids_async(request,
+                                                                                   text)
+    except PromptError as exc:
+        prompt = exc
+    return parse_generate_request(request, config, text, prompt)
+
+
 def parse_generate_request(request: gen_pb.GenerateRequest, config: RunnerConfig,
-                           text: ModelText | None = None) -> ParsedRequest:
-    """`text` (the model's tokenizer and EOS ids) defaults to none: token ids only."""
+                           text: ModelText | None = None,
+                           prompt_ids: tuple[str, list[int]] | PromptError | None = None
+                           ) -> ParsedRequest:
+    """`text` (the model's tokenizer and EOS ids) defaults to none: token ids only;
+    `prompt_ids`, the prompt's (field, token ids) or why it has none, when already known."""
     text = text if text is not None else ModelText()
     vocab, max_len = config.model.vocab_size, config.model.max_model_len
     bad: list[FieldViolation] = []
     field, prompt = "prompt_token_ids", list[int]()
     try:
-        field, prompt = prompt_token_ids(request, text)
+        if isinstance(prompt_ids, PromptError):
+            raise prompt_ids
+        field, prompt = prompt_ids if prompt_ids is not None else prompt_token_ids(request,
+                                                                                   text)
     except PromptError as exc:
         bad += [FieldViolation(f, exc.message) for f in exc.fields]
     else:
@@ -63,6 +79,7 @@ def parse_generate_request(request: gen_pb.GenerateRequest, config: RunnerConfig
             bad.append(FieldViolation(field, f"{len(prompt)} tokens leave no room to generate "
                                       f"under max_model_len = {max_len}"))
     s = request.sampling
+    # No upper bound (config.sampling_limits says why).
     if not math.isfinite(s.temperature) or s.temperature < 0:
         bad.append(FieldViolation("sampling.temperature",
                                   f"must be a finite number >= 0, got {s.temperature}"))
@@ -115,7 +132,7 @@ def _grammar_spec(s: gen_pb.SamplingParams, text: ModelText, bad: list[FieldViol
     elif len(spec.text) > MAX_GRAMMAR_CHARS:
         bad.append(FieldViolation(spec.field, f"{len(spec.text)} characters, at most "
                                   f"{MAX_GRAMMAR_CHARS}"))
-    if s.min_tokens > 0:
+    if s.min_tokens > 0 and not any(v.field == "sampling.min_tokens" for v in bad):
         # A complete grammar allows only EOS, which min_tokens forbids: every token would be
         # masked, and the sampler would draw from nothing.
         bad.append(FieldViolation("sampling.min_tokens", f"cannot be combined with {spec.field}: "

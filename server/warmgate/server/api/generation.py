@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from warmgate.server.api.generate_request import parse_generate_request
+from warmgate.server.api.generate_request import parse_generate_request_async
 from warmgate.server.api.grammar_requests import GrammarRequests, grammar_stream_error
 from warmgate.server.api.logprobs_proto import token_logprobs_to_proto
 from warmgate.server.config.runner_config import RunnerConfig
@@ -122,7 +122,7 @@ class GenerationService(gen_grpc.GenerationServicer):
                                                          gen_pb.GenerateResponse],
                        ) -> AsyncIterator[gen_pb.GenerateResponse]:
         arrival = time.perf_counter()
-        parsed = parse_generate_request(request, self._runner_config, self._text)
+        parsed = await parse_generate_request_async(request, self._runner_config, self._text)
         self._admit()
         grammar = (await self._grammars.matcher(parsed.grammar) if parsed.grammar is not None
                    else None)

@@ -113,8 +113,10 @@ async def _on_error(exc: BaseException, context: Context,
         raise exc
     if on_fatal is not None and is_fatal_device_error(exc):
         await on_fatal(exc)
-    outcome.code = errors.to_grpc_status(exc).code.name
-    await errors.abort(context, exc)
+    # Mapped once: the mapping logs an INTERNAL's traceback, which a second call repeated.
+    status = errors.to_grpc_status(exc)
+    outcome.code = status.code.name
+    await errors.abort(context, status)
 
 
 def _wrap_unary(behavior: Callable[..., Awaitable[Any]], metrics: Metrics | None,

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
 from warmgate.server.text.errors import PromptError
 from warmgate.server.text.files import TOKENIZER_FILE
 from warmgate.server.text.model_text import ModelText
 from warmgate.v1 import generate_pb2 as gen_pb
 
 PROMPT_FIELDS = ("prompt_token_ids", "prompt", "messages")
+# Off the event loop: tokenizing (which releases the GIL) and chat template renders (which
+# wait on a worker process, text.template_process). Apart, so text prompts never queue
+# behind renders waiting out their time bound.
+_TOKENIZE = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tokenize")
+_RENDER = ThreadPoolExecutor(max_workers=32, thread_name_prefix="chat-template")
 
 
 def _fields_set(request: gen_pb.GenerateRequest) -> list[str]:
@@ -45,3 +53,18 @@ def prompt_token_ids(request: gen_pb.GenerateRequest, text: ModelText) -> tuple[
     if not ids:
         raise PromptError(field, "encodes to no tokens; at least one is needed")
     return field, ids
+
+
+async def prompt_token_ids_async(request: gen_pb.GenerateRequest, text: ModelText
+                                 ) -> tuple[str, list[int]]:
+    """prompt_token_ids, with only the size checks on the event loop: a text prompt too long
+    to fit max_model_len is refused before it is tokenized."""
+    tokenizer = text.tokenizer
+    fields = _fields_set(request)
+    if tokenizer is None or len(fields) != 1 or fields[0] == "prompt_token_ids":
+        return prompt_token_ids(request, text)
+    if fields[0] == "prompt":
+        tokenizer.check_prompt_size(request.prompt)
+    executor = _TOKENIZE if fields[0] == "prompt" else _RENDER
+    return await asyncio.get_running_loop().run_in_executor(executor, prompt_token_ids,
+                                                            request, text)

@@ -7,21 +7,24 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from warmgate.server.config.sampling_limits import MAX_LOGPROBS
+from warmgate.server.config.sampling_limits import (
+    MAX_ABS_LOGIT_BIAS,
+    MAX_ABS_PENALTY,
+    MAX_LOGPROBS,
+    MAX_REPETITION_PENALTY,
+    MIN_REPETITION_PENALTY,
+)
 from warmgate.server.core.errors import FieldViolation
 from warmgate.v1 import generate_pb2 as gen_pb
 
-# OpenAI's range for presence_penalty and frequency_penalty.
-MAX_ABS_PENALTY = 2.0
-# OpenAI's range for a logit bias: -100 bans a token, 100 all but forces it.
-MAX_ABS_LOGIT_BIAS = 100.0
 # A bias entry is one scatter per step; more ids than this belong in a grammar.
 MAX_LOGIT_BIAS_ENTRIES = 300
 
 
 def sampling_options(s: gen_pb.SamplingParams, vocab_size: int, max_tokens: int,
                      bad: list[FieldViolation]) -> dict[str, Any]:
-    """SamplingParams keywords; appends to `bad` for every field out of range."""
+    """SamplingParams keywords; appends to `bad` for every field out of range. `max_tokens`
+    below 1 is the caller's violation: min_tokens is then only checked for its sign."""
     opts: dict[str, Any] = {}
     for name in ("logprobs", "prompt_logprobs"):
         if s.HasField(name):
@@ -37,16 +40,20 @@ def sampling_options(s: gen_pb.SamplingParams, vocab_size: int, max_tokens: int,
                                       f"{MAX_ABS_PENALTY}], got {v}"))
         opts[name] = float(v)
     rep = s.repetition_penalty if s.HasField("repetition_penalty") else 1.0
-    if not (math.isfinite(rep) and rep > 0):
-        bad.append(FieldViolation("sampling.repetition_penalty", f"must be a finite number > 0 "
+    if not MIN_REPETITION_PENALTY <= rep <= MAX_REPETITION_PENALTY:  # also false for NaN
+        bad.append(FieldViolation("sampling.repetition_penalty", f"must be in "
+                                  f"[{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}] "
                                   f"(1 disables it), got {rep}"))
     opts["repetition_penalty"] = float(rep)
     if not 0.0 <= s.min_p <= 1.0:  # also false for NaN
         bad.append(FieldViolation("sampling.min_p", f"must be in [0, 1], got {s.min_p}"))
     opts["min_p"] = float(s.min_p)
-    if not 0 <= s.min_tokens <= max_tokens:
+    if s.min_tokens < 0 or 1 <= max_tokens < s.min_tokens:
+        # Bounded by max_tokens only when that is valid: `max_tokens = -5` with the default
+        # min_tokens 0 reported a second, spurious violation on min_tokens.
         bad.append(FieldViolation("sampling.min_tokens", f"must be in [0, max_tokens = "
-                                  f"{max_tokens}], got {s.min_tokens}"))
+                                  f"{max_tokens}], got {s.min_tokens}" if max_tokens >= 1 else
+                                  f"must be >= 0, got {s.min_tokens}"))
     opts["min_tokens"] = s.min_tokens
     opts["logit_bias"] = _logit_bias(dict(s.logit_bias), vocab_size, bad)
     return opts

@@ -39,6 +39,13 @@ def non_negative(text: str) -> int:
     return value
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be >= 1")
+    return value
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     # NaN compares false with everything: unchecked, a NaN timeout waits forever.

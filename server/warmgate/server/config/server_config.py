@@ -34,6 +34,7 @@ from warmgate.server.config.flags import (
 )
 from warmgate.server.config.flags import add_options as _add_options
 from warmgate.server.config.hf_config import ModelLoadError, model_config_from_hf
+from warmgate.server.config.model_files import ModelFileError, check_inside_model_dir
 from warmgate.server.config.presets import MODEL_PRESETS, preset_names
 from warmgate.server.config.runner_config import ConfigError, ModelConfig, RunnerConfig
 from warmgate.server.config.security import (
@@ -76,6 +77,11 @@ class ServerConfig:
         "--health-port", "plaintext port serving only grpc.health.v1, for probes when the "
         "main port uses TLS or tokens; 0 picks a free one, -1 disables it",
         parse=flag_values.optional_port))
+    # Each open watch costs memory and a status message per change on the event loop that
+    # answers health; 3,000 unbounded follow streams slowed a health Check to 1.7 s.
+    max_status_watchers: int = field(default=64, metadata=flag(
+        "--max-status-watchers", "WatchStatus streams open at once, at most; more are answered "
+        "RESOURCE_EXHAUSTED", parse=flag_values.positive))
     # The default is plaintext and open.
     security: ServerSecurity = field(default_factory=ServerSecurity)
     # Test-only faults (WARMGATE_FAULT_INJECT, no flag); empty in every real deployment.
@@ -115,7 +121,7 @@ class ServerConfig:
 
 FLAG_OPTIONS: tuple[Option, ...] = tuple(options_of(ServerConfig))
 # The flags that shape a runner, for the tools that build one without a server
-# (`python -m warmgate.server.warmup`, bench/): the server's names, parsing and defaults.
+# (`python -m warmgate.server.run_warmup`, bench/): the server's names, parsing and defaults.
 RUNNER_FLAGS = tuple(o.flag for o in FLAG_OPTIONS if o.path.startswith("runner."))
 
 
@@ -164,6 +170,10 @@ def _model_config(model: str, max_model_len: int | None) -> ModelConfig:
     if model in MODEL_PRESETS:
         return ModelConfig.from_preset(model, **overrides)
     if os.path.isdir(model):
+        try:
+            check_inside_model_dir(model)
+        except ModelFileError as exc:  # names the file
+            raise ConfigError("model", str(exc)) from None
         try:
             return model_config_from_hf(model, **overrides)
         except ConfigError:  # already names its flag

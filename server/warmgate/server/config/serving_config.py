@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from warmgate.server.config.flag_values import positive_float
+from warmgate.server.config import flag_values
 from warmgate.server.config.flags import flag
 from warmgate.server.config.runner_config import ConfigError
+
+MIN_TEMPLATE_MEMORY_MIB = 64
 
 # A grammar that takes longer is an outlier (the warmup's take milliseconds; a 12 KB schema
 # of 150 patterned properties took 133 s on SmolLM2's vocabulary), and its request waits for
@@ -28,12 +30,23 @@ class ServingConfig:
     max_waiting_requests: int = field(default=1024, metadata=flag(
         "--max-waiting-requests", "Generate requests queued for a batch slot, at most; more "
         "are answered RESOURCE_EXHAUSTED"))
+    # The chat template runs in worker processes with these bounds (text.template_process).
+    chat_template_timeout_s: float = field(default=1.0, metadata=flag(
+        "--chat-template-timeout", "seconds a chat template may take to render one request's "
+        "messages (or to compile at start-up); past it the request fails INVALID_ARGUMENT",
+        parse=flag_values.positive_float))
+    chat_template_memory_mib: int = field(default=256, metadata=flag(
+        "--chat-template-memory", "MiB of address space for each chat template worker "
+        "process; a render that needs more fails its request INVALID_ARGUMENT"))
+    chat_template_workers: int = field(default=2, metadata=flag(
+        "--chat-template-workers", "chat template renders running at once, each in its own "
+        "worker process; more requests wait for one"))
     # Structured output (serving/grammar/compiles.py). The budget covers the wait for a compile
     # slot and the compile in a killable probe process.
     grammar_compile_timeout_s: float = field(default=GRAMMAR_COMPILE_TIMEOUT_S, metadata=flag(
         "--grammar-compile-timeout", "seconds a request's grammar (JSON schema, regex, EBNF) may "
         "take to compile, waiting for a compile slot included; past it the request fails "
-        "RESOURCE_EXHAUSTED", parse=positive_float))
+        "RESOURCE_EXHAUSTED", parse=flag_values.positive_float))
     grammar_max_compiles: int = field(default=2, metadata=flag(
         "--grammar-max-compiles", "grammar compiles running at once (each in its own probe "
         "process, about 260 MiB); more grammar requests wait, within their budget"))
@@ -48,6 +61,14 @@ class ServingConfig:
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError("serving.ngram_min", f"need 1 <= --ngram-min <= --ngram-max, got "
                               f"{self.ngram_min} and {self.ngram_max}")
+        # An interpreter with jinja2 takes about 25 MiB of address space before any render.
+        if self.chat_template_memory_mib < MIN_TEMPLATE_MEMORY_MIB:
+            raise ConfigError("serving.chat_template_memory_mib",
+                              f"must be >= {MIN_TEMPLATE_MEMORY_MIB}, got "
+                              f"{self.chat_template_memory_mib}")
+        if self.chat_template_workers < 1:
+            raise ConfigError("serving.chat_template_workers",
+                              f"must be >= 1, got {self.chat_template_workers}")
         if not self.grammar_compile_timeout_s > 0:  # also false for NaN
             raise ConfigError("serving.grammar_compile_timeout_s",
                               f"must be > 0, got {self.grammar_compile_timeout_s}")

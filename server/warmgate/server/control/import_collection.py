@@ -7,7 +7,7 @@ and the rest of the start-up wait on; and the CUDA graph capture's collection wa
 So main turns the collector off for the imports and the configuration checks, then moves
 everything they built into the permanent generation (gc.freeze: never walked again, freed as
 usual once unreferenced) and turns it back on for the model load, the warmup and serving, whose
-garbage it then collects as usual. bench/startup_profile.py counts the collections.
+garbage it then collects as usual. bench/start.py profile counts the collections.
 """
 
 from __future__ import annotations

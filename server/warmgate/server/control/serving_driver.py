@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from warmgate.server.control.controller import WarmupController
 from warmgate.server.core.errors import ShuttingDown
+from warmgate.server.core.tracebacks import log_failure
 from warmgate.server.serving.limits import SchedulerLimits
 from warmgate.server.serving.loop import Occupancy, ServingLoop, StepStats
 from warmgate.server.serving.request import ServingRequest, StepEvent
@@ -102,7 +103,7 @@ class ServingDriver:
                 await self._controller.run_serving(lambda: serving.run(self._should_yield))
         except Exception as exc:  # ShuttingDown, a fatal device error, or a bug
             if not isinstance(exc, ShuttingDown):
-                logger.exception("the serving loop failed; ending every stream")
+                log_failure(logger, exc, "the serving loop failed; ending every stream")
             self.fail_all(exc)
         finally:
             # No await since the last has_work check: a request submitted after it finds

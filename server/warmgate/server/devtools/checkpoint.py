@@ -1,8 +1,8 @@
 """A checkpoint directory of a preset's shapes with random weights (safetensors, HF layout),
-so start-up and load can be measured and tested without a model hub: bench/time_to_ready.py
+so start-up and load can be measured and tested without a model hub: bench/start.py time-to-ready
 and the start-up tests write one; with `tokenizer=True` it also gets a small trained tokenizer
 and EOS ids (devtools.text_files), so text and structured-output paths run on it
-(bench/coverage.py and bench/first_request.py --mode options)."""
+(bench/warm.py coverage and bench/warm.py first-request --mode options)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One `warmgate-server` start as its log timeline: each stderr line stamped with its arrival
 time (seconds since the process started), and the start-up breakdown (imports, CUDA init,
 weights, KV cache, each warmup phase) read from the server's own one-line-per-decision log,
-not from a second clock inside it. Pure parsing (bench/ready_probe.py runs the process)."""
+not from a second clock inside it. Pure parsing (bench/lib/ready_probe.py runs the process)."""
 
 from __future__ import annotations
 

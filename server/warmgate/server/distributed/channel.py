@@ -6,7 +6,7 @@ waits forever at no cost and returns end-of-file the moment rank 0 is gone (kill
 included), which is how a worker knows to exit, so no orphan outlives the server. A step's
 metadata is a few kB; pickling it once and writing it into N-1 pipes is one system call per
 worker and per side, the same as vLLM's shared-memory queue for messages of this size
-(bench/tp_broadcast.py prints the cost per decode step).
+(bench/serve.py tp-broadcast prints the cost per decode step).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Rank 0's side of the worker processes: start them, send them each call, watch them, stop
 them.
 
-Workers are plain subprocesses (`python -m warmgate.server.distributed.worker`), no
+Workers are plain subprocesses (`python -m warmgate.server.tp_worker`), no
 torchrun: their stdin is the step channel (channel.py), a second pipe carries their JIT
 events back (replies.py), stdout and stderr are the server's, so their log lines land in the
 pod's log. A watchdog thread polls each one; the first that exits while
@@ -59,7 +59,7 @@ class WorkerGroup:
             read_fd, write_fd = os.pipe()
             try:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "warmgate.server.distributed.worker",
+                    [sys.executable, "-m", "warmgate.server.tp_worker",
                      "--rank", str(rank), "--store-port", str(store_port),
                      "--reply-fd", str(write_fd)],
                     stdin=subprocess.PIPE, pass_fds=(write_fd,))

@@ -19,7 +19,7 @@ Ragged batches, one graph per token bucket (runner.compile_buckets: the decode s
 of two, max_num_batched_tokens). An eager prefill is host-bound: Python spends longer
 launching its kernels than the GPU spends running them, and that host time, varying from step
 to step and process to process, was what a first request's time to first token varied by
-(bench/results/h200-step-profile-session5.txt). A bucket's graph holds min(max_num_reqs, bucket)
+(bench/results/h200-step-profile.txt). A bucket's graph holds min(max_num_reqs, bucket)
 requests: every real request has at least one token, so no batch of that many tokens has more.
 At replay the batch's tokens fill the first rows, the rest of the bucket's tokens belong to no
 request (attention leaves their rows alone; every other op is row-wise, so whatever they hold

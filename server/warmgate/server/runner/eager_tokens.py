@@ -2,7 +2,7 @@
 batches pad to.
 
 cuBLAS chooses an algorithm at every new GEMM shape, also where it picks a kernel an earlier
-shape ran (bench/kernel_map_touch.py), so every token count a forward can run at after ready
+shape ran (bench/warm.py kernel-map-touch), so every token count a forward can run at after ready
 must be swept before it (warmup/gemm_shapes.py). Two things keep that set small. On CUDA an
 eager forward that is not a uniform decode runs at its count rounded up to a multiple of
 EAGER_TOKEN_GRANULE, with padding tokens that no request owns (InputBatch.padded): 1/16 of the
@@ -12,15 +12,34 @@ the graph's shapes, chosen at capture.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+import torch
+
+from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.runner.attention.base import AttentionBackend
 from warmgate.server.runner.compile_buckets import compile_buckets
 from warmgate.server.runner.cuda_graphs import capturable_sizes
 
-if TYPE_CHECKING:
-    from warmgate.server.runner.runner_settings import RunnerSettings
-
 EAGER_TOKEN_GRANULE = 16
+
+
+class TokenSettings(Protocol):
+    """What these functions read off a runner: RunnerSettings has it all. A protocol, so that
+    runner_settings.py imports this module and not the other way round."""
+
+    config: RunnerConfig
+    device: torch.device
+    decode_query_len: int
+    max_num_reqs: int
+    max_num_tokens: int
+    is_pooling_model: bool
+    attention_backend_class: type[AttentionBackend]
+    compile_buckets: tuple[int, ...]
+
+    def eager_tokens(self, num_tokens: int) -> int: ...
+
+    def ragged_graph_buckets(self) -> tuple[int, ...]: ...
 
 
 def round_up(num_tokens: int, granule: int, budget: int) -> int:
@@ -28,7 +47,7 @@ def round_up(num_tokens: int, granule: int, budget: int) -> int:
     return min(-(-num_tokens // granule) * granule, budget)
 
 
-def eager_token_counts(runner: RunnerSettings) -> list[int]:
+def eager_token_counts(runner: TokenSettings) -> list[int]:
     """Every token count the runner's forward can run at outside a captured graph once warmup
     is done (ModelRunner._run_model). With torch.compile every forward pads to a bucket.
     Otherwise a uniform decode runs at its own count when no graph holds it, and any other
@@ -51,7 +70,7 @@ def eager_token_counts(runner: RunnerSettings) -> list[int]:
     return misses
 
 
-def ragged_graph_buckets(runner: RunnerSettings) -> tuple[int, ...]:
+def ragged_graph_buckets(runner: TokenSettings) -> tuple[int, ...]:
     """Token buckets to capture ragged-batch graphs for: torch.compile's (so a replayed
     compiled forward never pads twice), or none when the configuration or the backend rules
     them out. Asked before the backend exists too (the runner's on_model_built, for the

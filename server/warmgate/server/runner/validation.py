@@ -8,12 +8,20 @@ runner exactly as it was.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from warmgate.server.config.runner_config import cdiv
+from warmgate.server.config.sampling_limits import (
+    GREEDY_BELOW_TEMPERATURE,
+    MAX_ABS_LOGIT_BIAS,
+    MAX_ABS_PENALTY,
+    MAX_REPETITION_PENALTY,
+    MIN_REPETITION_PENALTY,
+)
 from warmgate.server.runner.request_state import RequestState
-from warmgate.server.runner.scheduler_output import SchedulerOutput
+from warmgate.server.runner.scheduler_output import SamplingParams, SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -96,11 +104,35 @@ def _check_new_requests(so: SchedulerOutput, held: Mapping[str, RequestState], a
                              f"tokens is over max_model_len = {limits.max_model_len}")
         _check_tokens(rid, "prompt", new.prompt_token_ids, limits.vocab_size)
         _check_tokens(rid, "output", new.output_token_ids, limits.vocab_size)
+        if new.sampling_params is not None:
+            _check_sampling(rid, new.sampling_params, limits.vocab_size)
         if new.num_computed_tokens < 0:
             raise ValueError(f"new request {rid!r}: num_computed_tokens is negative")
         blocks = _check_blocks(rid, new.block_ids, limits)
         after[rid] = (len(blocks), new.num_computed_tokens,
                       len(new.prompt_token_ids) + len(new.output_token_ids))
+
+
+def _check_sampling(req_id: str, p: SamplingParams, vocab_size: int) -> None:
+    """The float options inside the ranges that keep the sampler finite (the API's, in
+    config.sampling_limits): out of them a step yields inf or NaN logits, not an error."""
+    ranges = {"repetition_penalty": (p.repetition_penalty, MIN_REPETITION_PENALTY,
+                                     MAX_REPETITION_PENALTY),
+              "presence_penalty": (p.presence_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY),
+              "frequency_penalty": (p.frequency_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY),
+              "min_p": (p.min_p, 0.0, 1.0), "top_p": (p.top_p, 0.0, 1.0),
+              # 0 is greedy; between 0 and the greedy threshold logits / t overflow.
+              "temperature": (p.temperature, 0.0 if p.temperature == 0.0
+                              else GREEDY_BELOW_TEMPERATURE, math.inf)}
+    for name, (value, low, high) in ranges.items():
+        if not (low <= value <= high and math.isfinite(value)):  # NaN fails both
+            raise ValueError(f"request {req_id!r}: {name} {value} is outside [{low:g}, "
+                             f"{high:g}]")
+    for token, bias in p.logit_bias:
+        if not 0 <= token < vocab_size or not abs(bias) <= MAX_ABS_LOGIT_BIAS:
+            raise ValueError(f"request {req_id!r}: logit_bias {token}: {bias} is outside the "
+                             f"vocabulary [0, {vocab_size}) or [-{MAX_ABS_LOGIT_BIAS:g}, "
+                             f"{MAX_ABS_LOGIT_BIAS:g}]")
 
 
 def _check_cached_requests(so: SchedulerOutput, held: Mapping[str, RequestState],

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmgate.server.core.failures import FatalDeviceError, is_fatal_device_error
+from warmgate.server.core.tracebacks import log_failure
 from warmgate.server.serving.grammar.step_bitmask import grammar_output_for
 from warmgate.server.serving.request import ServingRequest, StepEvent
 from warmgate.server.serving.scheduler import Scheduler, StepPlan
@@ -166,8 +167,9 @@ class ServingLoop:
     def _fail(self, plan: StepPlan, exc: Exception) -> None:
         if is_fatal_device_error(exc):
             raise FatalDeviceError("serving", exc) from exc
-        logger.exception("a serving step of %d requests / %d tokens failed; they end with "
-                         "the error", plan.scheduler_output.num_reqs,
-                         plan.scheduler_output.total_num_scheduled_tokens)
+        # Logged here once: each of the step's streams then ends INTERNAL with a line.
+        log_failure(logger, exc, "a serving step of %d requests / %d tokens failed; they end "
+                    "with the error", plan.scheduler_output.num_reqs,
+                    plan.scheduler_output.total_num_scheduled_tokens)
         self._emit(self.scheduler.fail(plan, exc, self._clock()))
         self._drop_finished()

@@ -4,11 +4,24 @@ sequence's current suffix (an n-gram, longest first), as vLLM's ngram proposer d
 Each request keeps, per n, a map from n-gram to the end position of its latest occurrence,
 updated as tokens are appended, so a proposal costs O(max_n) per step rather than a scan of
 the whole context (a host-side scan per request per step would cost more than the GPU step).
+
+An n-gram's key is its tokens as little-endian uint32 bytes: a slice of one buffer per token
+appended, and for a long run of tokens (a prompt) numpy's sliding windows make every key at
+once. Indexing a 1666-token prompt one tuple at a time took 3-11 ms of the event loop on the
+CPU it was measured on, inside the request's time to first token; in bulk it takes a tenth.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+TOKEN_BYTES = 4
+# Appends longer than this go through numpy (a prompt, a prefill chunk's worth of tokens);
+# shorter ones, a step's one to 1 + k tokens, one token at a time.
+BULK_MIN_TOKENS = 32
 
 
 class NgramIndex:
@@ -17,23 +30,52 @@ class NgramIndex:
             raise ValueError(f"n-gram sizes need 1 <= min_n <= max_n, got {min_n}..{max_n}")
         self.min_n, self.max_n = min_n, max_n
         self.tokens: list[int] = []
-        # n -> n-gram -> end index (inclusive) of its latest occurrence.
-        self._last_end: dict[int, dict[tuple[int, ...], int]] = {
+        self._bytes = bytearray()  # self.tokens as little-endian uint32
+        # n -> n-gram key -> end index (inclusive) of its latest occurrence.
+        self._last_end: dict[int, dict[bytes, int]] = {
             n: {} for n in range(min_n, max_n + 1)}
         # n -> end index of the occurrence before the current suffix, or -1 (no match).
         self._match: dict[int, int] = {}
 
     def extend(self, new_tokens: Sequence[int]) -> None:
+        if len(new_tokens) >= BULK_MIN_TOKENS:
+            self._extend_bulk(new_tokens)
+            return
         for token in new_tokens:
             self.tokens.append(token)
+            self._bytes += token.to_bytes(TOKEN_BYTES, "little")
             end = len(self.tokens) - 1
             for n, table in self._last_end.items():
                 if end + 1 < n:
                     self._match[n] = -1
                     continue
-                gram = tuple(self.tokens[end + 1 - n:])
+                gram = bytes(self._bytes[(end + 1 - n) * TOKEN_BYTES:])
                 self._match[n] = table.get(gram, -1)
                 table[gram] = end
+
+    def _extend_bulk(self, new_tokens: Sequence[int]) -> None:
+        start = len(self.tokens)
+        self.tokens.extend(new_tokens)
+        new = np.asarray(new_tokens, dtype="<u4")
+        self._bytes += new.tobytes()
+        total = len(self.tokens)
+        for n, table in self._last_end.items():
+            if total < n:
+                self._match[n] = -1
+                continue
+            # The windows that end at a new token: they start at most n - 1 tokens earlier.
+            first = max(0, start - n + 1)
+            tail = np.frombuffer(self._bytes, dtype="<u4", offset=first * TOKEN_BYTES)
+            windows = np.ascontiguousarray(sliding_window_view(tail, n))
+            keys: list[bytes] = windows.view(f"V{n * TOKEN_BYTES}").ravel().tolist()
+            suffix = keys[-1]
+            try:  # the suffix's latest earlier end among the new windows...
+                prev = first + n - 1 + len(keys) - 2 - keys[-2::-1].index(suffix)
+            except ValueError:  # ...or before them
+                prev = table.get(suffix, -1)
+            # In order, so each key keeps its latest end.
+            table.update(zip(keys, range(first + n - 1, total), strict=True))
+            self._match[n] = prev
 
     def propose(self, k: int) -> list[int]:
         """k tokens that followed the longest matching suffix; [] when none matches.

@@ -3,7 +3,9 @@ it: a sandboxed, immutable jinja2 environment with the same options, filters and
 the tokenizer's named special tokens (bos_token, eos_token, ...) in the context.
 
 The template is code from the checkpoint's author: the sandbox keeps it from reaching Python
-internals, and the immutable environment from changing the objects passed in.
+internals, and the immutable environment from changing the objects passed in. It is compiled
+and rendered only in a worker process (text.template_worker), which bounds its time and
+memory; the sandbox (text.template_sandbox) and the render below bound its output.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 import jinja2.parser
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from warmgate.server.text.errors import PromptError, TextLoadError
+from warmgate.server.text.template_sandbox import BoundedSandbox, RenderBoundError
 
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -95,9 +97,9 @@ class _TemplateNamespace(jinja2.utils.Namespace):
                 f"a chat template cannot set underscore attributes on a namespace: {name!r}")
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
+def _environment(max_chars: int) -> BoundedSandbox:
+    env = BoundedSandbox(max_chars, trim_blocks=True, lstrip_blocks=True,
+                         extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now,
                        dict=_TemplateDict(), namespace=_TemplateNamespace)
@@ -120,7 +122,7 @@ def special_tokens_of(tokenizer_config: Mapping[str, Any], path: Path) -> dict[s
     return {key: value for key, value in tokens.items() if value is not None}
 
 
-def _template_source(directory: Path, tokenizer_config: Mapping[str, Any]
+def template_source(directory: Path, tokenizer_config: Mapping[str, Any]
                      ) -> tuple[str, str] | None:
     """(template text, where it came from), or None when the directory has none."""
     path = directory / TEMPLATE_FILE
@@ -146,29 +148,34 @@ def _template_source(directory: Path, tokenizer_config: Mapping[str, Any]
 
 
 class ChatTemplate:
-    """A compiled chat template and the special tokens its context gets."""
+    """A compiled chat template and the special tokens its context gets; a render longer
+    than `max_chars` characters stops there (RenderBoundError)."""
 
-    def __init__(self, source: str, origin: str, special_tokens: Mapping[str, str]) -> None:
+    def __init__(self, source: str, origin: str, special_tokens: Mapping[str, str],
+                 max_chars: int) -> None:
         self.origin = origin
+        self.max_chars = max_chars
         self._special_tokens = dict(special_tokens)
         try:
-            self._template = _environment().from_string(source)
+            self._template = _environment(max_chars).from_string(source)
         except jinja2.TemplateSyntaxError as exc:
             raise TextLoadError(origin, f"not a valid jinja2 template (line {exc.lineno}: "
                                         f"{exc.message})") from None
 
-    @classmethod
-    def load(cls, directory: Path, tokenizer_config: Mapping[str, Any],
-             special_tokens: Mapping[str, str]) -> ChatTemplate | None:
-        found = _template_source(directory, tokenizer_config)
-        return None if found is None else cls(found[0], found[1], special_tokens)
-
     def render(self, messages: Sequence[Mapping[str, str]]) -> str:
         """The prompt text for `messages`, ending with the assistant's generation prompt."""
+        # Counted as the chunks come, so an endless output stops at the bound, not at the
+        # memory limit.
+        chunks, num_chars = [], 0
         try:
-            return self._template.render(
-                messages=[dict(m) for m in messages], tools=None, documents=None,
-                add_generation_prompt=True, **self._special_tokens)
+            for chunk in self._template.generate(
+                    messages=[dict(m) for m in messages], tools=None, documents=None,
+                    add_generation_prompt=True, **self._special_tokens):
+                num_chars += len(chunk)
+                if num_chars > self.max_chars:
+                    raise RenderBoundError("output", f"the rendered prompt passed "
+                                           f"{self.max_chars} characters")
+                chunks.append(chunk)
+            return "".join(chunks)
         except _RENDER_ERRORS as exc:
-            raise PromptError("messages", f"the model's chat template refused them: "
-                                          f"{type(exc).__name__}: {exc}") from None
+            raise PromptError("messages", f"{type(exc).__name__}: {exc}") from None

@@ -5,7 +5,7 @@ random logits, and the phases after it (the kernel warmups, structured output, t
 batch) need neither to have ended. Most of a GEMM call's cost on a warm start is host work
 inside cuBLAS (choosing the algorithm for a new shape, loading the kernel at its first
 launch), which torch runs without the GIL, and what it leaves behind (the loaded kernels, the
-chosen algorithms) serves every thread: bench/kernel_map_touch.py's `thread` policy measures a
+chosen algorithms) serves every thread: bench/warm.py kernel-map-touch's `thread` policy measures a
 first call on the runner's thread after a sweep on another one, and finds it nearly as cheap as
 after a sweep on the same thread, against a hundredfold more with no sweep
 (bench/results/README.md). So the GEMMs run on their own thread

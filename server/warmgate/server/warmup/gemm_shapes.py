@@ -4,7 +4,7 @@ token count it can have there.
 A GEMM at a problem shape cuBLAS has not seen makes it choose an algorithm first (heuristics,
 then a cached plan per shape): nothing compiles, so the JIT observers see nothing, but the
 first batch with a new token count pays it on each distinct weight shape. Every new shape pays,
-also one that picks a kernel an earlier size already ran (bench/kernel_map_touch.py measures
+also one that picks a kernel an earlier size already ran (bench/warm.py kernel-map-touch measures
 it; bench/results/README.md holds the figures). So no size can be skipped, and no kernel map
 is kept for GEMMs; what shrinks the sweep is running only the token counts a forward can have
 outside a captured graph (runner/eager_tokens.py: padded eager batches, graphs), since a graph

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The first request after ready on FlashInfer at configurations the other benches do not use,
+# in one device call of under ten minutes. PARTS picks what runs (default: all of "tests fixed
+# probe long"; "configs" is its own call):
+#   tests    the GPU tests that cover ragged graphs on both backends (and FlashInfer's JIT)
+#   fixed    first/steady TTFT at llama-3.2-1b, k=0, 48 seqs, budget 4096, length 8192, a
+#            300-token prompt: FlashInfer (ragged graphs), triton, FlashInfer without ragged
+#            graphs (its prefill wrapper eagerly), fresh servers each (FIXED_RUNS)
+#   probe    the eager FlashInfer path's first 1x300 prefill vs the next, in one process, and
+#            the CUDA segments the first steps allocate
+#   long     a 2000-token prompt on FlashInfer with and without ragged graphs
+#   configs  CONFIGS random server configurations per backend, CONFIGS_TIMEOUT s each (bench/warm.py first-request
+#            --mode configs)
+#   breakdown  the first request's TTFT split into the serving loop's parts against the steady
+#            ones (bench/warm.py first-request --mode breakdown), at the fixed configuration
+#   OUT=/tmp/out PARTS="tests fixed" bash bench/gpu_first_request.sh
+# Every output lands in one tarball, $OUT/gpu-first-request.tgz (a device call brings back a
+# limited number of files); the summaries go to stdout.
+set -uo pipefail
+FINAL=${OUT:-/tmp/warmgate-out}
+OUT=/tmp/gpu-first-request
+mkdir -p "$OUT" "$FINAL"
+# The tarball is written however the call ends (a part's timeout, the call's own limit).
+trap 'tar czf "$FINAL/gpu-first-request.tgz" -C "$OUT" .' EXIT
+if compgen -G ".whl/*.whl" >/dev/null; then  # wheels carried for a bare machine
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD/client:$PWD/server${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+PARTS=${PARTS:-tests fixed probe long}
+FIXED_RUNS=${FIXED_RUNS:-3}
+TRITON_RUNS=${TRITON_RUNS:-$FIXED_RUNS}
+EAGER_RUNS=${EAGER_RUNS:-2}
+CONFIGS=${CONFIGS:-12}
+MODEL=${MODEL:-llama-3.2-1b}
+SHAPE="--max-num-seqs 48 --max-num-batched-tokens 4096 --max-model-len 8192"
+git rev-parse HEAD >"$OUT/commit.txt" 2>/dev/null || true
+T0=$(date +%s)
+stage() { echo "=== $1 (+$(( $(date +%s) - T0 )) s, $(date +%T))"; }
+fr() { python3 bench/warm.py first-request "$@"; }
+configs() {  # configs NAME BACKEND RUNS "CONFIG" [server args]
+  fr --mode configs --model "$MODEL" --device cuda --backends "$2" --configs "$3" \
+    --config "$4" "--server-args=${5:-}" --vocab-size 128000 --repeats 15 --gap-s 0.5 \
+    --json "$OUT/$1.json" 2>"$OUT/$1.err" | tee "$OUT/$1.txt" | tail -4
+}
+
+for part in $PARTS; do case $part in
+tests)
+  stage "tests/gpu: ragged graphs and serving on both backends"
+  timeout 300 python3 -m pytest -q -x tests/gpu/test_backends_gpu.py tests/gpu/test_serving_gpu.py \
+    2>&1 | tee "$OUT/gpu-tests.txt" | tail -5 ;;
+fixed)
+  stage "fixed configuration, $FIXED_RUNS fresh servers per arm"
+  configs h200-first-request-fixed-flashinfer flashinfer "$FIXED_RUNS" "0 48 4096 8192 16 300"
+  configs h200-first-request-fixed-triton triton "$TRITON_RUNS" "0 48 4096 8192 16 300"
+  configs h200-first-request-fixed-flashinfer-eager flashinfer "$EAGER_RUNS" \
+    "0 48 4096 8192 16 300" "--no-ragged-cuda-graphs" ;;
+probe)
+  stage "probe: the eager FlashInfer path's first 1x300 prefill"
+  timeout 120 python3 bench/warm.py first-request --mode probe --device cuda --model "$MODEL" \
+    --attention-backend flashinfer --no-ragged-cuda-graphs $SHAPE --num-blocks 8192 \
+    --prefill-shape 1x300 2>&1 | grep -v "^\(INFO\|DEBUG\)" | tee "$OUT/probe-flashinfer-eager.txt" | tail -20
+  timeout 120 python3 bench/warm.py first-request --mode probe --device cuda --model "$MODEL" \
+    --attention-backend flashinfer --no-ragged-cuda-graphs $SHAPE --num-blocks 8192 \
+    --prefill-shape 1x300 --trace-segments 2>&1 | grep -v "^\(INFO\|DEBUG\)" \
+    >"$OUT/probe-flashinfer-eager-segments.txt"; tail -30 "$OUT/probe-flashinfer-eager-segments.txt" ;;
+long)
+  stage "a 2000-token prompt: FlashInfer with and without ragged graphs"
+  configs h200-long-prompt-flashinfer flashinfer 1 "0 48 4096 8192 16 2000"
+  configs h200-long-prompt-flashinfer-eager flashinfer 1 "0 48 4096 8192 16 2000" \
+    "--no-ragged-cuda-graphs"
+  configs h200-long-prompt-triton triton 1 "0 48 4096 8192 16 2000" ;;
+configs)
+  for b in flashinfer triton; do
+    stage "$CONFIGS random configurations on $b"
+    timeout "${CONFIGS_TIMEOUT:-280}" python3 bench/warm.py first-request --mode configs --model "$MODEL" --device cuda \
+      --backends "$b" --configs "$CONFIGS" --seed 1 --vocab-size 128000 --repeats 8 --gap-s 0.3 \
+      --json "$OUT/h200-first-request-configs-$b.json" 2>"$OUT/configs-$b.err" \
+      | tee "$OUT/h200-first-request-configs-$b.txt" | tail -$((CONFIGS + 3))
+  done ;;
+breakdown)
+  for arm in "flashinfer" "flashinfer --no-ragged-cuda-graphs" "triton"; do
+    stage "breakdown: $arm"
+    timeout 120 python3 bench/warm.py first-request --mode breakdown --gap-s 0.5 --repeats 20 \
+      --prompt-len 300 --model "$MODEL" --device cuda --attention-backend $arm $SHAPE \
+      --log-level WARNING 2>&1 | tee -a "$OUT/h200-first-request-breakdown.txt" | tail -4
+  done ;;
+*) echo "unknown part: $part"; exit 2 ;;
+esac; done
+stage done

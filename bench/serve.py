@@ -1,0 +1,28 @@
+#!/usr/bin/env python3
+"""How fast does it serve? Time to first token, inter-token latency and throughput over
+gRPC, and the decode step and kernels underneath."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
+from toolbox import Command, run
+
+COMMANDS = {
+    "load-gen": Command("load_gen.py", "a seeded stream of Generate requests: TTFT, ITL and "
+                                       "end-to-end percentiles, output tokens/s"),
+    "decode-latency": Command("decode_latency.py", "decode step time: CUDA graphs vs eager, "
+                                                   "each attention backend vs torch"),
+    "kernels": Command("kernels_gpu.py", "the Triton paged decode attention kernel vs SDPA"),
+    "cpu-threads": Command("cpu_threads.py", "serving on a CPU with torch's default threads "
+                                             "vs warmgate's --cpu-threads"),
+    "tp-broadcast": Command("tp_broadcast.py", "tensor parallel: the cost per decode step of "
+                                               "sending the step to the workers"),
+    "tp-greedy": Command("tp_greedy.py", "tensor parallel: greedy tokens at TP=N against TP=1, "
+                                         "prompt by prompt"),
+}
+
+if __name__ == "__main__":
+    sys.exit(run("bench/serve.py", __doc__, COMMANDS, sys.argv[1:]))

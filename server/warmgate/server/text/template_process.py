@@ -1,0 +1,229 @@
+"""The chat template, compiled and rendered in worker processes (text.template_worker) with
+bounds on time, memory and output; a render past a bound fails its request (PromptError
+naming the template and the bound), never the server.
+
+Up to `workers` processes render at once; a request waits for a free one. A worker past its
+deadline is killed (it may be inside one C call that nothing else interrupts) and replaced
+at the next render; one that ran out of memory is replaced too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from warmgate.server.text.errors import PromptError, TextLoadError
+from warmgate.server.text.template_worker import HEADER, encode_message
+
+logger = logging.getLogger(__name__)
+
+# Starting an interpreter and importing jinja2: not the template's time, so not its bound;
+# generous for a loaded machine.
+STARTUP_TIMEOUT_S = 30.0
+_READ_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class TemplateLimits:
+    # A compile or a render past this is ended (the worker killed).
+    timeout_s: float = 1.0
+    # The worker's address space (RLIMIT_AS); an interpreter with jinja2 takes about 25 MiB.
+    memory_mib: int = 256
+    # Renders running at once.
+    workers: int = 2
+
+
+class _Timeout(Exception):
+    pass
+
+
+class _Died(Exception):
+    pass
+
+
+class _Worker:
+    """One worker process and its pipes."""
+
+    def __init__(self, limits: TemplateLimits) -> None:
+        # -I would drop PYTHONPATH, which a checkout run without installing needs.
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "warmgate.server.text.template_worker",
+             str(limits.memory_mib << 20), str(limits.timeout_s)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            close_fds=True)
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._stdin: IO[bytes] = self._proc.stdin
+        self._stdout_fd = self._proc.stdout.fileno()
+        self.pid = self._proc.pid
+        self._killed = False
+        try:
+            self._read(STARTUP_TIMEOUT_S)
+        except BaseException:
+            self.kill()
+            raise
+
+    def call(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        try:
+            self._stdin.write(encode_message(request))
+            self._stdin.flush()
+        except OSError as exc:
+            raise _Died(f"its pipe closed ({exc})") from None
+        return self._read(timeout_s)
+
+    def _read(self, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        data = bytearray()
+        size: int | None = None
+        while size is None or len(data) < HEADER.size + size:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._stdout_fd], [], [], left)[0]:
+                raise _Timeout()
+            chunk = os.read(self._stdout_fd, _READ_CHUNK)
+            if not chunk:
+                code = self._proc.poll()
+                raise _Died(f"it exited (code {code})" if code is not None else "it closed")
+            data += chunk
+            if size is None and len(data) >= HEADER.size:
+                (size,) = HEADER.unpack(data[:HEADER.size])
+        message: dict[str, Any] = json.loads(bytes(data[HEADER.size:]).decode(
+            "utf-8", "surrogatepass"))
+        return message
+
+    @property
+    def alive(self) -> bool:
+        return not self._killed and self._proc.poll() is None
+
+    def kill(self) -> None:
+        self._killed = True
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        self._stdin.close()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+
+def _close_all(workers: list[_Worker]) -> None:
+    for worker in list(workers):
+        worker.kill()
+
+
+class _Failure(Exception):
+    """A compile or render that failed: its template's error, or the bound it passed."""
+
+
+class BoundedChatTemplate:
+    """The model's chat template, compiled (at construction, bounded like a render: a
+    constant jinja folds cannot build a huge string here) and rendered in worker processes.
+    TextLoadError naming `origin` when it does not compile within its bounds."""
+
+    def __init__(self, source: str, origin: str, special_tokens: Mapping[str, str],
+                 max_chars: int, limits: TemplateLimits) -> None:
+        self.origin = origin
+        self.max_chars = max_chars
+        self.limits = limits
+        self._compile_request = {"op": "compile", "source": source, "origin": origin,
+                                 "special_tokens": dict(special_tokens),
+                                 "max_chars": max_chars}
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._all: list[_Worker] = []
+        self._slots = threading.BoundedSemaphore(limits.workers)
+        # Workers die with this object (and each exits at its stdin's end when we do).
+        self._finalizer = weakref.finalize(self, _close_all, self._all)
+        try:
+            self._idle.append(self._start_worker(at_load=True))
+        except _Failure as exc:
+            raise TextLoadError(origin, str(exc)) from None
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def render(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """The prompt text for `messages`; PromptError("messages", ...) naming the template
+        and the bound it passed, or the template's own error."""
+        request = {"op": "render", "messages": [dict(m) for m in messages]}
+        try:
+            with self._slots:
+                with self._lock:
+                    worker = self._idle.pop() if self._idle else None
+                if worker is None:
+                    worker = self._start_worker(at_load=False)
+                try:
+                    return str(self._call(worker, request, "rendering them")["text"])
+                finally:
+                    if worker.alive:
+                        with self._lock:
+                            self._idle.append(worker)
+        except _Failure as exc:
+            raise PromptError("messages", f"the model's chat template ({self.origin}) "
+                                          f"{exc}") from None
+
+    def _start_worker(self, *, at_load: bool) -> _Worker:
+        try:
+            worker = _Worker(self.limits)
+        except (_Timeout, _Died, OSError) as exc:
+            what = "did not start" if isinstance(exc, _Timeout) else f"failed to start: {exc}"
+            raise _Failure(f"its worker process {what}") from None
+        with self._lock:
+            self._all.append(worker)
+        try:
+            self._call(worker, self._compile_request, "compiling it")
+        except _Failure:
+            self._drop(worker)  # a worker without a template is of no use
+            raise
+        logger.log(logging.INFO if at_load else logging.DEBUG,
+                   "chat template: worker %d compiled %s (bounds: %.1f s, %d MiB, %d "
+                   "characters of output)", worker.pid, self.origin, self.limits.timeout_s,
+                   self.limits.memory_mib, self.max_chars)
+        return worker
+
+    def _drop(self, worker: _Worker) -> None:
+        worker.kill()
+        with self._lock:
+            if worker in self._all:
+                self._all.remove(worker)
+
+    def _call(self, worker: _Worker, request: dict[str, Any], doing: str) -> dict[str, Any]:
+        """The worker's reply to `request`, or _Failure; a worker past the time or memory
+        bound is killed."""
+        start = time.monotonic()
+        try:
+            reply = worker.call(request, self.limits.timeout_s)
+        except _Timeout:
+            self._drop(worker)
+            raise self._bound(doing, f"did not finish within {self.limits.timeout_s} s (the "
+                              "time bound, --chat-template-timeout)") from None
+        except _Died as exc:
+            self._drop(worker)
+            # Past RLIMIT_CPU, or killed: the time bound, or a crash of the interpreter.
+            raise self._bound(doing, f"ended its worker process ({exc}) after "
+                              f"{time.monotonic() - start:.1f} s") from None
+        error = reply.get("error")
+        if error is None:
+            return reply
+        if error == "memory":
+            self._drop(worker)  # a MemoryError can leave an interpreter half-broken
+            raise self._bound(doing, f"needed more than {self.limits.memory_mib} MiB (the "
+                              "memory bound, --chat-template-memory)")
+        if error == "output":
+            raise self._bound(doing, f"stopped: {reply['message']} (the output bound: a "
+                              "prompt that long cannot fit max_model_len)")
+        if error == "compile":  # already names the template
+            raise _Failure(str(reply["message"]).removeprefix(f"{self.origin}: "))
+        refused = "refused them" if request["op"] == "render" else "failed to compile"
+        raise _Failure(f"{refused}: {reply['message']}")
+
+    def _bound(self, doing: str, what: str) -> _Failure:
+        logger.info("chat template %s: %s, %s", self.origin, doing, what)
+        return _Failure(f"{doing}, {what}")

@@ -1,0 +1,127 @@
+"""What a newcomer meets between the clone and a served answer: one install command for the
+real checkpoint, a tool that names what it lacks, `cache ls` as documented, a status whose
+times agree, the Quick start's server log out of the client's way, one-line request errors,
+and the reason the install carries triton."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+from google.protobuf import duration_pb2
+
+from tests.bench_harness import ROOT, load_script, user_env
+from warmgate.client import render
+from warmgate.client.cli import main
+from warmgate.client.errors import Violation, WarmgateRpcError
+from warmgate.client.exit_codes import EXIT_OK, EXIT_USAGE
+from warmgate.v1 import warmup_pb2 as pb
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def paragraphs(text: str) -> list[str]:
+    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
+
+
+def test_readme_names_one_install_command_for_fetch_smollm2() -> None:
+    tool = load_script("tools/fetch_smollm2.py")
+    found = [re.findall(r"pip install -e '[^']*'", p) for p in paragraphs(README)
+             if "fetch_smollm2" in p and "pip install" in p]
+    assert found and all(cmds == [tool.INSTALL] for cmds in found), found
+    assert tool.INSTALL in (tool.__doc__ or "")
+
+
+def test_fetch_smollm2_without_gguf_prints_one_line_and_exits_2(tmp_path: Path) -> None:
+    # sys.modules[name] = None makes `import gguf` fail and find_spec answer None, as when
+    # the package is not installed.
+    code = ("import runpy, sys; sys.modules['gguf'] = None; "
+            f"sys.argv = ['tools/fetch_smollm2.py', {str(tmp_path / 'ckpt')!r}]; "
+            "runpy.run_path('tools/fetch_smollm2.py', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=user_env(),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "tools/fetch_smollm2.py needs gguf, not installed: run pip install -e '.[reference]'"]
+    assert proc.stdout == "" and not (tmp_path / "ckpt").exists()
+
+
+def cli(argv: list[str], environ: dict[str, str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(argv, out=out, err=err, environ=environ)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cache_ls_takes_its_directory_from_the_servers_variable(tmp_path: Path) -> None:
+    code, out, _ = cli(["cache", "ls"], {"WARMGATE_CACHE_DIR": str(tmp_path)})
+    assert code == EXIT_OK and out.startswith("ENTRY")
+    assert "warmgate cache ls|prune --cache-dir D" in README
+    assert "D defaults to $WARMGATE_CACHE_DIR" in README
+
+
+def test_cache_ls_without_a_directory_says_how_to_give_one() -> None:
+    code, out, err = cli(["cache", "ls"], {})
+    assert (code, out) == (EXIT_USAGE, "")
+    assert err.splitlines() == ["warmgate cache ls: no cache directory: pass --cache-dir D or "
+                                "set WARMGATE_CACHE_DIR (as for warmgate-server)"]
+
+
+def duration(s: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(s * 1e9))
+    return d
+
+
+def test_status_of_a_settled_server_shows_one_run_time_with_the_load_named() -> None:
+    report = pb.WarmupReport(outcome=pb.WARMUP_OUTCOME_SUCCEEDED, total_duration=duration(10.157),
+                             phases=[pb.PhaseResult(name="load", duration=duration(1.657)),
+                                     pb.PhaseResult(name="kernels.decode",
+                                                    duration=duration(8.4))])
+    status = pb.WarmupStatus(state=pb.WARMUP_STATE_READY, elapsed=duration(8.5),
+                             last_report=report)
+    text = render.status_text(status)
+    assert "elapsed" not in text, text
+    assert "outcome SUCCEEDED in 10.157 s (load 1.657 s + warmup 8.500 s)" in text
+    running = pb.WarmupStatus(state=pb.WARMUP_STATE_RUNNING, elapsed=duration(2.0),
+                              current_phase="kernels.decode", num_phases=9)
+    assert "elapsed=2.0s" in render.status_text(running)
+
+
+def test_a_bad_request_is_one_line_naming_each_field() -> None:
+    error = WarmgateRpcError(grpc.StatusCode.INVALID_ARGUMENT, "temperature: must be >= 0",
+                             [Violation("sampling.temperature", "must be >= 0")])
+    assert str(error) == "INVALID_ARGUMENT: field sampling.temperature: must be >= 0"
+    two = WarmgateRpcError(grpc.StatusCode.INVALID_ARGUMENT, "...",
+                           [Violation("a", "x"), Violation("b", "y")])
+    assert str(two) == "INVALID_ARGUMENT: field a: x; field b: y"
+    plain = WarmgateRpcError(grpc.StatusCode.UNAVAILABLE, "Connection refused")
+    assert str(plain) == "UNAVAILABLE: Connection refused"
+
+
+def quick_start_first_command() -> str:
+    block = re.search(r"```sh\n(.*?)```", README.split("## Quick start", 1)[1], re.S)
+    assert block is not None
+    return block.group(1).strip().splitlines()[0]
+
+
+def test_the_quick_start_sends_the_servers_log_to_a_file_it_names() -> None:
+    line = quick_start_first_command()
+    server = line[line.index("warmgate-server "):line.index("export WARMGATE_SERVER_PID")]
+    assert re.search(r">\s*(\S+\.log) 2>&1 &", server), server
+    log = re.search(r">\s*(\S+\.log)", server).group(1)  # type: ignore[union-attr]
+    assert f"`{log}`" in README.split("## Quick start", 1)[1].split("##", 1)[0]
+    assert f"/{log}" in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+
+
+def test_the_readme_says_why_the_install_carries_triton() -> None:
+    """README explains the ~1 GB of triton by xgrammar's requirement: while the installed
+    xgrammar still lists triton unconditionally, the explanation holds."""
+    requires = importlib.metadata.requires("xgrammar") or []
+    assert any(r.startswith("triton") and "extra ==" not in r for r in requires), requires
+    quick = " ".join(README.split("## Quick start", 1)[1].split("\n## ", 1)[0].split())
+    assert "xgrammar 0.2 lists triton as a plain requirement" in quick
