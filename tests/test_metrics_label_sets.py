@@ -6,7 +6,11 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from warmgate.server.telemetry.metrics import CACHES, COMPILE_KINDS, Metrics
-from warmgate.server.telemetry.serving_metrics import FINISH_REASONS, REQUEST_FEATURES
+from warmgate.server.telemetry.serving_metrics import (
+    FINISH_REASONS,
+    GRAMMAR_COMPILE_OUTCOMES,
+    REQUEST_FEATURES,
+)
 
 
 def test_known_label_sets_are_exported_at_zero_before_any_event() -> None:
@@ -25,6 +29,8 @@ def test_known_label_sets_are_exported_at_zero_before_any_event() -> None:
         assert f'warmgate_generate_requests_total{{finish_reason="{reason}"}} 0.0' in text
     for feature in REQUEST_FEATURES:
         assert f'warmgate_generate_request_features_total{{feature="{feature}"}} 0.0' in text
+    for outcome in GRAMMAR_COMPILE_OUTCOMES:
+        assert f'warmgate_grammar_compile_seconds_count{{outcome="{outcome}"}} 0.0' in text
 
 
 def test_every_tensor_parallel_rank_has_its_jit_series_at_zero() -> None:

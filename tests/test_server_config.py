@@ -79,6 +79,9 @@ def test_runner_flags_reach_the_runner_config() -> None:
     (["--metrics-port", "-2"], {}, "--metrics-port"),
     (["--log-level", "chatty"], {}, "--log-level"),
     ([], {"WARMGATE_WARMUP_ON_START": "maybe"}, "--warmup-on-start"),
+    (["--grammar-compile-timeout", "0"], {}, "--grammar-compile-timeout"),
+    ([], {"WARMGATE_GRAMMAR_MAX_COMPILES": "0"}, "--grammar-max-compiles"),
+    (["--grammar-cache-mib", "-1"], {}, "--grammar-cache-mib"),
 ])
 def test_bad_values_exit_naming_the_flag(argv: list[str], env: dict[str, str], flag: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:

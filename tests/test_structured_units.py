@@ -1,7 +1,7 @@
 """Structured output's parts on their own: the TokenizerInfo built from tokenizer.json equals
-xgrammar's from_huggingface, the compile cache and its bound, xgrammar's errors as one line,
-per-draft-position bitmask rows with rollback, the runner's row layout and the sampler's
-mask (greedy, stochastic and speculative verification)."""
+xgrammar's from_huggingface, xgrammar's errors as one line, per-draft-position bitmask rows
+with rollback, the runner's row layout and the sampler's mask (greedy, stochastic and
+speculative verification). The compile cache and its bound: test_grammar_compiles.py."""
 
 from __future__ import annotations
 
@@ -46,8 +46,7 @@ def tokenizer(request: pytest.FixtureRequest) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def backend() -> GrammarBackend:
-    return GrammarBackend(tokenizer_info_of(train_tokenizer("byte_level"), VOCAB, [EOS]),
-                          max_cached=2)
+    return GrammarBackend(tokenizer_info_of(train_tokenizer("byte_level"), VOCAB, [EOS]))
 
 
 def test_tokenizer_info_equals_xgrammars_from_huggingface(tokenizer: Tokenizer) -> None:
@@ -66,22 +65,6 @@ def test_tokenizer_info_equals_xgrammars_from_huggingface(tokenizer: Tokenizer) 
 def test_tokenizer_info_needs_stop_ids() -> None:
     with pytest.raises(ValueError, match="end-of-sequence"):
         tokenizer_info_of(train_tokenizer("byte_level"), VOCAB, [])
-
-
-def test_compile_cache_hits_and_stays_bounded(backend: GrammarBackend) -> None:
-    specs = [GrammarSpec("regex", f"a{{{n}}}") for n in range(1, 4)]
-    before = backend.num_compiles
-    first = backend.compile(specs[0])
-    assert backend.compile(specs[0]) is first  # (kind, text) hit: not compiled again
-    assert backend.num_compiles == before + 1
-    backend.compile(specs[1])
-    backend.compile(specs[2])  # evicts specs[0], the least recently used
-    assert backend.num_cached == 2
-    assert backend.compile(specs[0]) is not first
-    assert backend.num_compiles == before + 4
-    # The same text as another kind is another grammar.
-    assert backend.compile(GrammarSpec("ebnf", 'root ::= "a"')) is not backend.compile(
-        GrammarSpec("regex", 'root ::= "a"'))
 
 
 @pytest.mark.parametrize(("spec", "words"), [

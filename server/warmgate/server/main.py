@@ -51,9 +51,10 @@ def _exit_now(code: int) -> NoReturn:
 
     For a runner step still going after the grace: Python cannot interrupt a thread, and
     interpreter exit would join it (the worker is no daemon: ThreadPoolExecutor's never
-    are), which could outlast the pod's grace period. And before asyncio.run's teardown,
-    which would cancel the RPCs still waiting on that step, each logged by grpc as an
-    unhandled CancelledError: a stop is not an error.
+    are), which could outlast the pod's grace period. A grammar compile's daemon thread is
+    not joined, but one that returns into a finalizing interpreter can abort the process.
+    And before asyncio.run's teardown, which would cancel the RPCs still waiting on that
+    step, each logged by grpc as an unhandled CancelledError: a stop is not an error.
     """
     logging.shutdown()
     sys.stdout.flush()
@@ -106,8 +107,11 @@ async def serve(config: ServerConfig, text: ModelText | None = None,
     idle = await running.controller.wait_runner_idle(left)
     if not idle:
         logger.warning("the runner is still inside a step after the grace; exiting without it")
+    compiles = running.generation.num_compiles_running
+    if compiles:
+        logger.info("exiting without the %d grammar compiles still running", compiles)
     logger.info("stopped (exit code %d)", code)
-    if not idle:
+    if not idle or compiles:
         _exit_now(code)
     return code
 

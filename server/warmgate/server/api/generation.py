@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from warmgate.server.api.generate_request import parse_generate_request_async
+from warmgate.server.api.grammar_requests import GrammarRequests, grammar_stream_error
 from warmgate.server.api.logprobs_proto import token_logprobs_to_proto
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.config.serving_config import ServingConfig
@@ -28,15 +29,12 @@ from warmgate.server.control.engine import WarmupEngine
 from warmgate.server.control.serving_driver import ServingDriver
 from warmgate.server.core.errors import (
     FailedPrecondition,
-    FieldViolation,
-    InvalidArgument,
     ResourceExhausted,
     ShuttingDown,
     Unavailable,
     WarmgateError,
 )
 from warmgate.server.core.failures import describe_failure, is_out_of_memory
-from warmgate.server.serving.grammar.spec import GrammarError, GrammarSpec
 from warmgate.server.serving.limits import SchedulerLimits
 from warmgate.server.serving.loop import ServingLoop
 from warmgate.server.serving.ngram import NgramIndex
@@ -46,9 +44,7 @@ from warmgate.server.text.model_text import ModelText
 from warmgate.v1 import generate_pb2 as gen_pb
 from warmgate.v1 import generate_pb2_grpc as gen_grpc
 
-if TYPE_CHECKING:  # xgrammar loads with the first grammar request (or the warmup)
-    from warmgate.server.serving.grammar.matcher import RequestGrammar
-
+if TYPE_CHECKING:
     # tokenizers (and jinja2 behind the chat template) load only for a model that has one.
     from warmgate.server.text.detokenizer import IncrementalDetokenizer
 
@@ -75,6 +71,7 @@ class _Stream:
 
 def _stream_error(error: BaseException) -> WarmgateError | BaseException:
     """A step's exception as what the stream ends with."""
+    error = grammar_stream_error(error)
     if isinstance(error, WarmgateError):
         return error
     if is_out_of_memory(error):
@@ -110,6 +107,9 @@ class GenerationService(gen_grpc.GenerationServicer):
             on_step=metrics.observe_step if metrics is not None else None,
             on_occupancy=metrics.observe_occupancy if metrics is not None else None)
         self._ids = itertools.count()
+        self._grammars = GrammarRequests(
+            self._text, runner_config.model.vocab_size, serving_config,
+            metrics.observe_grammar_compile if metrics is not None else None)
         self._closing = False
 
     @property
@@ -124,7 +124,7 @@ class GenerationService(gen_grpc.GenerationServicer):
         arrival = time.perf_counter()
         parsed = await parse_generate_request_async(request, self._runner_config, self._text)
         self._admit()
-        grammar = (await self._grammar(parsed.grammar) if parsed.grammar is not None
+        grammar = (await self._grammars.matcher(parsed.grammar) if parsed.grammar is not None
                    else None)
         req_id = f"gen-{next(self._ids)}"
         k = self._limits.num_speculative_steps
@@ -169,19 +169,6 @@ class GenerationService(gen_grpc.GenerationServicer):
             if self._metrics is not None:
                 self._metrics.observe_finish(outcome, req.usage, stream.num_sent, arrival)
 
-    async def _grammar(self, spec: GrammarSpec) -> RequestGrammar:
-        """The request's matcher; its grammar compiled (or found in the cache) on a worker
-        thread. INVALID_ARGUMENT naming the field when it does not compile."""
-        from warmgate.server.serving.grammar.backend import grammar_backend  # loads xgrammar
-
-        # Built by the warmup's structured phase; only without warmup does this build it.
-        backend = await asyncio.to_thread(grammar_backend, self._text,
-                                          self._runner_config.model.vocab_size)
-        try:
-            return await backend.matcher_async(spec)
-        except GrammarError as exc:
-            raise InvalidArgument(FieldViolation(exc.field, exc.message)) from None
-
     # -- admission ----------------------------------------------------------------------
 
     def _admit(self) -> None:
@@ -215,11 +202,18 @@ class GenerationService(gen_grpc.GenerationServicer):
         runner = self._engine.runner
         if runner is not None:
             self._driver.build(runner)
+        self._grammars.prepare()
+
+    @property
+    def num_compiles_running(self) -> int:
+        """Grammar compiles on their threads: a stop exits without joining them."""
+        return self._grammars.num_compiles_running
 
     async def drain(self, timeout: float) -> None:
         """Take no new requests; let the running ones finish for up to `timeout` s, then end
         the rest with UNAVAILABLE (their clients retry on another replica)."""
         self._closing = True
+        await self._grammars.close()  # a compile in progress is not worth the grace
         deadline = time.monotonic() + timeout
         while self._driver.num_requests and time.monotonic() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)

@@ -11,6 +11,11 @@ from warmgate.server.config.runner_config import ConfigError
 
 MIN_TEMPLATE_MEMORY_MIB = 64
 
+# A grammar that takes longer is an outlier (the warmup's take milliseconds; a 12 KB schema
+# of 150 patterned properties took 133 s on SmolLM2's vocabulary), and its request waits for
+# it: past this, it fails.
+GRAMMAR_COMPILE_TIMEOUT_S = 10.0
+
 
 @dataclass(frozen=True)
 class ServingConfig:
@@ -36,6 +41,21 @@ class ServingConfig:
     chat_template_workers: int = field(default=2, metadata=flag(
         "--chat-template-workers", "chat template renders running at once, each in its own "
         "worker process; more requests wait for one"))
+    # Structured output (serving/grammar/compiles.py). The budget covers the wait for a compile
+    # slot and the compile in a killable probe process.
+    grammar_compile_timeout_s: float = field(default=GRAMMAR_COMPILE_TIMEOUT_S, metadata=flag(
+        "--grammar-compile-timeout", "seconds a request's grammar (JSON schema, regex, EBNF) may "
+        "take to compile, waiting for a compile slot included; past it the request fails "
+        "RESOURCE_EXHAUSTED", parse=flag_values.positive_float))
+    grammar_max_compiles: int = field(default=2, metadata=flag(
+        "--grammar-max-compiles", "grammar compiles running at once (each in its own probe "
+        "process, about 260 MiB); more grammar requests wait, within their budget"))
+    grammar_cache_mib: int = field(default=512, metadata=flag(
+        "--grammar-cache-mib", "resident memory compiled grammars may hold, least recently "
+        "used dropped first"))
+    grammar_json_whitespace: bool = field(default=False, metadata=flag(
+        "--grammar-json-whitespace", "let JSON-schema output put free whitespace (up to 20 "
+        "characters: newlines, indentation) between elements; off: compact one-line JSON"))
 
     def __post_init__(self) -> None:
         if not 1 <= self.ngram_min <= self.ngram_max:
@@ -49,6 +69,15 @@ class ServingConfig:
         if self.chat_template_workers < 1:
             raise ConfigError("serving.chat_template_workers",
                               f"must be >= 1, got {self.chat_template_workers}")
+        if not self.grammar_compile_timeout_s > 0:  # also false for NaN
+            raise ConfigError("serving.grammar_compile_timeout_s",
+                              f"must be > 0, got {self.grammar_compile_timeout_s}")
+        if self.grammar_max_compiles < 1:
+            raise ConfigError("serving.grammar_max_compiles",
+                              f"must be >= 1, got {self.grammar_max_compiles}")
+        if self.grammar_cache_mib < 0:
+            raise ConfigError("serving.grammar_cache_mib",
+                              f"must be >= 0, got {self.grammar_cache_mib}")
         if self.max_waiting_requests < 1:
             raise ConfigError("serving.max_waiting_requests",
                               f"must be >= 1, got {self.max_waiting_requests}")

@@ -16,6 +16,11 @@ REQUEST_FEATURES = (*SAMPLING_FEATURES, "structured")
 # behind a long prefill or pays a cold compile.
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
                 120)
+# A grammar compile: milliseconds for a small schema, up to the budget (10 s by default)
+# for a large one; "timeout" samples sit at the budget.
+GRAMMAR_COMPILE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
+# warmgate.server.serving.grammar.compiles.COMPILE_OUTCOMES (importing it would load xgrammar).
+GRAMMAR_COMPILE_OUTCOMES = ("compiled", "invalid", "timeout", "cancelled")
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 
 
@@ -48,6 +53,14 @@ class ServingMetrics:
         self.step_duration = Histogram("warmgate_step_duration_seconds",
                                        "One scheduler step: schedule, forward, sample.",
                                        buckets=STEP_BUCKETS, registry=r)
+        self.grammar_compile = Histogram(
+            "warmgate_grammar_compile_seconds", "Grammar compiles of Generate requests (one per "
+            "distinct grammar: cached ones and ones shared by concurrent requests compile once), "
+            "by outcome: compiled, invalid, timeout (past --grammar-compile-timeout), cancelled "
+            "(every waiting request went first).", ["outcome"], buckets=GRAMMAR_COMPILE_BUCKETS,
+            registry=r)
+        for outcome in GRAMMAR_COMPILE_OUTCOMES:
+            self.grammar_compile.labels(outcome=outcome)
         self.running = Gauge("warmgate_requests_running", "Requests holding KV blocks.",
                              registry=r)
         self.waiting = Gauge("warmgate_requests_waiting", "Requests queued for a slot.",
@@ -67,6 +80,9 @@ class ServingMetrics:
         self.running.set(occupancy.num_running)
         self.waiting.set(occupancy.num_waiting)
         self.kv_usage.set(occupancy.num_blocks_used / max(1, occupancy.num_blocks_usable))
+
+    def observe_grammar_compile(self, outcome: str, seconds: float) -> None:
+        self.grammar_compile.labels(outcome=outcome).observe(seconds)
 
     def observe_features(self, params: SamplingParams, *, structured: bool = False) -> None:
         for feature in sampling_features(params):

@@ -8,13 +8,16 @@ from collections.abc import Sequence
 import torch
 import xgrammar as xgr
 
-from warmgate.server.serving.grammar.spec import ALL_ALLOWED, GrammarViolation
+from warmgate.server.serving.grammar.spec import ALL_ALLOWED, GrammarDeadEnd, GrammarViolation
 
 
 class RequestGrammar:
-    def __init__(self, matcher: xgr.GrammarMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: xgr.GrammarMatcher, vocab_size: int,
+                 field: str = "sampling.grammar") -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
+        self.field = field  # the request field the grammar came in, for its errors
+        self.num_accepted = 0
 
     @property
     def bitmask_width(self) -> int:
@@ -23,6 +26,15 @@ class RequestGrammar:
     @property
     def is_terminated(self) -> bool:
         return bool(self.matcher.is_terminated())
+
+    def is_dead_end(self) -> bool:
+        """Whether the grammar allows no token now (and has not ended): no string it admits
+        starts with the output so far."""
+        if self.matcher.is_terminated():
+            return False
+        row = torch.empty((1, self.bitmask_width), dtype=torch.int32)
+        self.matcher.fill_next_token_bitmask(row, 0)
+        return not bool(row.any())
 
     def fill_rows(self, bitmask: torch.Tensor, start: int, drafts: Sequence[int]) -> None:
         """Fill rows start .. start + len(drafts) of `bitmask` (int32, CPU): row j allows what
@@ -36,6 +48,10 @@ class RequestGrammar:
         rejects, the row before it (the position that draft sits at) already forbids it, so
         the target cannot draw it and verification stops there; the rows after it are never
         read and stay all-allowed. The same holds after a draft that ends the grammar.
+
+        A row the grammar leaves empty (a dead end: no string it admits continues the output)
+        is left all-allowed rather than handed to the sampler with every logit at -inf; the
+        token drawn there is then refused by accept(), which names the dead end.
         """
         accepted = 0
         filled = 0
@@ -44,6 +60,8 @@ class RequestGrammar:
                 if self.matcher.is_terminated():
                     break
                 self.matcher.fill_next_token_bitmask(bitmask, start + j)
+                if not bool(bitmask[start + j].any()):
+                    break
                 filled += 1
                 if j == len(drafts) or not self.matcher.accept_token(int(drafts[j])):
                     break
@@ -55,8 +73,12 @@ class RequestGrammar:
 
     def accept(self, token: int) -> bool:
         """Advance by one produced token; True when the grammar has terminated (it accepted
-        the end-of-sequence token after a complete match)."""
+        the end-of-sequence token after a complete match). GrammarDeadEnd when the grammar
+        allowed no token here."""
         if not self.matcher.accept_token(int(token)):
+            if self.is_dead_end():
+                raise GrammarDeadEnd(self.field, self.num_accepted)
             raise GrammarViolation(f"token {token} is not allowed by the request's grammar "
                                    "although its bitmask was applied")
+        self.num_accepted += 1
         return self.is_terminated

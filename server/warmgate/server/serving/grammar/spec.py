@@ -20,10 +20,14 @@ ALL_ALLOWED = -1  # a bitmask word with every bit set
 
 @dataclass(frozen=True)
 class GrammarSpec:
-    """One request's grammar: its kind (the request field it came in) and its text."""
+    """One request's grammar: its kind (the request field it came in) and its text; the
+    compiled grammar is cached under the whole spec."""
 
     kind: GrammarKind
     text: str
+    # JSON schemas only: allow free whitespace between elements (off: compact one-line JSON,
+    # the separators json.dumps writes). The server's --grammar-json-whitespace.
+    json_whitespace: bool = False
 
     @property
     def field(self) -> str:
@@ -33,6 +37,27 @@ class GrammarSpec:
 class GrammarViolation(RuntimeError):
     """A produced token the request's grammar does not accept: its bitmask was not applied
     (a bug). The request ends with this error; the others in its steps carry on."""
+
+
+class GrammarDeadEnd(GrammarViolation):
+    """The grammar allows no token after the output so far: it admits no string that starts
+    with it (a dead branch, such as `a[^\\s\\S]`). The request's grammar is unusable, which
+    is the request's error (INVALID_ARGUMENT naming `field`), not the server's."""
+
+    def __init__(self, field: str, num_tokens: int) -> None:
+        super().__init__(f"{field}: the grammar allows no token after the {num_tokens} "
+                         "tokens produced: no string it admits starts with them")
+        self.field = field
+        self.message = str(self).removeprefix(f"{field}: ")
+
+
+class GrammarTimeout(Exception):
+    """The grammar did not compile within the server's budget (RESOURCE_EXHAUSTED)."""
+
+    def __init__(self, field: str, budget_s: float) -> None:
+        super().__init__(f"{field}: not compiled within the server's {budget_s:g} s grammar "
+                         "compile budget (--grammar-compile-timeout); simplify the grammar")
+        self.field = field
 
 
 class GrammarError(ValueError):

@@ -1,0 +1,99 @@
+"""The Generate service's side of structured output: the request's matcher from the model's
+grammar compiles (serving/grammar/compiles.py), their errors as the statuses a client acts
+on, and the compiles' start (before ready) and stop (on SIGTERM)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from warmgate.server.config.serving_config import ServingConfig
+from warmgate.server.core.errors import (
+    FieldViolation,
+    InvalidArgument,
+    ResourceExhausted,
+    ShuttingDown,
+)
+from warmgate.server.serving.grammar.spec import (
+    GrammarDeadEnd,
+    GrammarError,
+    GrammarSpec,
+    GrammarTimeout,
+)
+from warmgate.server.text.model_text import ModelText
+
+if TYPE_CHECKING:  # xgrammar loads with the first grammar request (or the warmup)
+    from warmgate.server.serving.grammar.backend import GrammarBackend
+    from warmgate.server.serving.grammar.compiles import GrammarCompiles
+    from warmgate.server.serving.grammar.matcher import RequestGrammar
+
+MIB = 1 << 20
+
+
+def grammar_stream_error(error: BaseException) -> BaseException:
+    """A step's grammar exception as what the stream ends with: a dead end is the request's
+    grammar's fault (INVALID_ARGUMENT naming its field), anything else stays as it is."""
+    if isinstance(error, GrammarDeadEnd):
+        return InvalidArgument(FieldViolation(error.field, error.message))
+    return error
+
+
+class GrammarRequests:
+    def __init__(self, text: ModelText, vocab_size: int, config: ServingConfig,
+                 on_compile: Callable[[str, float], None] | None = None) -> None:
+        self._text = text
+        self._vocab_size = vocab_size
+        self._config = config
+        self._on_compile = on_compile
+        self._compiles: GrammarCompiles | None = None
+        self._closed = False
+
+    def _compiles_of(self, backend: GrammarBackend) -> GrammarCompiles:
+        from warmgate.server.serving.grammar.compiles import CompileLimits, GrammarCompiles
+
+        if self._compiles is None:
+            c = self._config
+            self._compiles = GrammarCompiles(backend, CompileLimits(
+                c.grammar_compile_timeout_s, c.grammar_max_compiles,
+                c.grammar_cache_mib * MIB), self._on_compile)
+        return self._compiles
+
+    def prepare(self) -> None:
+        """Start the compile probes before ready, if the warmup built the model's backend
+        (without it, the first grammar request builds both)."""
+        from warmgate.server.serving.grammar.backend import built_backend
+
+        backend = built_backend(self._text, self._vocab_size)
+        if backend is not None and not self._closed:
+            self._compiles_of(backend).start()
+
+    async def matcher(self, spec: GrammarSpec) -> RequestGrammar:
+        """The request's matcher. INVALID_ARGUMENT naming the field when the grammar does not
+        compile or cannot be enforced, RESOURCE_EXHAUSTED past the compile budget."""
+        from warmgate.server.serving.grammar.backend import grammar_backend  # loads xgrammar
+
+        if self._closed:
+            raise ShuttingDown()
+        # Built by the warmup's structured phase; only without warmup does this build it.
+        backend = await asyncio.to_thread(grammar_backend, self._text, self._vocab_size)
+        spec = dataclasses.replace(spec, json_whitespace=self._config.grammar_json_whitespace)
+        try:
+            return await self._compiles_of(backend).matcher(spec)
+        except GrammarError as exc:
+            raise InvalidArgument(FieldViolation(exc.field, exc.message)) from None
+        except GrammarTimeout as exc:
+            raise ResourceExhausted(str(exc)) from None
+
+    @property
+    def num_compiles_running(self) -> int:
+        """In-process compiles still on their threads (a stop does not wait for them)."""
+        return self._compiles.num_builds_running if self._compiles is not None else 0
+
+    async def close(self) -> None:
+        """Kill the compile probes (requests waiting on them end UNAVAILABLE) and reap them."""
+        self._closed = True
+        if self._compiles is not None:
+            self._compiles.close()
+            await self._compiles.wait_closed()
