@@ -13,6 +13,8 @@ from toolbox import Command, run
 COMMANDS = {
     "load-gen": Command("load_gen.py", "a seeded stream of Generate requests: TTFT, ITL and "
                                        "end-to-end percentiles, output tokens/s"),
+    "throughput": Command("throughput.py", "output tok/s, ITL and TTFT at a sweep of "
+                                           "concurrent streams against the HBM roofline"),
     "decode-latency": Command("decode_latency.py", "decode step time: CUDA graphs vs eager, "
                                                    "each attention backend vs torch"),
     "kernels": Command("kernels_gpu.py", "the Triton paged decode attention kernel vs SDPA"),

@@ -94,7 +94,7 @@ def wait_ready(target: str, timeout: float) -> float:
 # -- the client -----------------------------------------------------------------------------
 
 async def _one(client: Any, spec: RequestSpec, start: float, gate: asyncio.Semaphore | None,
-               temperature: float, timeout: float | None) -> RequestResult:
+               temperature: float, timeout: float | None, ignore_eos: bool) -> RequestResult:
     from warmgate.client.errors import WarmgateRpcError
     from warmgate.v1 import generate_pb2 as gen_pb
 
@@ -106,7 +106,8 @@ async def _one(client: Any, spec: RequestSpec, start: float, gate: asyncio.Semap
         try:
             async for message in client.generate(
                     spec.prompt_token_ids, timeout=timeout, temperature=temperature,
-                    seed=seed, max_tokens=spec.max_tokens, request_id=f"load-{spec.index}"):
+                    seed=seed, max_tokens=spec.max_tokens, request_id=f"load-{spec.index}",
+                    ignore_eos=ignore_eos):
                 now = time.perf_counter()
                 if message.token_ids:
                     result.messages.append((now, len(message.token_ids)))
@@ -124,8 +125,10 @@ async def _one(client: Any, spec: RequestSpec, start: float, gate: asyncio.Semap
 
 async def run_load(target: str, specs: Sequence[RequestSpec], *,
                    concurrency: int | None = None, temperature: float = 0.0,
-                   timeout: float | None = None) -> list[RequestResult]:
-    """Replay `specs` against `target`; one result per spec, in spec order."""
+                   timeout: float | None = None, ignore_eos: bool = False
+                   ) -> list[RequestResult]:
+    """Replay `specs` against `target`; one result per spec, in spec order. With
+    `ignore_eos` every stream runs to its max_tokens (fixed output lengths)."""
     from warmgate.client.aio import AsyncWarmgateClient
 
     gate = asyncio.Semaphore(concurrency) if concurrency else None
@@ -133,8 +136,8 @@ async def run_load(target: str, specs: Sequence[RequestSpec], *,
         # Connect before the clock starts, so the first request does not pay the handshake.
         await client.health(timeout=30, wait_for_ready=True)
         start = time.perf_counter()
-        return list(await asyncio.gather(*(_one(client, spec, start, gate, temperature, timeout)
-                                           for spec in specs)))
+        return list(await asyncio.gather(*(_one(client, spec, start, gate, temperature, timeout,
+                                                ignore_eos) for spec in specs)))
 
 
 # -- the command ----------------------------------------------------------------------------

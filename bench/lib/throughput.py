@@ -1,0 +1,152 @@
+"""Steady-state serving: output tokens/s, inter-token latency and time to first token at a sweep
+of concurrent streams, each against the HBM roofline of its batch.
+
+    python bench/serve.py throughput --server-args "--model llama-3.1-8b --device cuda \\
+        --attention-backend flashinfer --max-num-seqs 128" --streams 1,64,128 \\
+        --prompt-len 512 --output-len 256 [--rounds 2] [--hbm-tbps 4.8] [--json FILE]
+
+A real `warmgate-server` process starts from --server-args and warms up; this process is only
+its client (grpc.aio, one channel). For each stream count, --rounds rounds of that many
+requests arrive at once (random prompts of --prompt-len tokens, greedy, `ignore_eos`, exactly
+--output-len tokens each). Per round: output tokens / the round's wall time, the median and
+p99 gap between a stream's tokens (ITL), the median TTFT; the table shows the best round by
+tokens/s. Roofline (warmgate.server.devtools.roofline): a decode step must read every weight
+and each stream's KV cache (prompt + half the output on average) at --hbm-tbps, so
+`roofline step` is the least ITL at that batch and `roofline tok/s` the most tokens/s;
+`ITL / roofline` and `tok/s / roofline` say how close the engine comes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import signal
+import statistics
+from dataclasses import asdict, dataclass
+
+from load_gen import run_load
+
+from warmgate.server.devtools.load_stats import Summary, summarize
+from warmgate.server.devtools.roofline import H200_HBM_BYTES_PER_S, Roofline
+from warmgate.server.devtools.server_process import ServerProcess
+from warmgate.server.devtools.workload import build_workload, parse_distribution
+
+READY_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class Row:
+    streams: int
+    output_tokens: int
+    errors: int
+    tokens_per_s: float
+    itl_p50_s: float
+    itl_p99_s: float
+    ttft_p50_s: float
+    roofline_step_s: float
+    roofline_tokens_per_s: float
+
+    @property
+    def itl_over_roofline(self) -> float:
+        return self.itl_p50_s / self.roofline_step_s
+
+    @property
+    def tokens_over_roofline(self) -> float:
+        return self.tokens_per_s / self.roofline_tokens_per_s
+
+
+def row_of(streams: int, summary: Summary, roofline: Roofline) -> Row:
+    return Row(streams, summary.output_tokens, summary.num_requests - summary.num_ok,
+               summary.output_tokens_per_s, summary.itl_s.p50, summary.itl_s.p99,
+               summary.ttft_s.p50, roofline.step_s, roofline.tokens_per_s)
+
+
+def format_rows(rows: list[Row]) -> list[str]:
+    lines = [f"{'streams':>7} {'tok/s':>9} {'roofline':>9} {'ratio':>6} {'ITL p50':>9} "
+             f"{'ITL p99':>9} {'roofline':>9} {'ITL/roof':>8} {'TTFT p50':>9} {'tokens':>7} "
+             f"{'errors':>6}",
+             f"{'':>7} {'':>9} {'tok/s':>9} {'':>6} {'ms':>9} {'ms':>9} {'step ms':>9} "
+             f"{'':>8} {'ms':>9}"]
+    for r in rows:
+        lines.append(f"{r.streams:7d} {r.tokens_per_s:9.0f} {r.roofline_tokens_per_s:9.0f} "
+                     f"{r.tokens_over_roofline:6.2f} {r.itl_p50_s * 1e3:9.2f} "
+                     f"{r.itl_p99_s * 1e3:9.2f} {r.roofline_step_s * 1e3:9.2f} "
+                     f"{r.itl_over_roofline:8.2f} {r.ttft_p50_s * 1e3:9.2f} "
+                     f"{r.output_tokens:7d} {r.errors:6d}")
+    return lines
+
+
+def _parser(prog: str | None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--server-args", default="--model tiny",
+                   help="warmgate-server flags, one string (the model and its shapes)")
+    p.add_argument("--streams", default="1,64,128", help="comma-separated stream counts")
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=1, help="rounds per stream count")
+    p.add_argument("--hbm-tbps", type=float, default=H200_HBM_BYTES_PER_S / 1e12,
+                   help="device memory bandwidth for the roofline, TB/s (H200: 4.8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--json", default=None, help="also write the rows to this file")
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    from warmgate.client.api import WaitResult, WarmgateClient
+    from warmgate.server.startup import load_server_config
+
+    args = _parser(prog).parse_args(argv)
+    streams = [int(s) for s in args.streams.split(",")]
+    if min(streams) < 1 or args.prompt_len < 1 or args.output_len < 2 or args.rounds < 1:
+        raise SystemExit("--streams >= 1, --prompt-len >= 1, --output-len >= 2, --rounds >= 1")
+    flags = shlex.split(args.server_args)
+    config = load_server_config(flags, environ={})  # the model's shapes, for the roofline
+    model = config.runner.model
+    dtype_bytes = 4 if config.runner.device.dtype == "float32" else 2
+    mean_context = args.prompt_len + args.output_len / 2
+    rows: list[Row] = []
+    with ServerProcess(flags, device=None, start_timeout_s=READY_TIMEOUT_S,
+                       stop_signal=signal.SIGTERM) as server, \
+            WarmgateClient(server.target, timeout=READY_TIMEOUT_S) as client:
+        if client.wait_ready(READY_TIMEOUT_S) is not WaitResult.READY:
+            raise SystemExit("not ready: " + client.get_status().failure_reason + "\n"
+                             + server.log_tail())
+        for n in streams:
+            roofline = Roofline.of(model, n, mean_context, bytes_per_s=args.hbm_tbps * 1e12,
+                                   dtype_bytes=dtype_bytes)
+            rounds = []
+            for r in range(args.rounds):
+                specs = build_workload(
+                    n, rate=float("inf"),
+                    prompt_len=parse_distribution(f"fixed:{args.prompt_len}"),
+                    output_len=parse_distribution(f"fixed:{args.output_len}"),
+                    vocab=model.vocab_size, seed=args.seed * 1000 + r)
+                results = asyncio.run(run_load(server.target, specs, concurrency=n,
+                                               timeout=args.request_timeout, ignore_eos=True))
+                rounds.append(row_of(n, summarize(results), roofline))
+            best = max(rounds, key=lambda row: row.tokens_per_s)
+            print(f"{n} streams: {statistics.median(r.tokens_per_s for r in rounds):.0f} "
+                  f"tok/s median of {len(rounds)} rounds, best {best.tokens_per_s:.0f}",
+                  flush=True)
+            rows.append(best)
+    print(f"model {model.name}, {model.num_layers} layers; prompt {args.prompt_len}, output "
+          f"{args.output_len}, greedy, ignore_eos; roofline at {args.hbm_tbps:g} TB/s, "
+          f"{dtype_bytes}-byte weights and KV")
+    print("\n".join(format_rows(rows)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{**asdict(r), "itl_over_roofline": r.itl_over_roofline,
+                        "tokens_over_roofline": r.tokens_over_roofline} for r in rows], f,
+                      indent=1)
+    return 1 if any(r.errors for r in rows) else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

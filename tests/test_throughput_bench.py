@@ -1,0 +1,52 @@
+"""bench/serve.py throughput: the roofline it compares against, and a run against a real
+server process on the CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from warmgate.server.config.runner_config import ModelConfig
+from warmgate.server.devtools.roofline import Roofline, num_params, weight_bytes_per_step
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(("preset", "published"), [
+    # The parameter counts the checkpoints' model cards and safetensors indexes give.
+    ("llama-3.2-1b", 1_235_814_400), ("llama-3.1-8b", 8_030_261_248),
+    ("qwen2.5-1.5b", 1_543_714_304), ("mistral-7b", 7_248_023_552)])
+def test_parameter_counts_match_the_published_ones(preset: str, published: int) -> None:
+    assert num_params(ModelConfig.from_preset(preset)) == published
+
+
+def test_the_roofline_reads_the_weights_once_and_every_streams_kv() -> None:
+    model = ModelConfig.from_preset("llama-3.1-8b")
+    # An untied embedding table is looked up, not read: the step reads the head in full.
+    assert weight_bytes_per_step(model) == 2 * (8_030_261_248 - 128256 * 4096)
+    one = Roofline.of(model, 1, 0, bytes_per_s=1e12)
+    assert one.step_s == pytest.approx(weight_bytes_per_step(model) / 1e12)
+    # 64 streams of 640 tokens add 64 * 640 tokens of K and V in 32 layers of 8 x 128 heads.
+    many = Roofline.of(model, 64, 640, bytes_per_s=1e12)
+    assert many.step_s - one.step_s == pytest.approx(64 * 640 * 2 * 32 * 8 * 128 * 2 / 1e12)
+    assert many.tokens_per_s == pytest.approx(64 / many.step_s)
+
+
+@pytest.mark.slow
+def test_a_sweep_against_a_server_process_gives_every_token(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/serve.py", "throughput", "--server-args",
+         "--model tiny --device cpu", "--streams", "1,3", "--prompt-len", "12",
+         "--output-len", "5", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())
+    assert [(r["streams"], r["output_tokens"], r["errors"]) for r in rows] == [(1, 5, 0),
+                                                                              (3, 15, 0)]
+    assert all(r["tokens_per_s"] > 0 and r["itl_p50_s"] > 0 for r in rows)
+    assert "ITL p50" in proc.stdout
