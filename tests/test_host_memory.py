@@ -100,19 +100,34 @@ def test_a_cpu_kv_cache_that_fits_is_allocated(monkeypatch: pytest.MonkeyPatch) 
     assert len(allocate_kv_cache(2, 6, FullAttentionSpec(16, 2, 16), torch.device("cpu"))[0]) == 2
 
 
-def test_warmup_only_reports_the_refused_cache_and_what_failed_to_load() -> None:
-    """763 GiB of KV cache for tiny: the load phase fails with the reason at once, logged
-    without a traceback, and the outcome line names the device and backend that failed
-    (they were left blank)."""
+def _warmup_only(*flags: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARMGATE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(root / "client"), str(root / "server")])
-    proc = subprocess.run([sys.executable, "-m", "warmgate.server.main", "--model", "tiny",
-                           "--device", "cpu", "--num-blocks", "100000000", "--warmup-only"],
-                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run([sys.executable, "-m", "warmgate.server.main", "--model", "tiny",
+                           "--device", "cpu", *flags, "--warmup-only"],
+                          env={**env, **env_extra}, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def test_warmup_only_refuses_a_cache_the_host_cannot_hold_before_the_load() -> None:
+    """763 GiB of KV cache for tiny: refused at start-up (the configuration can never serve),
+    one line naming --num-blocks, before any load; allocate_kv_cache's own check (above)
+    remains for memory that shrank between start-up and the load."""
+    proc = _warmup_only("--num-blocks", "100000000")
+    assert proc.returncode == 2, proc.stderr
+    assert "argument --num-blocks" in proc.stderr and "host memory" in proc.stderr
+    assert "Traceback" not in proc.stderr and "phase=load" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+
+
+def test_warmup_only_names_the_device_and_backend_of_a_failed_load() -> None:
+    """A load that fails (an injected out-of-memory): the outcome line names the device and
+    backend (they were left blank), and the phase line the settings to lower, without a
+    traceback beside it."""
+    proc = _warmup_only(WARMGATE_FAULT_INJECT="load:oom")
     assert proc.returncode == 1, proc.stderr
     load = next(line for line in proc.stdout.splitlines() if line.startswith("load "))
-    assert "FAILED" in load and "the KV cache does not fit on cpu" in load, proc.stdout
+    assert "FAILED" in load and "lower --num-blocks" in load, proc.stdout
     assert "(model tiny, cpu, torch attention, config " in proc.stdout.splitlines()[-1]
-    # Settings to lower, not a bug: the phase line says so, without a traceback beside it.
-    assert "Traceback" not in proc.stderr and "does not fit on cpu" in proc.stderr
+    assert "Traceback" not in proc.stderr
