@@ -60,3 +60,17 @@ def hf_greedy(model: Any, prompt: Sequence[int], max_new_tokens: int) -> list[in
 def hf_last_logits(model: Any, prompt: Sequence[int]) -> torch.Tensor:
     """[V] float32 logits of transformers' forward at the prompt's last position."""
     return model(torch.tensor([list(prompt)])).logits[0, -1].float()
+
+
+def randomize_parameters(model: Any) -> None:
+    """Random values in every parameter, in place: transformers initialises biases to zero
+    and norms to one, so a bias or norm that is not loaded (or loaded into the wrong place)
+    would go unseen."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.2 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -56,6 +57,16 @@ def tiny_config(*, num_spec: int = 0, pooling: bool = False, max_num_seqs: int =
 
 def make_runner(**kwargs: Any) -> ModelRunner:
     return ModelRunner(tiny_config(**kwargs))
+
+
+def save_tiny(directory: Path) -> Path:
+    """The tiny preset's random weights saved as a model directory (config.json and
+    safetensors), untied: the file holds an lm_head.weight of its own."""
+    from warmgate.server.runner.weights import save_weights
+
+    runner = make_runner()
+    save_weights(runner.model, runner.config.model, directory)
+    return directory
 
 
 def prompt(n: int, offset: int = 0, vocab: int = 512) -> list[int]:

@@ -13,11 +13,10 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file, save_file
 
-from tests.runner_helpers import make_runner, tiny_config, with_model
+from tests.runner_helpers import save_tiny, tiny_config, with_model
 from warmgate.server.config.config_notes import ConfigNote
 from warmgate.server.config.hf_config import ModelLoadError, read_model_dir
 from warmgate.server.runner.model_runner import ModelRunner
-from warmgate.server.runner.weights import save_weights
 from warmgate.server.text.eos import read_eos_token_ids
 
 Edit = Callable[[dict[str, Any]], None]
@@ -28,10 +27,7 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_fre
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model, untied: its file holds an lm_head.weight of its own."""
-    directory = tmp_path_factory.mktemp("tiny")
-    runner = make_runner()
-    save_weights(runner.model, runner.config.model, directory)
-    return directory
+    return save_tiny(tmp_path_factory.mktemp("tiny"))
 
 
 def _copy(saved: Path, target: Path, edit: Edit | None = None) -> Path:

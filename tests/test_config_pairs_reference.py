@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.reference_helpers import hf_greedy, runner_for
+from tests.reference_helpers import hf_greedy, randomize_parameters, runner_for
 from tests.serving_helpers import Served, greedy
 from warmgate.server.config.hf_config import ModelLoadError, read_model_dir
 from warmgate.server.config.runner_config import ModelConfig
@@ -40,14 +40,7 @@ def _save(directory: Path, config_cls: str, model_cls: str, seed: int, **kwargs:
     config = getattr(transformers, config_cls)(**{**SIZES, **kwargs})
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).to(torch.float32).eval()
-    with torch.no_grad():  # random norms and biases too, so none can be skipped unseen
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif name.endswith(".bias"):
-                p.copy_(0.2 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+    randomize_parameters(model)  # random norms and biases too: none skipped unseen
     model.save_pretrained(directory)
 
 

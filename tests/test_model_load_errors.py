@@ -15,20 +15,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.runner_helpers import make_runner, tiny_config, with_model
+from tests.runner_helpers import save_tiny, tiny_config, with_model
 from warmgate.server.config.hf_config import ModelLoadError, model_config_from_hf
 from warmgate.server.runner.model_runner import ModelRunner
-from warmgate.server.runner.weights import save_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("tiny")
-    runner = make_runner()
-    save_weights(runner.model, runner.config.model, directory)
-    return directory
+    return save_tiny(tmp_path_factory.mktemp("tiny"))
 
 
 def _copy(saved: Path, target: Path, edit: Callable[[dict[str, Any]], None] | None = None,

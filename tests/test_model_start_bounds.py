@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.runner_helpers import make_runner, tiny_config
+from tests.runner_helpers import save_tiny, tiny_config
 from warmgate.server.config.hf_config import (
     MAX_POSITIONS_LIMIT,
     ModelLoadError,
@@ -33,7 +33,6 @@ from warmgate.server.config.safetensors_header import read_header
 from warmgate.server.config.startup_checks import check_host_memory, length_sized_bytes
 from warmgate.server.host_memory import host_available_bytes
 from warmgate.server.runner.rope import cos_sin_cache, rope_frequencies
-from warmgate.server.runner.weights import save_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 RSS_LIMIT_BYTES = 512 * 2**20
@@ -41,10 +40,7 @@ RSS_LIMIT_BYTES = 512 * 2**20
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("tiny")
-    runner = make_runner()
-    save_weights(runner.model, runner.config.model, directory)
-    return directory
+    return save_tiny(tmp_path_factory.mktemp("tiny"))
 
 
 def _copy(saved: Path, target: Path) -> Path:

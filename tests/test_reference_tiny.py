@@ -16,7 +16,12 @@ from typing import Any
 import pytest
 import torch
 
-from tests.reference_helpers import hf_greedy, hf_last_logits, runner_for
+from tests.reference_helpers import (
+    hf_greedy,
+    hf_last_logits,
+    randomize_parameters,
+    runner_for,
+)
 from tests.runner_helpers import full_prefill_logits
 from tests.serving_helpers import reference_greedy
 
@@ -57,16 +62,7 @@ def _build(arch: str, rope_type: str, seed: int) -> Any:
         bos_token_id=None, eos_token_id=None, pad_token_id=None, **extra)
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).to(torch.float32).eval()
-    # transformers initialises biases to zero and norms to one; random values everywhere
-    # make a bias or norm that is not loaded (or loaded into the wrong place) visible.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif name.endswith(".bias"):
-                p.copy_(0.2 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+    randomize_parameters(model)
     return model
 
 
