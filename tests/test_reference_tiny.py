@@ -23,7 +23,7 @@ from tests.reference_helpers import (
     runner_for,
 )
 from tests.runner_helpers import full_prefill_logits
-from tests.serving_helpers import reference_greedy
+from tests.serving_helpers import Served, greedy, reference_greedy
 
 transformers = pytest.importorskip("transformers")
 
@@ -52,8 +52,22 @@ ARCHITECTURES = {
 }
 
 
+# Mixture of Experts: more experts than top-k so routing picks; Qwen3-MoE both with and without
+# renormalised top-k weights, an expert width unlike intermediate_size (which it must not read).
+MOE_ARCHITECTURES = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  {"num_experts": 8, "num_experts_per_tok": 3, "moe_intermediate_size": 48,
+                   "norm_topk_prob": False}),
+    "qwen3_moe-norm": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                       {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 40,
+                        "norm_topk_prob": True}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
+}
+
+
 def _build(arch: str, rope_type: str, seed: int) -> Any:
-    config_cls, model_cls, extra = ARCHITECTURES[arch]
+    config_cls, model_cls, extra = {**ARCHITECTURES, **MOE_ARCHITECTURES}[arch]
     rope = {"rope_type": rope_type, "rope_theta": 1000.0, **ROPES[rope_type]}
     config = getattr(transformers, config_cls)(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -99,3 +113,26 @@ def test_tiny_model_matches_transformers(arch: str, rope_type: str, tmp_path: Pa
         diff = (got - want_logits).abs().max().item()
         assert diff <= LOGITS_ATOL, f"{fmt}: prefill logits differ by {diff}"
         assert reference_greedy(runner, prompt, NEW_TOKENS) == want_tokens, fmt
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", list(MOE_ARCHITECTURES))
+def test_tiny_moe_matches_transformers(arch: str, tmp_path: Path) -> None:
+    """Routing (softmax, top-k, renormalisation) and the experts' weights as transformers
+    reads them: prefill logits, then 32 greedy tokens served at k=0 and k=3."""
+    model = _build(arch, "default", seed=len(arch))
+    model.save_pretrained(tmp_path)
+    prompt = torch.randint(0, VOCAB, (PROMPT_LEN,), generator=torch.Generator().manual_seed(2))
+    want_logits = hf_last_logits(model, prompt.tolist())
+    want_tokens = hf_greedy(model, prompt.tolist(), NEW_TOKENS)
+    for k in (0, 3):
+        runner = runner_for(tmp_path, max_model_len=MAX_POSITIONS, num_spec=k)
+        assert runner.config.model.architecture == arch.removesuffix("-norm")
+        assert runner.config.model.is_moe
+        if k == 0:
+            diff = (full_prefill_logits(runner, prompt.tolist()) - want_logits).abs().max()
+            assert diff.item() <= LOGITS_ATOL, f"prefill logits differ by {diff.item()}"
+        served = Served(runner)
+        req = served.submit("r", prompt.tolist(), greedy(NEW_TOKENS))
+        served.run()
+        assert req.output_token_ids == want_tokens, f"k={k}"

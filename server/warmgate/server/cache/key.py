@@ -25,7 +25,8 @@ VERSIONED_DISTS = ("warmgate", "torch", "triton", "flashinfer-python")
 # fields) decides the cos/sin values baked into a graph when it is traced with them as constants.
 _MODEL_FIELDS = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads",
                  "num_kv_heads", "head_dim", "intermediate_size", "max_model_len", "rope",
-                 "rms_norm_eps", "tie_word_embeddings", "is_pooling_model")
+                 "rms_norm_eps", "tie_word_embeddings", "is_pooling_model", "num_experts",
+                 "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob")
 ABSENT = "absent"
 
 

@@ -6,8 +6,9 @@ against transformers 5.25). A key that another overrides is recorded as a Config
 - num_key_value_heads, when absent, is the config class's default (Mistral 8, Qwen 32,
   Llama num_attention_heads); when null, num_attention_heads;
 - Qwen2/Qwen3 apply sliding_window only with use_sliding_window, and only to layers from
-  max_window_layers on (or those layer_types names); Mistral applies it whatever
-  use_sliding_window says; Llama never reads it.
+  max_window_layers on (or those layer_types names); Qwen3-MoE only with use_sliding_window,
+  to every layer; Mistral and Mixtral apply it whatever use_sliding_window says (Mixtral's
+  default is no window); Llama never reads it.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ from warmgate.server.config.model_load_error import ModelLoadError
 _DEFAULT_SLIDING_WINDOW = 4096
 _DEFAULT_MAX_WINDOW_LAYERS = 28
 _DEFAULT_HEAD_DIM_QWEN3 = 128
-_DEFAULT_KV_HEADS = {"mistral": 8, "qwen2": 32, "qwen3": 32}
+_DEFAULT_KV_HEADS = {"mistral": 8, "qwen2": 32, "qwen3": 32, "qwen3_moe": 4, "mixtral": 8}
 
 
 def head_dim(hf: dict[str, Any], arch: str, path: Path, notes: list[ConfigNote] | None) -> int:
     heads, hidden = int(hf["num_attention_heads"]), int(hf["hidden_size"])
     derived = hidden // heads
     value = hf.get("head_dim")
-    if value is None and "head_dim" in hf and arch in ("qwen2", "qwen3"):
+    if value is None and "head_dim" in hf and arch in ("qwen2", "qwen3", "qwen3_moe"):
         # Qwen's attention reads getattr(config, "head_dim"), which is then None.
         raise ModelLoadError(path, "head_dim", f"null: {arch} needs a head size")
     if value is None:
@@ -58,15 +59,15 @@ def sliding_window(hf: dict[str, Any], arch: str, path: Path,
                    notes: list[ConfigNote] | None) -> int | None:
     """The attention window the reference applies to some layer, or None."""
     window = hf.get("sliding_window")
-    if arch == "mistral":
+    if arch in ("mistral", "mixtral"):
         if hf.get("layer_types") is not None:
             raise ModelLoadError(path, "layer_types", "per-layer attention types are not "
-                                 "supported for MistralForCausalLM")
-        if "sliding_window" not in hf:
+                                 f"supported for {arch}")
+        if "sliding_window" not in hf and arch == "mistral":
             window = _DEFAULT_SLIDING_WINDOW
             note(notes, "sliding_window", f"absent: MistralConfig's default {window}")
         if hf.get("use_sliding_window") is False and window is not None:
-            note(notes, "use_sliding_window", f"false is ignored: MistralForCausalLM applies "
+            note(notes, "use_sliding_window", f"false is ignored: {arch} applies "
                  f"sliding_window {window} whatever it says, as in transformers", warning=True)
         return window
     if arch == "llama":
@@ -74,6 +75,9 @@ def sliding_window(hf: dict[str, Any], arch: str, path: Path,
             note(notes, "sliding_window", f"{window} is not applied: LlamaForCausalLM does not "
                  "read it")
         return None
+    if arch == "qwen3_moe" and hf.get("use_sliding_window"):
+        window = hf.get("sliding_window", _DEFAULT_SLIDING_WINDOW)
+        return None if window is None else int(window)
     if not hf.get("use_sliding_window"):
         if window is not None:
             note(notes, "sliding_window", f"{window} is not applied: use_sliding_window is "

@@ -2,13 +2,13 @@
 
 Both formats transformers writes are read: 4.x (top-level `rope_theta`, `rope_scaling`) and
 5.x (`rope_parameters`). Every key the reference implementation (transformers' Llama, Mistral,
-Qwen2 and Qwen3 modeling code) reads and that changes the numbers is either implemented or
-refused with a ModelLoadError naming the file and the key: a checkpoint served with math that
-differs from its reference would generate wrong tokens while looking healthy. Where the
-directory says one thing twice (two rope keys, head_dim and hidden_size / heads, dtype and
-torch_dtype, sliding_window and use_sliding_window, a tied config over a file with its own
-lm_head.weight), transformers' choice wins and a ConfigNote records it (`read_model_dir`);
-the load phase logs the notes.
+Qwen2, Qwen3, Qwen3-MoE and Mixtral modeling code; the MoE keys in hf_moe) reads and that
+changes the numbers is either implemented or refused with a ModelLoadError naming the file
+and the key: a checkpoint served with math that differs from its reference would generate
+wrong tokens while looking healthy. Where the directory says one thing twice (two rope keys,
+head_dim and hidden_size / heads, dtype and torch_dtype, sliding_window and
+use_sliding_window, a tied config over a file with its own lm_head.weight), transformers'
+choice wins and a ConfigNote records it (`read_model_dir`); the load phase logs the notes.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 from warmgate.server.config.config_notes import ConfigNote, note
 from warmgate.server.config.hf_attention import head_dim, num_kv_heads, sliding_window
+from warmgate.server.config.hf_moe import moe_fields, moe_hf_keys
 from warmgate.server.config.hf_rope import rope_from_hf
 from warmgate.server.config.model_load_error import ModelLoadError
 from warmgate.server.config.runner_config import ConfigError, ModelConfig
@@ -29,7 +30,8 @@ __all__ = ["HF_ARCHITECTURES", "HF_CLASS", "ConfigNote", "ModelLoadError", "hf_c
 
 # HF class name -> ModelConfig.architecture, and the model_type transformers writes for it.
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                    "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+                    "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                    "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral"}
 HF_CLASS = {arch: cls for cls, arch in HF_ARCHITECTURES.items()}
 # ModelConfig field -> config.json key, for the keys read and written as they are.
 _HF_KEYS: dict[str, str] = {
@@ -43,13 +45,16 @@ _HF_KEYS: dict[str, str] = {
 }
 # Every ModelConfig field read from config.json -> its key, to name it in errors.
 _FIELD_KEYS = {**_HF_KEYS, "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+               "num_experts": "num_local_experts", "num_experts_per_tok": "num_experts_per_tok",
+               "moe_intermediate_size": "moe_intermediate_size",
                "architecture": "architectures", "sliding_window": "sliding_window",
                "tie_word_embeddings": "tie_word_embeddings"}
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
              "intermediate_size")
 # What transformers assumes when config.json leaves a key out (each configuration_*.py).
 _DEFAULT_RMS_NORM_EPS = 1e-6
-_DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768, "qwen3": 32768}
+_DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768, "qwen3": 32768,
+                          "qwen3_moe": 32768, "mixtral": 4096 * 32}
 # More positions than any checkpoint of these architectures declares (Qwen2.5-1M: 1,010,000)
 # by 16x: a larger value is a broken file, and everything sized by it (the rope cache, the
 # automatic KV cache and block tables) would be absurd.
@@ -102,7 +107,7 @@ def _refuse_unimplemented(hf: dict[str, Any], arch: str, path: Path) -> None:
     if act != "silu":
         raise ModelLoadError(path, "hidden_act", f"{act!r}: only 'silu' is implemented")
     # Llama's attention_bias biases q/k/v/o; Qwen3's too; Mistral and Qwen2 never read it.
-    if arch in ("llama", "qwen3") and hf.get("attention_bias"):
+    if arch in ("llama", "qwen3", "qwen3_moe") and hf.get("attention_bias"):
         raise ModelLoadError(path, "attention_bias", f"true: {arch} with attention biases "
                              "(including o_proj) is not implemented")
     if arch == "llama" and hf.get("mlp_bias"):
@@ -172,7 +177,8 @@ def read_model_dir(directory: str | Path, **overrides: Any
                   num_kv_heads=num_kv_heads(hf, arch, notes),
                   head_dim=head_dim(hf, arch, path, notes),
                   tie_word_embeddings=_tied(hf, directory, notes),
-                  name=directory.name, weights_path=str(directory))
+                  name=directory.name, weights_path=str(directory),
+                  **moe_fields(hf, arch, path))
     _dtype_notes(hf, notes)
     fields.update(overrides)
     window = sliding_window(hf, arch, path, notes)
@@ -243,9 +249,10 @@ def hf_config_dict(config: ModelConfig, dtype_name: str) -> dict[str, Any]:
              tie_word_embeddings=config.tie_word_embeddings, hidden_act="silu",
              rope_parameters=params, sliding_window=config.sliding_window,
              dtype=dtype_name)
-    if config.architecture in ("llama", "qwen3"):
+    if config.architecture in ("llama", "qwen3", "qwen3_moe"):
         d["attention_bias"] = False
-    if config.architecture in ("qwen2", "qwen3"):
+    d.update(moe_hf_keys(config))
+    if config.architecture in ("qwen2", "qwen3", "qwen3_moe"):
         # Qwen reads sliding_window only when use_sliding_window is set, from layer 0 here.
         d.update(use_sliding_window=config.sliding_window is not None, max_window_layers=0)
     return d

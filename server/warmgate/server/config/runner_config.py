@@ -17,23 +17,16 @@ from typing import Any
 
 from warmgate.server.config import flag_values
 from warmgate.server.config.attention_backends import backend_available
+from warmgate.server.config.compilation_config import CompilationConfig
+from warmgate.server.config.config_error import ConfigError, _require
 from warmgate.server.config.flags import flag
 from warmgate.server.config.presets import MODEL_PRESETS, PRESET_MAX_POSITIONS, preset_names
 from warmgate.server.config.rope_config import RopeConfig
 
-
-class ConfigError(ValueError):
-    """A setting is out of range or contradicts another; the message names the setting."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field_name = field_name
-        self.message = message
-
-
-def _require(ok: bool, field_name: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(field_name, message)
+__all__ = ["ARCHITECTURES", "MOE_ARCHITECTURES", "CacheConfig", "CompilationConfig",
+           "ConfigError", "DeviceConfig", "ModelConfig", "ParallelConfig", "RunnerConfig",
+           "SchedulerConfig", "SpeculativeConfig", "cdiv", "default_cuda_graph_sizes",
+           "resolve_runner_config"]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -41,7 +34,9 @@ def cdiv(a: int, b: int) -> int:
 
 
 # The decoder variants runner.model implements (hf_config maps HF class names onto them).
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+# The Mixture-of-Experts variants: every layer's MLP is a routed set of SwiGLU experts.
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral")
 
 
 @dataclass(frozen=True)
@@ -58,7 +53,16 @@ class ModelConfig:
     intermediate_size: int = 128
     # Which decoder variant (ARCHITECTURES): llama and mistral share one layer; qwen2 adds
     # q/k/v projection biases; qwen3 adds a per-head RMSNorm on q and k before rotary.
+    # qwen3_moe is qwen3's attention over a routed MoE MLP, mixtral mistral's.
     architecture: str = "llama"
+    # Mixture of Experts (MOE_ARCHITECTURES only; 0 elsewhere): experts per layer, experts
+    # each token is routed to, and each expert's SwiGLU width.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    # Renormalise the top-k routing weights to sum to 1 (Mixtral always does; Qwen3-MoE's
+    # norm_topk_prob says).
+    norm_topk_prob: bool = False
     rope: RopeConfig = field(default_factory=RopeConfig)
     # Attention over the last `sliding_window` tokens only; None means full attention. Only
     # a window that never bites (>= max_model_len) is supported.
@@ -89,6 +93,26 @@ class ModelConfig:
                  f"sliding-window attention is not implemented: the window "
                  f"({self.sliding_window}) must be >= max_model_len ({self.max_model_len})")
         _require(self.rms_norm_eps > 0, "model.rms_norm_eps", "must be > 0")
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        if not self.is_moe:
+            _require(self.num_experts == 0 and self.num_experts_per_tok == 0
+                     and self.moe_intermediate_size == 0, "model.num_experts",
+                     f"must be 0: {self.architecture} is not a Mixture-of-Experts model")
+            return
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            _require(getattr(self, name) >= 1, f"model.{name}",
+                     f"must be >= 1 for {self.architecture}")
+        _require(self.num_experts_per_tok <= self.num_experts, "model.num_experts_per_tok",
+                 f"{self.num_experts_per_tok} exceeds num_experts ({self.num_experts})")
+        _require(self.norm_topk_prob or self.architecture != "mixtral", "model.norm_topk_prob",
+                 "mixtral always renormalises its top-k routing weights")
+
+    @property
+    def is_moe(self) -> bool:
+        """Every layer's MLP is a routed Mixture of Experts (runner.moe)."""
+        return self.architecture in MOE_ARCHITECTURES
 
     @property
     def qkv_bias(self) -> bool:
@@ -98,7 +122,7 @@ class ModelConfig:
     @property
     def qk_norm(self) -> bool:
         """q and k are RMS-normalised per head before rotary (Qwen3)."""
-        return self.architecture == "qwen3"
+        return self.architecture in ("qwen3", "qwen3_moe")
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
@@ -167,34 +191,6 @@ class DeviceConfig:
 
 
 @dataclass(frozen=True)
-class CompilationConfig:
-    # Uniform-decode batch sizes (in requests) to capture CUDA graphs for; None means auto.
-    cuda_graph_sizes: tuple[int, ...] | None = None
-    enable_cuda_graphs: bool = field(default=True, metadata=flag(
-        "--cuda-graphs", "capture uniform-decode CUDA graphs"))
-    # An eager prefill is host-bound (runner.cuda_graphs), hence graphs for ragged batches.
-    ragged_cuda_graphs: bool = field(default=True, metadata=flag(
-        "--ragged-cuda-graphs", "with --cuda-graphs, also capture prefill and mixed batches, "
-        "one graph per token bucket (triton backend; others run them eagerly)"))
-    # Attention stays eager (runner.compile_buckets). Off by default: compiling costs start-up.
-    compile: bool = field(default=False, metadata=flag(
-        "--compile", "torch.compile the model's dense layers, one graph per token bucket, all "
-        "compiled by the warmup's compile phase"))
-    # So cuBLAS picks its algorithms and size-specific kernels load before ready
-    # (warmup.gemm_shapes, warmup.sampler_rows).
-    shape_sweeps: bool = field(default=True, metadata=flag(
-        "--shape-sweeps", "on CUDA, run every dense GEMM shape a forward can meet outside a "
-        "CUDA graph (its eager token counts, the head's logits rows) and the sampler at every "
-        "batch size before ready, so no first batch of a new size waits for cuBLAS or kernel "
-        "loading"))
-
-    def __post_init__(self) -> None:
-        if self.cuda_graph_sizes is not None:
-            _require(all(s >= 1 for s in self.cuda_graph_sizes), "compilation.cuda_graph_sizes",
-                     "every size must be >= 1")
-
-
-@dataclass(frozen=True)
 class ParallelConfig:
     # Ranks the model is sharded over (Megatron tensor parallel, warmgate.server.distributed);
     # 1 is the single-process runner, unchanged.
@@ -222,6 +218,11 @@ class RunnerConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     compilation: CompilationConfig = field(default_factory=CompilationConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self) -> None:
+        _require(not self.model.is_moe or self.parallel.tensor_parallel_size == 1,
+                 "parallel.tensor_parallel_size", f"{self.model.architecture} (Mixture of "
+                 "Experts) runs on one GPU only: tensor parallel MoE is not implemented")
 
     @property
     def decode_query_len(self) -> int:

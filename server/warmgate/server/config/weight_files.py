@@ -17,6 +17,7 @@ from warmgate.server.config.hf_config import (
     max_position_embeddings,
     model_config_from_hf,
 )
+from warmgate.server.config.hf_moe import moe_weight_names
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.config.safetensors_header import TensorEntry, read_header
 
@@ -27,7 +28,8 @@ __all__ = ["MATCH_FIELDS", "TensorEntry", "check_config_matches", "expected_tens
 # on one would load garbage or fail half-way, so loading refuses up front.
 MATCH_FIELDS = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads",
                 "num_kv_heads", "head_dim", "intermediate_size", "tie_word_embeddings", "rope",
-                "rms_norm_eps", "sliding_window")
+                "rms_norm_eps", "sliding_window", "num_experts", "num_experts_per_tok",
+                "moe_intermediate_size", "norm_topk_prob")
 
 # Tensors some checkpoints carry that are not parameters of the reference model either.
 _NON_PARAMETER_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -48,10 +50,13 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "self_attn.v_proj.weight": (kv, h),
             p + "self_attn.o_proj.weight": (h, q),
             p + "post_attention_layernorm.weight": (h,),
-            p + "mlp.gate_proj.weight": (inter, h),
-            p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
         })
+        if config.is_moe:
+            out.update(_moe_shapes(config, i))
+        else:
+            out.update({p + "mlp.gate_proj.weight": (inter, h),
+                        p + "mlp.up_proj.weight": (inter, h),
+                        p + "mlp.down_proj.weight": (h, inter)})
         if config.qkv_bias:
             out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                         p + "self_attn.v_proj.bias": (kv,)})
@@ -59,6 +64,15 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
     if not config.is_pooling_model and not config.tie_word_embeddings:
         out["lm_head.weight"] = (config.vocab_size, h)
+    return out
+
+
+def _moe_shapes(config: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
+    h, inter = config.hidden_size, config.moe_intermediate_size
+    router, experts = moe_weight_names(config.architecture, layer, config.num_experts)
+    out: dict[str, tuple[int, ...]] = {router: (config.num_experts, h)}
+    for gate, up, down in experts:
+        out.update({gate: (inter, h), up: (inter, h), down: (h, inter)})
     return out
 
 

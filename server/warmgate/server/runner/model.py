@@ -2,7 +2,9 @@
 
 One decoder serves every supported architecture (config.ARCHITECTURES): Llama and Mistral are
 the plain layer, Qwen2 adds biases to the q/k/v projection, Qwen3 RMS-normalises each q and k
-head before rotary. The variants differ only inside `pre_attention`.
+head before rotary. The attention variants differ only inside `pre_attention`; Qwen3-MoE
+(Qwen3's attention) and Mixtral (Mistral's) replace the MLP with routed experts
+(runner.moe), the only change to `post_attention`.
 
 Projections are fused the way serving kernels want them (q/k/v in one matmul, gate/up in
 another); `weights.py` splits and fuses to and from Hugging Face tensor names. Attention is
@@ -25,6 +27,7 @@ from torch import nn
 
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.runner.attention.base import AttentionBackend, AttentionMetadata
+from warmgate.server.runner.moe import MoEBlock
 from warmgate.server.runner.ops import TorchOps, build_cos_sin_cache
 
 if TYPE_CHECKING:  # only a tensor-parallel runner builds one (warmgate.server.distributed)
@@ -68,8 +71,13 @@ class DecoderLayer(nn.Module):
         self.k_norm = _param(self.head_dim, **kw) if config.qk_norm else None  # [D]
         self.o_proj = _param(h, self.q_size, **kw)  # [H, Hq D]
         self.post_attention_layernorm = _param(h, **kw)  # [H]
-        self.gate_up_proj = _param(2 * inter, h, **kw)  # [2I, H]: gate rows, then up rows
-        self.down_proj = _param(h, inter, **kw)  # [H, I]
+        # A MoE layer's MLP is its routed experts (runner.moe); a dense one's is one SwiGLU.
+        self.moe = MoEBlock(config, device, dtype) if config.is_moe else None
+        self.gate_up_proj: nn.Parameter | None = None  # [2I, H]: gate rows, then up rows
+        self.down_proj: nn.Parameter | None = None  # [H, I]
+        if self.moe is None:
+            self.gate_up_proj = _param(2 * inter, h, **kw)
+            self.down_proj = _param(h, inter, **kw)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None,
                 positions: torch.Tensor, cos_sin_cache: torch.Tensor, kv_cache: torch.Tensor,
@@ -111,6 +119,9 @@ class DecoderLayer(nn.Module):
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         x, residual = ops.rms_norm(x, self.post_attention_layernorm, self.eps, residual)
+        if self.moe is not None:
+            return self.moe(x), residual
+        assert self.gate_up_proj is not None and self.down_proj is not None
         x = ops.silu_and_mul(F.linear(x, self.gate_up_proj))  # [T, I]
         x = F.linear(x, self.down_proj)
         if self.tp is not None:

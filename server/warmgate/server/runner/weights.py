@@ -30,6 +30,7 @@ from warmgate.server.config.weight_files import (
     read_header,
 )
 from warmgate.server.runner.model import LlamaModel
+from warmgate.server.runner.moe_weights import init_moe, moe_hf_views
 from warmgate.server.runner.weight_stream import stream_into
 
 if TYPE_CHECKING:
@@ -99,6 +100,10 @@ def init_random_weights(model: LlamaModel, seed: int) -> None:
                 norm.fill_(1.0)
         _normal(gen, q_full ** -0.5 * residual_scale, layer.o_proj, (h, q_full),
                 [(p + "self_attn.o_proj.weight", h, layer.o_proj)], tp)
+        if layer.moe is not None:
+            init_moe(layer.moe, gen, residual_scale)
+            continue
+        assert layer.gate_up_proj is not None and layer.down_proj is not None
         gate, up = layer.gate_up_proj.split(layer.gate_up_proj.shape[0] // 2)
         _normal(gen, h ** -0.5, layer.gate_up_proj, (2 * inter, h),
                 [(p + "mlp.gate_proj.weight", inter, gate), (p + "mlp.up_proj.weight", inter, up)],
@@ -118,7 +123,6 @@ def _hf_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         q, k, v = layer.qkv_proj.split([layer.q_size, layer.kv_size, layer.kv_size])
-        gate, up = layer.gate_up_proj.split(layer.gate_up_proj.shape[0] // 2)
         out.update({
             p + "input_layernorm.weight": layer.input_layernorm,
             p + "self_attn.q_proj.weight": q,
@@ -126,10 +130,14 @@ def _hf_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
             p + "self_attn.v_proj.weight": v,
             p + "self_attn.o_proj.weight": layer.o_proj,
             p + "post_attention_layernorm.weight": layer.post_attention_layernorm,
-            p + "mlp.gate_proj.weight": gate,
-            p + "mlp.up_proj.weight": up,
-            p + "mlp.down_proj.weight": layer.down_proj,
         })
+        if layer.moe is not None:
+            out.update(moe_hf_views(layer.moe, model.config.architecture, i))
+        else:
+            assert layer.gate_up_proj is not None and layer.down_proj is not None
+            gate, up = layer.gate_up_proj.split(layer.gate_up_proj.shape[0] // 2)
+            out.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+                        p + "mlp.down_proj.weight": layer.down_proj})
         if layer.qkv_bias is not None:
             qb, kb, vb = layer.qkv_bias.split([layer.q_size, layer.kv_size, layer.kv_size])
             out.update({p + "self_attn.q_proj.bias": qb, p + "self_attn.k_proj.bias": kb,
@@ -189,10 +197,13 @@ def load_weights(directory: str | Path, model: LlamaModel) -> int:
         logger.log(logging.WARNING if note.warning else logging.INFO, "model %s: %s: %s",
                    directory, note.key, note.text)
     cfg, rope = model.config, model.config.rope
-    logger.info("model %s: architecture %s, %d layers, %d/%d heads of %d, rope %s theta %g "
-                "factor %g, sliding window %s, max_model_len %d, tied head %s, dtype %s",
+    logger.info("model %s: architecture %s, %d layers, %d/%d heads of %d, %s, rope %s theta "
+                "%g factor %g, sliding window %s, max_model_len %d, tied head %s, dtype %s",
                 directory, cfg.architecture, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads,
-                cfg.head_dim, rope.rope_type, rope.theta, rope.factor, cfg.sliding_window,
+                cfg.head_dim, f"{cfg.num_experts} experts of {cfg.moe_intermediate_size} "
+                f"(top {cfg.num_experts_per_tok}, renormalised {cfg.norm_topk_prob})"
+                if cfg.is_moe else f"MLP {cfg.intermediate_size}",
+                rope.rope_type, rope.theta, rope.factor, cfg.sliding_window,
                 cfg.max_model_len, cfg.tie_word_embeddings,
                 str(model.dtype).removeprefix("torch."))
     start = time.perf_counter()

@@ -39,6 +39,8 @@ def layer_weights(model: Any) -> list[torch.Tensor]:
     for layer in model.layers:
         for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
             w = getattr(layer, name)
+            if w is None:  # a MoE layer's MLP is its experts' grouped kernel, not a GEMM
+                continue
             seen.setdefault((tuple(w.shape), w.dtype), w)
     return list(seen.values())
 

@@ -1,0 +1,36 @@
+"""How the runner compiles: CUDA graphs, torch.compile, the warmup's shape sweeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from warmgate.server.config.config_error import _require
+from warmgate.server.config.flags import flag
+
+
+@dataclass(frozen=True)
+class CompilationConfig:
+    # Uniform-decode batch sizes (in requests) to capture CUDA graphs for; None means auto.
+    cuda_graph_sizes: tuple[int, ...] | None = None
+    enable_cuda_graphs: bool = field(default=True, metadata=flag(
+        "--cuda-graphs", "capture uniform-decode CUDA graphs"))
+    # An eager prefill is host-bound (runner.cuda_graphs), hence graphs for ragged batches.
+    ragged_cuda_graphs: bool = field(default=True, metadata=flag(
+        "--ragged-cuda-graphs", "with --cuda-graphs, also capture prefill and mixed batches, "
+        "one graph per token bucket (triton backend; others run them eagerly)"))
+    # Attention stays eager (runner.compile_buckets). Off by default: compiling costs start-up.
+    compile: bool = field(default=False, metadata=flag(
+        "--compile", "torch.compile the model's dense layers, one graph per token bucket, all "
+        "compiled by the warmup's compile phase"))
+    # So cuBLAS picks its algorithms and size-specific kernels load before ready
+    # (warmup.gemm_shapes, warmup.sampler_rows).
+    shape_sweeps: bool = field(default=True, metadata=flag(
+        "--shape-sweeps", "on CUDA, run every dense GEMM shape a forward can meet outside a "
+        "CUDA graph (its eager token counts, the head's logits rows) and the sampler at every "
+        "batch size before ready, so no first batch of a new size waits for cuBLAS or kernel "
+        "loading"))
+
+    def __post_init__(self) -> None:
+        if self.cuda_graph_sizes is not None:
+            _require(all(s >= 1 for s in self.cuda_graph_sizes), "compilation.cuda_graph_sizes",
+                     "every size must be >= 1")
