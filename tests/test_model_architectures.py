@@ -21,7 +21,9 @@ PRESETS = [("llama-3.2-1b", "llama", False, False, True),
            ("llama-3.1-8b", "llama", False, False, False),
            ("qwen3-0.6b", "qwen3", False, True, True),
            ("qwen2.5-1.5b", "qwen2", True, False, True),
-           ("mistral-7b", "mistral", False, False, False)]
+           ("mistral-7b", "mistral", False, False, False),
+           ("qwen3-30b-a3b", "qwen3_moe", False, True, False),
+           ("mixtral-8x7b", "mixtral", False, False, False)]
 
 
 @pytest.mark.parametrize(("preset", "arch", "bias", "qk_norm", "tied"), PRESETS)
@@ -31,6 +33,19 @@ def test_preset_variant(preset: str, arch: str, bias: bool, qk_norm: bool, tied:
             config.tie_word_embeddings) == (arch, bias, qk_norm, tied)
     if preset.startswith("llama"):
         assert config.rope.rope_type == "llama3" and config.rope.theta == 500000.0
+    assert config.is_moe == (arch in ("qwen3_moe", "mixtral"))
+
+
+@pytest.mark.parametrize(("preset", "experts", "top_k", "width", "positions"), [
+    ("qwen3-30b-a3b", 128, 8, 768, 40960), ("mixtral-8x7b", 8, 2, 14336, 32768)])
+def test_moe_presets_route_as_published(preset: str, experts: int, top_k: int, width: int,
+                                        positions: int) -> None:
+    config = ModelConfig.from_preset(preset)
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
+            config.norm_topk_prob, config.rope.theta) == (experts, top_k, width, True, 1e6)
+    ModelConfig.from_preset(preset, max_model_len=positions)
+    with pytest.raises(ConfigError, match=r"model\.max_model_len"):
+        ModelConfig.from_preset(preset, max_model_len=positions + 1)
 
 
 def _key(config: RunnerConfig) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.test_startup_errors import assert_one_line_exit_2, run_server
 from warmgate.server.config.hf_config import ModelLoadError, hf_config_dict, read_model_dir
 from warmgate.server.config.runner_config import (
     ConfigError,
@@ -95,3 +96,10 @@ def test_tensor_parallel_moe_refused_naming_the_flag() -> None:
     with pytest.raises(ConfigError) as info:
         RunnerConfig(model=QWEN3_MOE, parallel=ParallelConfig(tensor_parallel_size=2))
     assert info.value.field_name == "parallel.tensor_parallel_size"
+
+
+def test_tensor_parallel_moe_server_exits_2_naming_the_flag() -> None:
+    assert_one_line_exit_2(
+        run_server("--model", "qwen3-30b-a3b", "--tensor-parallel-size", "2",
+                   "--warmup-only"),
+        "argument --tensor-parallel-size:", "tensor parallel MoE is not implemented")

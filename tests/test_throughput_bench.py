@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from warmgate.server.config.runner_config import ModelConfig
-from warmgate.server.devtools.roofline import Roofline, num_params, weight_bytes_per_step
+from warmgate.server.devtools.roofline import (
+    Roofline,
+    active_params,
+    num_params,
+    weight_bytes_per_step,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize(("preset", "published"), [
     # The parameter counts the checkpoints' model cards and safetensors indexes give.
     ("llama-3.2-1b", 1_235_814_400), ("llama-3.1-8b", 8_030_261_248),
-    ("qwen2.5-1.5b", 1_543_714_304), ("mistral-7b", 7_248_023_552)])
+    ("qwen2.5-1.5b", 1_543_714_304), ("mistral-7b", 7_248_023_552),
+    ("qwen3-30b-a3b", 30_532_122_624), ("mixtral-8x7b", 46_702_792_704)])
 def test_parameter_counts_match_the_published_ones(preset: str, published: int) -> None:
     assert num_params(ModelConfig.from_preset(preset)) == published
 
@@ -34,6 +40,25 @@ def test_the_roofline_reads_the_weights_once_and_every_streams_kv() -> None:
     many = Roofline.of(model, 64, 640, bytes_per_s=1e12)
     assert many.step_s - one.step_s == pytest.approx(64 * 640 * 2 * 32 * 8 * 128 * 2 / 1e12)
     assert many.tokens_per_s == pytest.approx(64 / many.step_s)
+
+
+@pytest.mark.parametrize(("preset", "active"), [
+    # Every weight but the experts a token is not routed to: 120 of Qwen3's 128 per layer,
+    # 6 of Mixtral's 8 ("3.3B activated", "12.9B active parameters" in the model cards).
+    ("qwen3-30b-a3b", 30_532_122_624 - 48 * 120 * 3 * 2048 * 768),
+    ("mixtral-8x7b", 46_702_792_704 - 32 * 6 * 3 * 4096 * 14336)])
+def test_a_moe_step_reads_only_the_experts_it_routes_to(preset: str, active: int) -> None:
+    model = ModelConfig.from_preset(preset)
+    assert active_params(model) == active
+    embed = model.vocab_size * model.hidden_size
+    assert weight_bytes_per_step(model) == 2 * (active - embed)
+    # More tokens touch more experts: towards every expert of every layer, never past it.
+    reads = [active_params(model, n) for n in (1, 2, 64, 4096)]
+    assert reads == sorted(reads) and reads[1] > reads[0]
+    assert reads[-1] == pytest.approx(num_params(model), rel=1e-6)
+    one, batch = Roofline.of(model, 1, 0), Roofline.of(model, 64, 0)
+    assert batch.step_s == pytest.approx(weight_bytes_per_step(model, tokens=64) / 4.8e12)
+    assert batch.step_s > one.step_s
 
 
 @pytest.mark.slow

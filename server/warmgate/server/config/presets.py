@@ -101,6 +101,46 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         max_model_len=8192,
         tie_word_embeddings=False,
     ),
+    # Qwen3-30B-A3B (config.json of Qwen/Qwen3-30B-A3B): Qwen3's attention, every layer a MoE
+    # of 128 experts, 8 per token, renormalised; intermediate_size is read by no layer.
+    "qwen3-30b-a3b": dict(
+        architecture="qwen3_moe",
+        vocab_size=151936,
+        hidden_size=2048,
+        num_layers=48,
+        num_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=6144,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        norm_topk_prob=True,
+        rope=RopeConfig(theta=1000000.0),
+        rms_norm_eps=1e-6,
+        max_model_len=8192,
+        tie_word_embeddings=False,
+    ),
+    # Mixtral-8x7B (config.json of mistralai/Mixtral-8x7B-Instruct-v0.1: sliding_window null):
+    # Mistral's attention, 8 experts of 14336, 2 per token. bf16 fits one H200 (93 GB).
+    "mixtral-8x7b": dict(
+        architecture="mixtral",
+        vocab_size=32000,
+        hidden_size=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=14336,
+        norm_topk_prob=True,
+        rope=RopeConfig(theta=1000000.0),
+        rms_norm_eps=1e-5,
+        max_model_len=8192,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -116,6 +156,8 @@ PRESET_MAX_POSITIONS: dict[str, int] = {
     "qwen3-0.6b": 40960,
     "qwen2.5-1.5b": 32768,
     "mistral-7b": 32768,
+    "qwen3-30b-a3b": 40960,
+    "mixtral-8x7b": 32768,
 }
 
 

@@ -2,7 +2,8 @@
 read comes from device memory at the memory's bandwidth.
 
 A decode step reads every weight once (the vocabulary head in full; an untied embedding table
-only by the rows it looks up, which this leaves out) and the KV cache of every token each
+only by the rows it looks up, which this leaves out; of a Mixture-of-Experts layer only the
+experts its tokens are routed to) and the KV cache of every token each
 stream attends to. At batch sizes where serving is memory-bound (decode, up to a few hundred
 streams on an H200), a step cannot beat this, and a step's time over it says how much of the
 hardware the engine uses.
@@ -18,13 +19,20 @@ from warmgate.server.config.runner_config import ModelConfig
 H200_HBM_BYTES_PER_S = 4.8e12
 
 
+def expert_params(model: ModelConfig) -> int:
+    """Parameters of one MoE expert (gate, up, down); 0 for a dense model."""
+    return 3 * model.hidden_size * model.moe_intermediate_size if model.is_moe else 0
+
+
 def layer_params(model: ModelConfig) -> int:
-    """Parameters of one decoder layer: attention projections, MLP, the two norms."""
+    """Parameters of one decoder layer: attention projections, MLP (a MoE layer's router and
+    all its experts), the two norms."""
     h, hd = model.hidden_size, model.head_dim
     q = h * model.num_heads * hd
     kv = 2 * h * model.num_kv_heads * hd
     o = model.num_heads * hd * h
-    mlp = 3 * h * model.intermediate_size
+    mlp = (model.num_experts * (expert_params(model) + h) if model.is_moe
+           else 3 * h * model.intermediate_size)
     bias = (model.num_heads + 2 * model.num_kv_heads) * hd if model.qkv_bias else 0
     qk_norm = 2 * hd if model.qk_norm else 0
     return q + kv + o + mlp + 2 * h + bias + qk_norm
@@ -37,10 +45,30 @@ def num_params(model: ModelConfig) -> int:
     return model.num_layers * layer_params(model) + embed + head + model.hidden_size
 
 
-def weight_bytes_per_step(model: ModelConfig, dtype_bytes: int = 2) -> int:
-    """Weight bytes a decode step reads: all but an untied embedding table."""
+def experts_touched(model: ModelConfig, tokens: int) -> float:
+    """Experts per layer a step of `tokens` tokens reads: every one of a dense model's one
+    MLP; for a MoE model the expected number of distinct experts when each token picks its
+    top-k uniformly, E * (1 - (1 - k/E)^tokens): k at one token, towards E as tokens grow."""
+    if not model.is_moe:
+        return 1.0
+    e, k = model.num_experts, model.num_experts_per_tok
+    return e * (1.0 - (1.0 - k / e) ** tokens)
+
+
+def active_params(model: ModelConfig, tokens: int = 1) -> float:
+    """Parameters a step of `tokens` tokens reads: all but the experts it does not route to
+    (for one token, the published "active" count: every non-expert weight and k experts)."""
+    if not model.is_moe:
+        return float(num_params(model))
+    idle = model.num_experts - experts_touched(model, tokens)
+    return num_params(model) - model.num_layers * idle * expert_params(model)
+
+
+def weight_bytes_per_step(model: ModelConfig, dtype_bytes: int = 2, tokens: int = 1) -> float:
+    """Weight bytes a decode step of `tokens` tokens reads: every active parameter but an
+    untied embedding table (looked up by row)."""
     unread = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
-    return (num_params(model) - unread) * dtype_bytes
+    return (active_params(model, tokens) - unread) * dtype_bytes
 
 
 def kv_bytes_per_token(model: ModelConfig, dtype_bytes: int = 2) -> int:
@@ -58,7 +86,7 @@ class Roofline:
            bytes_per_s: float = H200_HBM_BYTES_PER_S, dtype_bytes: int = 2) -> Roofline:
         """The decode step of `streams` streams whose KV caches hold `mean_context` tokens
         on average."""
-        read = (weight_bytes_per_step(model, dtype_bytes)
+        read = (weight_bytes_per_step(model, dtype_bytes, tokens=streams)
                 + streams * mean_context * kv_bytes_per_token(model, dtype_bytes))
         step = read / bytes_per_s
         return cls(step, streams / step)

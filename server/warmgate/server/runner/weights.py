@@ -159,27 +159,29 @@ def save_weights(model: LlamaModel, config: ModelConfig, directory: str | Path,
     directory.mkdir(parents=True, exist_ok=True)
     hf = hf_config_dict(config, str(model.dtype).removeprefix("torch."))
     (directory / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    shards: list[dict[str, torch.Tensor]] = [{}]
+    # Planned from sizes first and copied to the host one shard at a time: a MoE checkpoint
+    # (Mixtral-8x7B, 93 GB in bf16) would not fit in host memory all at once.
+    plan: list[list[tuple[str, torch.Tensor]]] = [[]]
     size = 0
     for name, t in _hf_tensors(model).items():
         nbytes = t.numel() * t.element_size()
-        if max_shard_bytes is not None and shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
+        if max_shard_bytes is not None and plan[-1] and size + nbytes > max_shard_bytes:
+            plan.append([])
             size = 0
-        # safetensors refuses views that share storage; each tensor gets its own copy.
-        shards[-1][name] = t.detach().to("cpu").contiguous().clone()
+        plan[-1].append((name, t))
         size += nbytes
-    if len(shards) == 1:
+    if len(plan) == 1:
         names = ["model.safetensors"]
     else:
-        names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-                 for i in range(len(shards))]
-        weight_map = {t: n for n, shard in zip(names, shards, strict=True) for t in shard}
+        names = [f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors" for i in range(len(plan))]
+        weight_map = {t: n for n, shard in zip(names, plan, strict=True) for t, _ in shard}
         (directory / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2) + "\n")
     paths = [directory / n for n in names]
-    for path, shard in zip(paths, shards, strict=True):
-        save_file(shard, str(path), metadata={"format": "pt"})
+    for path, shard in zip(paths, plan, strict=True):
+        # safetensors refuses views that share storage; each tensor gets its own copy.
+        tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in shard}
+        save_file(tensors, str(path), metadata={"format": "pt"})
     return paths
 
 
