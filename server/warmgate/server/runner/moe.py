@@ -39,7 +39,6 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool
     return weights, ids
 
 
-@torch.compiler.disable
 def torch_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The reference: each hit expert's SwiGLU over its tokens, weighted and summed."""
@@ -53,6 +52,16 @@ def torch_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         y = F.linear(act, w2[expert]) * weights[token_idx, slot, None]
         out[token_idx, slot] = y.to(out.dtype)
     return out.sum(dim=1)
+
+
+def experts_for(device: torch.device) -> ExpertsFn:
+    """The fused Triton kernel on CUDA (imported only there: importing it imports triton),
+    the torch reference elsewhere."""
+    if device.type != "cuda":
+        return torch_moe
+    from warmgate.server.kernels.fused_moe import fused_moe
+
+    return fused_moe
 
 
 class MoEBlock(nn.Module):
@@ -69,7 +78,10 @@ class MoEBlock(nn.Module):
         # [E, 2I, H]: each expert's gate rows, then its up rows
         self.w13 = nn.Parameter(torch.empty(e, 2 * inter, h, **kw), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(e, h, inter, **kw), requires_grad=False)  # [E, H, I]
-        self.experts: ExpertsFn = torch_moe if experts is None else experts
+        # A graph break under torch.compile: the reference's loop is data-dependent, and the
+        # kernel picks its own launch per token-count bucket.
+        self.experts: ExpertsFn = torch.compiler.disable(
+            experts_for(device) if experts is None else experts)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         weights, ids = route(F.linear(hidden, self.router), self.top_k, self.renormalize)

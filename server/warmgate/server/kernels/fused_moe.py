@@ -1,0 +1,189 @@
+"""The Mixture-of-Experts MLP as two grouped GEMMs over tokens sorted by expert.
+
+Each (token, slot) pair the router picked is one row of work. `align_by_expert` sorts the rows
+by expert and pads every expert's run to a multiple of BLOCK_M, so each BLOCK_M tile of the
+sorted order belongs to exactly one expert: a program multiplies its tile by that expert's
+weights alone. The first GEMM reads each row's token from the hidden states and computes the
+expert's gate and up columns together, storing silu(gate) * up (SwiGLU fused, no [rows, 2I]
+intermediate); the second multiplies by the expert's down projection and by the row's routing
+weight; the k rows of a token are then summed. Everything is fixed-shape and host-sync free
+(the padding is sized for the worst case, tiles past the real end return at once), so a
+forward with it can be captured in a CUDA graph.
+
+The launch configuration (BLOCK_M/N/K, warps, stages) depends on the token count: few tokens
+leave most of an expert's tile empty (small BLOCK_M), many fill large tiles. It is picked per
+token-count bucket from LAUNCH_TABLE, a fixed table, so serving never autotunes and the
+kernels a forward can launch are exactly one per bucket and GEMM (what a warmup must compile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from warmgate.server.kernels._launch import ieee_dots, upcast_dots
+
+
+@dataclass(frozen=True)
+class MoELaunch:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# (most tokens in the bucket, its launch). Small batches (decode) route few rows to each
+# expert, so a small BLOCK_M wastes little padding; prefill-sized batches fill big tiles.
+LAUNCH_TABLE: tuple[tuple[int, MoELaunch], ...] = (
+    (32, MoELaunch(16, 64, 64, 4, 3)),
+    (256, MoELaunch(32, 64, 64, 4, 3)),
+    (2048, MoELaunch(64, 128, 64, 8, 3)),
+    (2**62, MoELaunch(128, 128, 64, 8, 3)),
+)
+
+
+def launch_for(num_tokens: int) -> MoELaunch:
+    """The launch of the smallest bucket that holds num_tokens."""
+    return next(launch for most, launch in LAUNCH_TABLE if num_tokens <= most)
+
+
+def token_buckets() -> tuple[int, ...]:
+    """The bucket bounds (a warmup runs one token count per bucket it can meet)."""
+    return tuple(most for most, _ in LAUNCH_TABLE)
+
+
+def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids [T, k] -> (sorted_rows [R], tile_experts [R / block_m], num_padded [1]).
+
+    sorted_rows lists the flat (token * k + slot) rows expert by expert, each expert's run
+    padded to a multiple of block_m with T * k (no row); tile_experts is each tile's expert;
+    num_padded the padded length actually used. R is the worst case, so no shape depends on
+    the routing."""
+    flat = ids.reshape(-1)
+    num_rows = flat.numel()
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    starts = ends - padded
+    order = torch.argsort(flat, stable=True)  # rows grouped by expert, in row order
+    experts_sorted = flat[order]
+    rank = (torch.arange(num_rows, device=ids.device)
+            - (torch.cumsum(counts, 0) - counts)[experts_sorted])
+    capacity = triton.cdiv(num_rows + num_experts * (block_m - 1), block_m) * block_m
+    sorted_rows = torch.full((capacity,), num_rows, dtype=torch.int64, device=ids.device)
+    sorted_rows[starts[experts_sorted] + rank] = order
+    tile_starts = torch.arange(0, capacity, block_m, device=ids.device)
+    tile_experts = torch.searchsorted(ends, tile_starts, right=True).clamp_(max=num_experts - 1)
+    return sorted_rows, tile_experts, ends[-1:]
+
+
+# num_rows (tokens * k) changes with every batch: specialised on divisibility by 16 as Triton
+# does by default, a new token count could compile a second variant after the warmup.
+@triton.jit(do_not_specialize=["num_rows"])
+def _grouped_gemm_kernel(
+    a_ptr, b_ptr, c_ptr, weights_ptr, sorted_rows_ptr, tile_experts_ptr, num_padded_ptr,
+    N, K, num_rows,
+    stride_am, stride_be, stride_bn, stride_cm,
+    TOP_K: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One BLOCK_M x BLOCK_N tile of c = a[rows] @ b[expert]^T for one expert's rows.
+
+    GATED: a's row is the token (row // TOP_K), b holds N gate rows then N up rows, and the
+    tile stored is silu(gate) * up. Otherwise a's row is the row itself. MUL_WEIGHT scales
+    each row by its routing weight. Rows are stored at their own index in c."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.load(sorted_rows_ptr + offs_m)
+    valid = rows < num_rows
+    a_rows = rows // TOP_K if GATED else rows
+    expert = tl.load(tile_experts_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
+    b_ptrs = b_ptr + expert * stride_be + offs_n[None, :] * stride_bn + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, tl.cdiv(K, BLOCK_K)):
+        k_mask = offs_k < K - k0 * BLOCK_K
+        a = tl.load(a_ptrs, mask=valid[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if IEEE:
+            acc += tl.dot(a, b, input_precision="ieee")
+        else:
+            acc += tl.dot(a, b)
+        if GATED:
+            up = tl.load(b_ptrs + N * stride_bn, mask=k_mask[:, None] & n_mask[None, :],
+                         other=0.0)
+            if UPCAST:
+                up = up.to(tl.float32)
+            if IEEE:
+                acc_up += tl.dot(a, up, input_precision="ieee")
+            else:
+                acc_up += tl.dot(a, up)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    if GATED:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+    if MUL_WEIGHT:
+        acc = acc * tl.load(weights_ptr + rows, mask=valid, other=0.0)[:, None]
+    c_ptrs = c_ptr + rows[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
+
+
+def _grouped_gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, weights: torch.Tensor,
+                  aligned: tuple[torch.Tensor, torch.Tensor, torch.Tensor], top_k: int,
+                  gated: bool, launch: MoELaunch) -> None:
+    sorted_rows, tile_experts, num_padded = aligned
+    n = c.shape[1]
+    grid = (tile_experts.shape[0] * triton.cdiv(n, launch.block_n),)
+    _grouped_gemm_kernel[grid](
+        a, b, c, weights, sorted_rows, tile_experts, num_padded,
+        n, a.shape[1], c.shape[0],
+        a.stride(0), b.stride(0), b.stride(1), c.stride(0),
+        TOP_K=top_k, GATED=gated, MUL_WEIGHT=not gated,
+        UPCAST=upcast_dots(a), IEEE=ieee_dots(a.dtype),
+        BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
+        num_warps=launch.num_warps, num_stages=launch.num_stages)
+
+
+def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+              weights: torch.Tensor, ids: torch.Tensor,
+              launch: MoELaunch | None = None) -> torch.Tensor:
+    """hidden [T, H], w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], weights [T, k]
+    (float32), ids [T, k] -> [T, H]: sum over k of weight * down(silu(gate) * up), each row
+    through its own expert. `launch` overrides the table's (tests cross tile edges with it)."""
+    num_tokens, top_k = ids.shape
+    num_experts, hidden_size, inter = w2.shape
+    if w13.shape != (num_experts, 2 * inter, hidden_size) or hidden.shape[1] != hidden_size:
+        raise ValueError(f"fused_moe: hidden {tuple(hidden.shape)}, w13 {tuple(w13.shape)} and "
+                         f"w2 {tuple(w2.shape)} do not fit together")
+    if num_tokens == 0:
+        return hidden.new_zeros(0, hidden_size)
+    launch = launch_for(num_tokens) if launch is None else launch
+    hidden, w13, w2 = hidden.contiguous(), w13.contiguous(), w2.contiguous()
+    weights = weights.reshape(-1).float().contiguous()
+    aligned = align_by_expert(ids, num_experts, launch.block_m)
+    rows = num_tokens * top_k
+    act = torch.empty(rows, inter, dtype=hidden.dtype, device=hidden.device)  # [T k, I]
+    _grouped_gemm(hidden, w13, act, weights, aligned, top_k, True, launch)
+    out = torch.empty(rows, hidden_size, dtype=hidden.dtype, device=hidden.device)
+    _grouped_gemm(act, w2, out, weights, aligned, top_k, False, launch)
+    # k rows per token, summed in float32 as the reference's accumulation would be.
+    return out.view(num_tokens, top_k, hidden_size).float().sum(dim=1).to(hidden.dtype)
