@@ -148,3 +148,18 @@ def test_the_compile_phase_sweeps_only_on_cuda_and_only_when_enabled() -> None:
     off = dataclasses.replace(runner.config, compilation=dataclasses.replace(
         runner.config.compilation, shape_sweeps=False))
     assert off.config_hash() != runner.config.config_hash()
+
+
+def test_a_moe_layers_sweep_has_its_router_and_no_dense_mlp() -> None:
+    """The router is a cuBLAS GEMM at every token count; the experts are the fused kernel."""
+    from warmgate.server.config.runner_config import ModelConfig
+    from warmgate.server.runner.model import LlamaModel
+    from warmgate.server.runner.ops import TorchOps
+
+    config = ModelConfig(architecture="qwen3_moe", num_experts=6, num_experts_per_tok=2,
+                         moe_intermediate_size=24)
+    model = LlamaModel(config, TorchOps(), None, torch.device("cpu"), torch.float32)
+    layer = model.layers[0]
+    assert layer.moe is not None and layer.gate_up_proj is None
+    assert {tuple(w.shape) for w in layer_weights(model)} == {
+        tuple(layer.qkv_proj.shape), tuple(layer.o_proj.shape), (6, config.hidden_size)}

@@ -34,14 +34,15 @@ GemmPlan = list[tuple[torch.Tensor, list[int]]]
 
 
 def layer_weights(model: Any) -> list[torch.Tensor]:
-    """One weight per distinct (shape, dtype) of the decoder layers' projections."""
+    """One weight per distinct (shape, dtype) of the decoder layers' projections (a MoE
+    layer's router; its experts run a grouped Triton kernel, not cuBLAS)."""
     seen: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
     for layer in model.layers:
-        for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
-            w = getattr(layer, name)
-            if w is None:  # a MoE layer's MLP is its experts' grouped kernel, not a GEMM
-                continue
-            seen.setdefault((tuple(w.shape), w.dtype), w)
+        moe = getattr(layer, "moe", None)
+        weights = [getattr(layer, n) for n in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")]
+        for w in [*weights, None if moe is None else moe.router]:
+            if w is not None:
+                seen.setdefault((tuple(w.shape), w.dtype), w)
     return list(seen.values())
 
 
