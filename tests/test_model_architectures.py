@@ -74,3 +74,15 @@ def test_bad_model_settings_name_their_field() -> None:
         RopeConfig(rope_type="dynamic")
     with pytest.raises(RopeError, match="original_max_position_embeddings"):
         RopeConfig(rope_type="yarn", factor=4.0)
+
+
+def test_cache_key_tells_moe_routing_apart() -> None:
+    """Experts, top-k and expert width shape the compiled MoE kernels and the router."""
+    moe = ModelConfig(architecture="mixtral", num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=128, norm_topk_prob=True)
+    base = RunnerConfig(model=moe)
+    keys = {_key(base)}
+    for change in ({"num_experts": 8}, {"num_experts_per_tok": 1},
+                   {"moe_intermediate_size": 64}):
+        keys.add(_key(dataclasses.replace(base, model=dataclasses.replace(moe, **change))))
+    assert len(keys) == 4
