@@ -86,3 +86,11 @@ def test_cache_key_tells_moe_routing_apart() -> None:
                    {"moe_intermediate_size": 64}):
         keys.add(_key(dataclasses.replace(base, model=dataclasses.replace(moe, **change))))
     assert len(keys) == 4
+
+
+def test_a_dense_models_cache_key_names_no_moe_field() -> None:
+    """A dense model's key is what it was before MoE existed, so its cache entries still hit."""
+    fields = key_inputs(resolve_runner_config(RunnerConfig(), cuda_available=False),
+                        gpu={"name": "cpu"})["model"]
+    assert not {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                "norm_topk_prob"} & set(fields)

@@ -25,8 +25,10 @@ VERSIONED_DISTS = ("warmgate", "torch", "triton", "flashinfer-python")
 # fields) decides the cos/sin values baked into a graph when it is traced with them as constants.
 _MODEL_FIELDS = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads",
                  "num_kv_heads", "head_dim", "intermediate_size", "max_model_len", "rope",
-                 "rms_norm_eps", "tie_word_embeddings", "is_pooling_model", "num_experts",
-                 "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob")
+                 "rms_norm_eps", "tie_word_embeddings", "is_pooling_model")
+# Only a MoE model's key names them: a dense model's key (and its cache entries) stays as it
+# was before MoE existed.
+_MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob")
 ABSENT = "absent"
 
 
@@ -74,7 +76,8 @@ def key_inputs(config: RunnerConfig, *, gpu: Mapping[str, str] | None = None,
     }
     return {
         "schema": KEY_SCHEMA,
-        "model": {name: _plain(getattr(m, name)) for name in _MODEL_FIELDS},
+        "model": {name: _plain(getattr(m, name))
+                  for name in _MODEL_FIELDS + (_MOE_FIELDS if m.num_experts else ())},
         "dtype": config.device.dtype,
         "device_type": config.device.device.split(":", 1)[0],
         "attention_backend": config.device.attention_backend,
