@@ -95,6 +95,27 @@ class ServingRequest:
         """Tokens it may still generate before max_tokens."""
         return self.params.max_tokens - len(self.output_token_ids)
 
+    def tokens_to_keep(self, tokens: list[int], max_model_len: int
+                       ) -> tuple[list[int], FinishReason | None]:
+        """Of a step's sampled tokens, those up to the first stop condition, and that
+        condition, for a request without a grammar: the scheduler's per-token checks (a stop
+        token, then max_tokens, then max_model_len, each after the token is appended) as
+        three cut points, read before the tokens are appended."""
+        cut, reason = len(tokens), None
+        stop_ids = self.params.stop_token_ids
+        if stop_ids:
+            for i, token in enumerate(tokens):
+                if token in stop_ids:
+                    cut, reason = i + 1, FinishReason.STOP
+                    break
+        # The n-th token appended leaves num_tokens_left - n; the request ends at <= 0.
+        for limit, why in ((self.num_tokens_left, FinishReason.LENGTH),
+                           (max_model_len - self.num_tokens, FinishReason.MAX_MODEL_LEN)):
+            limit = max(1, limit)
+            if limit < cut or (limit == cut and reason is None):
+                cut, reason = limit, why
+        return tokens[:cut], reason
+
 
 @dataclass(frozen=True)
 class StepEvent:
@@ -115,3 +136,17 @@ class StepEvent:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     # The whole prompt's, on the request's first event with tokens, when it asked.
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+
+def merge_events(events: list[StepEvent]) -> StepEvent:
+    """Several steps' events of one request as one (in order; none carries an error): the
+    tokens a slow reader let pile up, sent in its next message."""
+    if len(events) == 1:
+        return events[0]
+    last = events[-1]
+    return StepEvent(
+        last.req_id, [t for e in events for t in e.token_ids], last.time_s,
+        sum(e.num_draft_tokens for e in events),
+        sum(e.num_accepted_draft_tokens for e in events), last.finish_reason, last.usage,
+        logprobs=[lp for e in events for lp in e.logprobs],
+        prompt_logprobs=[lp for e in events for lp in e.prompt_logprobs])
