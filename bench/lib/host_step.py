@@ -2,7 +2,8 @@
 (the `tiny` preset on the CPU), N streams in steady decode, each step split into its parts.
 
     python bench/serve.py host-step [--streams 128 --prompt-len 64 --steps 60] \
-        [--baseline REF] --model tiny --max-num-seqs 128 --num-speculative-steps 3
+        [--baseline REF] [--num-speculative-steps 3]   (and any other runner flag; defaults:
+        the tiny model on the CPU, --max-num-seqs 128, --max-model-len 1024, a budget of 8192)
 
 Parts (milliseconds per step, each part's median over the timed steps):
   schedule   Scheduler.schedule (which requests, drafts, blocks, the SchedulerOutput)
@@ -108,8 +109,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from warmgate.server.serving.request import ServingRequest
     from warmgate.server.serving.scheduler import Scheduler
 
-    config = runner_config(args)
-    runner, _, _ = build(config)
+    runner, _, _ = build(runner_config(args))
+    config = runner.config  # resolved: the KV blocks it allocated
     k = config.speculative.num_speculative_steps
     arrival = time.perf_counter()
     scheduler = Scheduler(SchedulerLimits.of_config(config))
@@ -178,7 +179,7 @@ def baseline(ref: str, argv: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str], prog: str | None = None) -> int:
-    from warmgate.server.devtools.runner_setup import add_runner_args
+    from warmgate.server.config.server_config import RUNNER_FLAGS, add_options
 
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 allow_abbrev=False)
@@ -189,7 +190,11 @@ def main(argv: list[str], prog: str | None = None) -> int:
     p.add_argument("--baseline", metavar="REF",
                    help="also measure git commit REF's server (e.g. main), back to back")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
-    add_runner_args(p)
+    # The server's runner flags; a model whose forward is small, and a budget and length
+    # that prefill every stream at once and leave room for the timed steps at k=3.
+    add_options(p, RUNNER_FLAGS, environ={}, defaults={
+        "--device": "cpu", "--model": "tiny", "--max-num-seqs": "128",
+        "--max-model-len": "1024", "--max-num-batched-tokens": "8192"})
     args = p.parse_args(argv)
     if args.json:
         import json
