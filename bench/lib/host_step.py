@@ -101,6 +101,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Per-part medians (seconds) over the timed steps, the step count and the tokens' hash."""
     import random
 
+    import torch
+
     from warmgate.server.devtools.runner_setup import build, runner_config
     from warmgate.server.runner.scheduler_output import SamplingParams
     from warmgate.server.serving.limits import SchedulerLimits
@@ -109,6 +111,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from warmgate.server.serving.request import ServingRequest
     from warmgate.server.serving.scheduler import Scheduler
 
+    # One thread: the forward is not what is measured, and torch's threads spinning against
+    # another process on a shared CPU made it 20x slower in some runs.
+    torch.set_num_threads(1)
     runner, _, _ = build(runner_config(args))
     config = runner.config  # resolved: the KV blocks it allocated
     k = config.speculative.num_speculative_steps
@@ -189,6 +194,8 @@ def main(argv: list[str], prog: str | None = None) -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--baseline", metavar="REF",
                    help="also measure git commit REF's server (e.g. main), back to back")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measurements of each tree, alternated with --baseline")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     # The server's runner flags; a model whose forward is small, and a budget and length
     # that prefill every stream at once and leave room for the timed steps at k=3.
@@ -204,23 +211,28 @@ def main(argv: list[str], prog: str | None = None) -> int:
     rest = [a for i, a in enumerate(argv)
             if a != "--baseline" and (i == 0 or argv[i - 1] != "--baseline")
             and not a.startswith("--baseline=")]
-    rows = []
-    if args.baseline:
-        base = baseline(args.baseline, rest)
-        rows += table(args.baseline[:10], base)
-    now = measure(args)
+    rows: list[str] = []
+    base: list[dict[str, Any]] = []
+    now: list[dict[str, Any]] = []
+    for _ in range(args.rounds):  # alternated, so drift in the machine's load hits both
+        if args.baseline:
+            base.append(baseline(args.baseline, rest))
+            rows += table(args.baseline[:10], base[-1])
+        now.append(measure(args))
+        rows += table("this tree", now[-1])
     print(f"{args.streams} streams in steady decode, prompt {args.prompt_len}, "
-          f"{now['steps']} timed steps, k={args.num_speculative_steps}, "
-          f"max_num_seqs {args.max_num_seqs}, model {args.model}, {now['backend']} attention "
+          f"{now[0]['steps']} timed steps, k={args.num_speculative_steps}, "
+          f"max_num_seqs {args.max_num_seqs}, model {args.model}, {now[0]['backend']} attention "
           f"on {args.device}; ms per step, each part's median over the steps; host: step - "
           "forward")
     print(header())
-    print("\n".join([*rows, *table("this tree", now)]))
+    print("\n".join(rows))
     if args.baseline:
-        print(f"step time this tree / {args.baseline}: "
-              f"{now['median']['step'] / base['median']['step']:.2f}, host time (step - forward) "
-              f"{hostt(now) / hostt(base):.2f}; tokens "
-              f"{'equal' if now['tokens'] == base['tokens'] else 'DIFFER'}")
+        ratio = statistics.median(hostt(n) for n in now) / statistics.median(
+            hostt(b) for b in base)
+        same = {r["tokens"] for r in now} == {r["tokens"] for r in base}
+        print(f"host time (step - forward), median over rounds, this tree / {args.baseline}: "
+              f"{ratio:.2f}; tokens {'equal' if same else 'DIFFER'}")
     return 0
 
 
