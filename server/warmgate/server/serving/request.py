@@ -95,27 +95,6 @@ class ServingRequest:
         """Tokens it may still generate before max_tokens."""
         return self.params.max_tokens - len(self.output_token_ids)
 
-    def tokens_to_keep(self, tokens: list[int], max_model_len: int
-                       ) -> tuple[list[int], FinishReason | None]:
-        """Of a step's sampled tokens, those up to the first stop condition, and that
-        condition, for a request without a grammar: the scheduler's per-token checks (a stop
-        token, then max_tokens, then max_model_len, each after the token is appended) as
-        three cut points, read before the tokens are appended."""
-        cut, reason = len(tokens), None
-        stop_ids = self.params.stop_token_ids
-        if stop_ids:
-            for i, token in enumerate(tokens):
-                if token in stop_ids:
-                    cut, reason = i + 1, FinishReason.STOP
-                    break
-        # The n-th token appended leaves num_tokens_left - n; the request ends at <= 0.
-        for limit, why in ((self.num_tokens_left, FinishReason.LENGTH),
-                           (max_model_len - self.num_tokens, FinishReason.MAX_MODEL_LEN)):
-            limit = max(1, limit)
-            if limit < cut or (limit == cut and reason is None):
-                cut, reason = limit, why
-        return tokens[:cut], reason
-
 
 @dataclass(frozen=True)
 class StepEvent:

@@ -246,23 +246,21 @@ class Scheduler:
     def _append(self, req: ServingRequest, tokens: list[int], now: float, num_drafts: int,
                 accepted: int, logprobs: list[TokenLogprobs]) -> StepEvent:
         """Append sampled tokens up to the first stop condition; finish the request there."""
-        if req.grammar is None:
-            kept, reason = req.tokens_to_keep(tokens, self.limits.max_model_len)
-            req.output_token_ids += kept
-        else:
-            kept, reason = [], None
-            for token in tokens:
-                kept.append(token)
-                req.output_token_ids.append(token)
-                # A grammar ends once complete and past the EOS it then allows (vLLM's rule).
-                if req.grammar.accept(token) or token in req.params.stop_token_ids:
-                    reason = FinishReason.STOP
-                elif req.num_tokens_left <= 0:
-                    reason = FinishReason.LENGTH
-                elif req.num_tokens >= self.limits.max_model_len:
-                    reason = FinishReason.MAX_MODEL_LEN
-                if reason is not None:
-                    break
+        kept: list[int] = []
+        reason: FinishReason | None = None
+        for token in tokens:
+            kept.append(token)
+            req.output_token_ids.append(token)
+            # A grammar ends once complete and past the EOS it then allows (vLLM's rule).
+            grammar_done = req.grammar is not None and req.grammar.accept(token)
+            if grammar_done or token in req.params.stop_token_ids:
+                reason = FinishReason.STOP
+            elif req.num_tokens_left <= 0:
+                reason = FinishReason.LENGTH
+            elif req.num_tokens >= self.limits.max_model_len:
+                reason = FinishReason.MAX_MODEL_LEN
+            if reason is not None:
+                break
         if req.drafter is not None:
             req.drafter.extend(kept)
         if req.usage.first_token_s is None:
