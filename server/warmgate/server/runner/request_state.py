@@ -52,7 +52,9 @@ class RequestState:
                          f"scheduled but the runner holds only {self.num_tokens}")
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__, and a
+# step makes one per scheduled request. Nobody changes one.
+@dataclass(slots=True)
 class ScheduledRequest:
     """One request's part of the current step."""
 
@@ -67,8 +69,7 @@ class ScheduledRequest:
     num_logits_rows: int = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "num_logits_rows",
-                           1 + len(self.draft_token_ids) if self.needs_logits else 0)
+        self.num_logits_rows = 1 + len(self.draft_token_ids) if self.needs_logits else 0
 
     @property
     def req_id(self) -> str:

@@ -96,7 +96,9 @@ class ServingRequest:
         return self.params.max_tokens - len(self.output_token_ids)
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass's __init__ goes through object.__setattr__ per field, 1.5 us
+# an event against 0.5 here, and a step makes one per running request. Nobody changes one.
+@dataclass(slots=True)
 class StepEvent:
     """What one step produced for one request (sent to its stream)."""
 
