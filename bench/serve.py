@@ -15,6 +15,8 @@ COMMANDS = {
                                        "end-to-end percentiles, output tokens/s"),
     "throughput": Command("throughput.py", "output tok/s, ITL and TTFT at a sweep of "
                                            "concurrent streams against the HBM roofline"),
+    "host-step": Command("host_step.py", "host time per served step on the CPU, split into "
+                                         "schedule, prepare, forward, sample, update, respond"),
     "decode-latency": Command("decode_latency.py", "decode step time: CUDA graphs vs eager, "
                                                    "each attention backend vs torch"),
     "kernels": Command("kernels_gpu.py", "the Triton paged decode attention kernel vs SDPA"),

@@ -38,7 +38,7 @@ from warmgate.server.core.failures import describe_failure, is_out_of_memory
 from warmgate.server.serving.limits import SchedulerLimits
 from warmgate.server.serving.loop import ServingLoop
 from warmgate.server.serving.ngram import NgramIndex
-from warmgate.server.serving.request import ServingRequest, StepEvent, Usage
+from warmgate.server.serving.request import ServingRequest, StepEvent, Usage, merge_events
 from warmgate.server.telemetry.serving_metrics import ServingMetrics
 from warmgate.server.text.model_text import ModelText
 from warmgate.v1 import generate_pb2 as gen_pb
@@ -89,6 +89,22 @@ def _usage_to_proto(req: ServingRequest, usage: Usage, completion: int) -> gen_p
         num_draft_tokens=usage.num_draft_tokens,
         num_accepted_draft_tokens=usage.num_accepted_draft_tokens,
         queue_time_s=scheduled - req.arrival_s, time_to_first_token_s=first_token - req.arrival_s)
+
+
+def _coalesce(first: StepEvent, queue: asyncio.Queue[StepEvent]
+              ) -> tuple[StepEvent, StepEvent | None]:
+    """first and every event already queued behind it as one (a reader slower than the
+    steps gets all its tokens in its next message, so the queue never grows by more than the
+    steps it was away); an error queued behind tokens is returned second, for after them."""
+    if first.error is not None or first.finish_reason is not None or queue.empty():
+        return first, None
+    events = [first]
+    while not queue.empty() and events[-1].finish_reason is None:
+        event = queue.get_nowait()
+        if event.error is not None:
+            return merge_events(events), event
+        events.append(event)
+    return merge_events(events), None
 
 
 class GenerationService(gen_grpc.GenerationServicer):
@@ -142,9 +158,11 @@ class GenerationService(gen_grpc.GenerationServicer):
             self._metrics.observe_features(req.params, structured=grammar is not None)
         queue = self._driver.submit(req)
         outcome = "cancelled"
+        held: StepEvent | None = None  # an error that followed tokens still to send
         try:
             while True:
-                event = await queue.get()
+                event = held if held is not None else await queue.get()
+                event, held = _coalesce(event, queue)
                 if event.error is not None:
                     outcome = "error"
                     raise _stream_error(event.error)

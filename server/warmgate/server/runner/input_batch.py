@@ -8,13 +8,14 @@ storage and replay after padding it in place.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from warmgate.server.runner.attention.base import AttentionMetadata
-from warmgate.server.runner.batch import is_prefilling, is_uniform_decode
+from warmgate.server.runner.batch import is_uniform_decode
 from warmgate.server.runner.request_state import RequestState, ScheduledRequest
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams, SchedulerOutput
 
@@ -41,6 +42,8 @@ class StepInputs:
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [num_logits_rows] int64, rows of the step's hidden states
     logits_req_ids: list[str]  # [num_logits_rows], the request each logits row belongs to
+    # Every request still reading its prompt (batch.is_prefilling): a PREFILL batch.
+    all_prefill: bool = False
 
     @property
     def req_ids(self) -> list[str]:
@@ -118,20 +121,26 @@ class InputBatch:
         return scheduled
 
     def prepare_inputs(self, scheduled: list[ScheduledRequest]) -> StepInputs:
-        """Fill the host buffers for this step, then copy each to the device once."""
+        """Fill the host buffers for this step, then copy each to the device once. One pass
+        over the step's requests gathers their numbers; everything per token is numpy."""
         if self._copies_done is not None:
             self._copies_done.synchronize()
-        query_lens = np.array([s.num_scheduled_tokens for s in scheduled], dtype=np.int64)
-        computed = np.array([s.num_computed_tokens for s in scheduled], dtype=np.int64)
+        num_reqs = len(scheduled)
+        query_lens = np.fromiter((s.num_scheduled_tokens for s in scheduled), np.int64, num_reqs)
+        computed = np.fromiter((s.num_computed_tokens for s in scheduled), np.int64, num_reqs)
+        prompt_lens = np.fromiter((len(s.state.prompt_token_ids) for s in scheduled), np.int64,
+                                  num_reqs)
         positions = self._fill_positions(query_lens, computed)
         self._fill_slot_mapping(scheduled, query_lens, positions)
         rows, row_req_ids = self._fill_token_ids(scheduled)
-        meta = self._metadata(scheduled, query_lens, computed)
+        prefilling = computed < prompt_lens  # batch.is_prefilling, per request
+        meta = self._metadata(num_reqs, query_lens, computed, any_prefill=bool(prefilling.any()))
         inputs = StepInputs(scheduled=scheduled,
                             input_ids=self.input_ids.copy_to_device(meta.num_tokens),
                             positions=meta.positions, meta=meta,
                             logits_indices=self.logits_indices.copy_to_device(rows),
-                            logits_req_ids=row_req_ids)
+                            logits_req_ids=row_req_ids,
+                            all_prefill=bool(prefilling.all()))
         if self._copies_done is not None:
             self._copies_done.record()
         return inputs
@@ -151,12 +160,17 @@ class InputBatch:
 
     def _fill_slot_mapping(self, scheduled: list[ScheduledRequest], query_lens: np.ndarray,
                            positions: np.ndarray) -> None:
-        """The block table, and the KV slot each token writes to."""
+        """The block table (every request's blocks scattered in one numpy assignment), and
+        the KV slot each token writes to."""
         num_reqs = len(scheduled)
         table = self.block_table.np
         table[:num_reqs] = 0  # stale ids from an earlier step would point at live blocks
-        for i, s in enumerate(scheduled):
-            table[i, :len(s.state.block_ids)] = s.state.block_ids
+        lens = np.fromiter((len(s.state.block_ids) for s in scheduled), np.int64, num_reqs)
+        flat = np.fromiter(itertools.chain.from_iterable(s.state.block_ids for s in scheduled),
+                           np.int32, int(lens.sum()))
+        starts = np.cumsum(lens) - lens
+        cols = np.arange(len(flat)) - np.repeat(starts, lens)
+        table[np.repeat(np.arange(num_reqs), lens), cols] = flat
         token_req = np.repeat(np.arange(num_reqs), query_lens)  # [T]
         block_idx = positions // self.block_size
         self.slot_mapping.np[:len(positions)] = (table[token_req, block_idx].astype(np.int64)
@@ -164,26 +178,32 @@ class InputBatch:
 
     def _fill_token_ids(self, scheduled: list[ScheduledRequest]) -> tuple[int, list[str]]:
         """Input token ids (drafts last in each request) and the hidden-state rows that need
-        logits; returns the number of those rows and the request of each."""
-        qsl = self.query_start_loc.np
+        logits (each request's last num_logits_rows query rows); returns the number of those
+        rows and the request of each."""
         ids: list[int] = []
-        rows: list[int] = []
         row_req_ids: list[str] = []
-        for i, s in enumerate(scheduled):
+        for s in scheduled:
             ids += s.state.input_token_ids(s.num_computed_tokens,
-                                           s.num_scheduled_tokens - s.num_draft_tokens)
+                                           s.num_scheduled_tokens - len(s.draft_token_ids))
             ids += s.draft_token_ids
-            end = int(qsl[i + 1])
-            rows += range(end - s.num_logits_rows, end)
-            row_req_ids += [s.req_id] * s.num_logits_rows
-        self.input_ids.np[:int(qsl[len(scheduled)])] = ids
-        self.logits_indices.np[:len(rows)] = rows
-        return len(rows), row_req_ids
+            if s.num_logits_rows == 1:
+                row_req_ids.append(s.state.req_id)
+            elif s.num_logits_rows:
+                row_req_ids += [s.state.req_id] * s.num_logits_rows
+        num_reqs = len(scheduled)
+        num_rows = np.fromiter((s.num_logits_rows for s in scheduled), np.int64, num_reqs)
+        ends = self.query_start_loc.np[1:num_reqs + 1].astype(np.int64)
+        total = int(num_rows.sum())
+        # Row j of request i: ends[i] - num_rows[i] + (j's offset among i's rows).
+        offsets = np.arange(total) - np.repeat(np.cumsum(num_rows) - num_rows, num_rows)
+        self.logits_indices.np[:total] = np.repeat(ends - num_rows, num_rows) + offsets
+        self.input_ids.np[:len(ids)] = ids
+        return total, row_req_ids
 
-    def _metadata(self, scheduled: list[ScheduledRequest], query_lens: np.ndarray,
-                  computed: np.ndarray) -> AttentionMetadata:
+    def _metadata(self, num_reqs: int, query_lens: np.ndarray, computed: np.ndarray, *,
+                  any_prefill: bool) -> AttentionMetadata:
         """Attention metadata over device views of the filled buffers (copied here)."""
-        num_reqs, num_tokens = len(scheduled), int(query_lens.sum())
+        num_tokens = int(query_lens.sum())
         max_query_len = int(query_lens.max())
         return AttentionMetadata(
             num_reqs=num_reqs, num_tokens=num_tokens, max_query_len=max_query_len,
@@ -196,7 +216,5 @@ class InputBatch:
             query_start_loc_cpu=self.query_start_loc.cpu[:num_reqs + 1],
             seq_lens_cpu=self.seq_lens.cpu[:num_reqs],
             block_table_cpu=self.block_table.cpu[:num_reqs],
-            is_uniform_decode=is_uniform_decode(
-                num_tokens, num_reqs, max_query_len, self.decode_query_len,
-                any_prefill=any(is_prefilling(s.num_computed_tokens, s.state.num_prompt_tokens)
-                                for s in scheduled)))
+            is_uniform_decode=is_uniform_decode(num_tokens, num_reqs, max_query_len,
+                                                self.decode_query_len, any_prefill=any_prefill))

@@ -21,7 +21,7 @@ from warmgate.server.jit import BatchShape, JitMonitor
 from warmgate.server.jit.events import COMMUNICATOR_SETUP, CUDA_GRAPH_MISS
 from warmgate.server.runner.attention import AttentionSpec, create_backend
 from warmgate.server.runner.attention.base import AttentionMetadata
-from warmgate.server.runner.batch import classify_batch, is_prefilling
+from warmgate.server.runner.batch import BatchKind
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.loading import allocate_kv, load_model, load_stats
@@ -236,11 +236,10 @@ class ModelRunner(RunnerSettings):
         return self._forward(input_ids, positions, self.kv_caches, meta)
 
     def _batch_shape(self, inputs: StepInputs) -> BatchShape:
-        s = inputs.scheduled
-        kind = classify_batch([r.num_scheduled_tokens for r in s], self.decode_query_len,
-                              [is_prefilling(r.num_computed_tokens, r.state.num_prompt_tokens)
-                               for r in s])
+        """classify_batch's answer, from what prepare_inputs already worked out."""
         meta = inputs.meta
+        kind = (BatchKind.UNIFORM_DECODE if meta.is_uniform_decode
+                else BatchKind.PREFILL if inputs.all_prefill else BatchKind.MIXED)
         return BatchShape(kind.value, meta.num_reqs, meta.num_tokens, meta.max_query_len)
 
     @property

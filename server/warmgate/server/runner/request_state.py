@@ -40,6 +40,8 @@ class RequestState:
         n_prompt = len(self.prompt_token_ids)
         if start + count <= n_prompt:
             return self.prompt_token_ids[start:start + count]
+        if start >= n_prompt and start + count <= self.num_tokens:  # a decode: outputs only
+            return self.output_token_ids[start - n_prompt:start - n_prompt + count]
         if start + count <= self.num_tokens:
             stream = self.prompt_token_ids + self.output_token_ids
             return stream[start:start + count]
@@ -50,7 +52,9 @@ class RequestState:
                          f"scheduled but the runner holds only {self.num_tokens}")
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__, and a
+# step makes one per scheduled request. Nobody changes one.
+@dataclass(slots=True)
 class ScheduledRequest:
     """One request's part of the current step."""
 
@@ -60,6 +64,12 @@ class ScheduledRequest:
     # Tokens this step, drafts included.
     num_scheduled_tokens: int
     draft_token_ids: tuple[int, ...] = ()
+    # Read several times a step by the input preparation, the sampler and the bitmask, all
+    # before the step's tokens are appended to state: fixed once here.
+    num_logits_rows: int = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.num_logits_rows = 1 + len(self.draft_token_ids) if self.needs_logits else 0
 
     @property
     def req_id(self) -> str:
@@ -80,8 +90,3 @@ class ScheduledRequest:
         chunks sample nothing."""
         num_inputs = self.num_scheduled_tokens - self.num_draft_tokens
         return self.num_computed_tokens + num_inputs >= self.state.num_tokens
-
-    @property
-    def num_logits_rows(self) -> int:
-        """The last 1 + k query rows need logits: k drafts to verify plus the bonus row."""
-        return 1 + self.num_draft_tokens if self.needs_logits else 0

@@ -96,7 +96,9 @@ class ServingRequest:
         return self.params.max_tokens - len(self.output_token_ids)
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass's __init__ goes through object.__setattr__ per field, 1.5 us
+# an event against 0.5 here, and a step makes one per running request. Nobody changes one.
+@dataclass(slots=True)
 class StepEvent:
     """What one step produced for one request (sent to its stream)."""
 
@@ -115,3 +117,17 @@ class StepEvent:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     # The whole prompt's, on the request's first event with tokens, when it asked.
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+
+def merge_events(events: list[StepEvent]) -> StepEvent:
+    """Several steps' events of one request as one (in order; none carries an error): the
+    tokens a slow reader let pile up, sent in its next message."""
+    if len(events) == 1:
+        return events[0]
+    last = events[-1]
+    return StepEvent(
+        last.req_id, [t for e in events for t in e.token_ids], last.time_s,
+        sum(e.num_draft_tokens for e in events),
+        sum(e.num_accepted_draft_tokens for e in events), last.finish_reason, last.usage,
+        logprobs=[lp for e in events for lp in e.logprobs],
+        prompt_logprobs=[lp for e in events for lp in e.prompt_logprobs])
