@@ -26,6 +26,7 @@ pytest.importorskip("triton")
 from triton.runtime.interpreter import InterpretedFunction
 
 from tests.paged_reference import rel_err, tolerance
+from warmgate.server.kernels import batch_invariant
 from warmgate.server.kernels.batch_invariant import (
     _matmul_kernel,
     log_softmax,
@@ -97,10 +98,27 @@ def test_matmul_row_is_batch_invariant(dtype: torch.dtype) -> None:
     _assert_invariant(lambda batch: matmul(batch, w), rows, MATMUL_BATCH_SIZES)
 
 
-def test_matmul_tiles_ignore_the_row_count() -> None:
-    assert matmul_tiles(4096, 4096) == matmul_tiles(4096, 4096)
+def test_matmul_launch_ignores_the_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every compile-time choice of the launch (tiles, warps, stages, dot flags) is the same for
+    1 row as for 72. On the GPU another BLOCK_M is another instruction schedule; the
+    interpreter's per-tile products would hide that, so the launch itself is recorded."""
+    launches: list[dict[str, object]] = []
+
+    class Recorder:
+        def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
+            def launch(*args: object, **kwargs: object) -> None:
+                launches.append(kwargs)
+            return launch
+
+    monkeypatch.setattr(batch_invariant, "_matmul_kernel", Recorder())
+    w = torch.zeros(160, 80, device=DEVICE)  # [N, K]
+    for m in MATMUL_BATCH_SIZES:
+        matmul(torch.zeros(m, 80, device=DEVICE), w)
+    assert len(launches) == len(MATMUL_BATCH_SIZES)
+    assert all(kw == launches[0] for kw in launches), launches
     tiles = matmul_tiles(160, 80)
     assert (tiles.block_m, tiles.block_n, tiles.block_k) == (64, 128, 64)
+    assert launches[0]["BLOCK_M"] == tiles.block_m
 
 
 def test_default_torch_matmul_is_not_batch_invariant_here() -> None:
