@@ -10,7 +10,7 @@ accepted drafts as computed).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,21 @@ def save_tiny(directory: Path) -> Path:
     runner = make_runner()
     save_weights(runner.model, runner.config.model, directory)
     return directory
+
+
+def copy_model_dir(saved: Path, target: Path,
+                   edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """A copy of a saved model directory (config.json, model.safetensors), its config edited
+    in place by `edit` first."""
+    import json
+
+    target.mkdir(exist_ok=True)
+    config = json.loads((saved / "config.json").read_text())
+    if edit is not None:
+        edit(config)
+    (target / "config.json").write_text(json.dumps(config))
+    (target / "model.safetensors").write_bytes((saved / "model.safetensors").read_bytes())
+    return target
 
 
 def prompt(n: int, offset: int = 0, vocab: int = 512) -> list[int]:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file, save_file
 
-from tests.runner_helpers import save_tiny, tiny_config, with_model
+from tests.runner_helpers import copy_model_dir, save_tiny, tiny_config, with_model
 from warmgate.server.config.config_notes import ConfigNote
 from warmgate.server.config.hf_config import ModelLoadError, read_model_dir
 from warmgate.server.runner.model_runner import ModelRunner
@@ -30,14 +30,6 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("tiny"))
 
 
-def _copy(saved: Path, target: Path, edit: Edit | None = None) -> Path:
-    target.mkdir(exist_ok=True)
-    config = json.loads((saved / "config.json").read_text())
-    if edit is not None:
-        edit(config)
-    (target / "config.json").write_text(json.dumps(config))
-    (target / "model.safetensors").write_bytes((saved / "model.safetensors").read_bytes())
-    return target
 
 
 def _notes(notes: tuple[ConfigNote, ...], key: str) -> list[ConfigNote]:
@@ -48,7 +40,7 @@ def test_rope_scaling_wins_over_rope_parameters_with_its_own_theta(saved: Path,
                                                                    tmp_path: Path) -> None:
     """transformers reads `rope_scaling or rope_parameters`; the loser's rope_theta is never
     read, so theta is the top-level one, else 10000."""
-    directory = _copy(saved, tmp_path / "m", lambda c: c.update(
+    directory = copy_model_dir(saved, tmp_path / "m", lambda c: c.update(
         rope_parameters=dict(LLAMA3), rope_scaling={"rope_type": "linear", "factor": 4.0}))
     config, notes = read_model_dir(directory)
     assert (config.rope.rope_type, config.rope.factor, config.rope.theta) == ("linear", 4.0,
@@ -60,7 +52,7 @@ def test_rope_scaling_wins_over_rope_parameters_with_its_own_theta(saved: Path,
 
 def test_rope_keys_that_agree_load_with_an_info_note(saved: Path, tmp_path: Path) -> None:
     scaling = {k: v for k, v in LLAMA3.items() if k != "rope_theta"}
-    directory = _copy(saved, tmp_path / "m", lambda c: c.update(
+    directory = copy_model_dir(saved, tmp_path / "m", lambda c: c.update(
         rope_parameters=dict(LLAMA3), rope_scaling=scaling, rope_theta=500000.0))
     config, notes = read_model_dir(directory)
     assert config.rope.rope_type == "llama3" and config.rope.theta == 500000.0
@@ -69,7 +61,7 @@ def test_rope_keys_that_agree_load_with_an_info_note(saved: Path, tmp_path: Path
 
 
 def test_an_empty_rope_scaling_leaves_rope_parameters(saved: Path, tmp_path: Path) -> None:
-    directory = _copy(saved, tmp_path / "m", lambda c: c.update(
+    directory = copy_model_dir(saved, tmp_path / "m", lambda c: c.update(
         rope_parameters=dict(LLAMA3), rope_scaling={}))
     config, notes = read_model_dir(directory)
     assert config.rope.rope_type == "llama3" and not _notes(notes, "rope_scaling")
@@ -117,7 +109,7 @@ PAIRS: dict[str, tuple[Edit, str, bool, Callable[[Any], Any], Any]] = {
 def test_each_pair_resolves_as_transformers_with_a_note(case: str, saved: Path,
                                                         tmp_path: Path) -> None:
     edit, key, warning, value_of, want = PAIRS[case]
-    directory = _copy(saved, tmp_path / "m", edit)
+    directory = copy_model_dir(saved, tmp_path / "m", edit)
     config, notes = read_model_dir(directory)
     assert value_of(config) == want
     found = _notes(notes, key)
@@ -125,7 +117,7 @@ def test_each_pair_resolves_as_transformers_with_a_note(case: str, saved: Path,
 
 
 def test_null_kv_heads_mean_all_heads(saved: Path, tmp_path: Path) -> None:
-    directory = _copy(saved, tmp_path / "m", lambda c: c.update(
+    directory = copy_model_dir(saved, tmp_path / "m", lambda c: c.update(
         architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=None,
         num_key_value_heads=None))
     config, notes = read_model_dir(directory)
@@ -135,7 +127,7 @@ def test_null_kv_heads_mean_all_heads(saved: Path, tmp_path: Path) -> None:
 
 def test_model_type_disagreeing_with_architectures_is_refused(saved: Path,
                                                               tmp_path: Path) -> None:
-    directory = _copy(saved, tmp_path / "m", lambda c: c.update(model_type="qwen2"))
+    directory = copy_model_dir(saved, tmp_path / "m", lambda c: c.update(model_type="qwen2"))
     with pytest.raises(ModelLoadError) as info:
         read_model_dir(directory)
     assert str(info.value).startswith(f"{directory / 'config.json'}: model_type: ")
@@ -150,7 +142,7 @@ def _set_head(directory: Path, head_from: str) -> None:
 
 def test_a_tied_config_over_a_different_head_keeps_the_files_head(saved: Path,
                                                                   tmp_path: Path) -> None:
-    directory = _copy(saved, tmp_path / "m", lambda c: c.update(tie_word_embeddings=True))
+    directory = copy_model_dir(saved, tmp_path / "m", lambda c: c.update(tie_word_embeddings=True))
     config, notes = read_model_dir(directory)
     assert config.tie_word_embeddings is False
     [note] = _notes(notes, "lm_head.weight")
@@ -161,7 +153,7 @@ def test_a_tied_config_over_a_different_head_keeps_the_files_head(saved: Path,
 
 
 def test_a_tied_config_over_an_equal_head_is_tied(saved: Path, tmp_path: Path) -> None:
-    directory = _copy(saved, tmp_path / "m", lambda c: c.update(tie_word_embeddings=True))
+    directory = copy_model_dir(saved, tmp_path / "m", lambda c: c.update(tie_word_embeddings=True))
     _set_head(directory, "model.embed_tokens.weight")
     config, notes = read_model_dir(directory)
     assert config.tie_word_embeddings is True
@@ -173,7 +165,7 @@ def test_a_tied_config_over_an_equal_head_is_tied(saved: Path, tmp_path: Path) -
 
 def test_the_load_logs_every_note_once(saved: Path, tmp_path: Path,
                                        caplog: pytest.LogCaptureFixture) -> None:
-    directory = _copy(saved, tmp_path / "m", lambda c: c.update(
+    directory = copy_model_dir(saved, tmp_path / "m", lambda c: c.update(
         tie_word_embeddings=True, rope_parameters=dict(LLAMA3),
         rope_scaling={"rope_type": "linear", "factor": 4.0}))
     config, notes = read_model_dir(directory, max_model_len=128)

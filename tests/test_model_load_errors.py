@@ -3,7 +3,6 @@ ModelLoadError line naming the file and the key, and `warmgate-server` exits 2 o
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.runner_helpers import save_tiny, tiny_config, with_model
+from tests.runner_helpers import copy_model_dir, save_tiny, tiny_config, with_model
 from warmgate.server.config.hf_config import ModelLoadError, model_config_from_hf
 from warmgate.server.runner.model_runner import ModelRunner
 
@@ -27,15 +26,6 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("tiny"))
 
 
-def _copy(saved: Path, target: Path, edit: Callable[[dict[str, Any]], None] | None = None,
-          ) -> Path:
-    target.mkdir(exist_ok=True)
-    config = json.loads((saved / "config.json").read_text())
-    if edit is not None:
-        edit(config)
-    (target / "config.json").write_text(json.dumps(config))
-    (target / "model.safetensors").write_bytes((saved / "model.safetensors").read_bytes())
-    return target
 
 
 CONFIG_EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
@@ -92,7 +82,7 @@ CONFIG_EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
 @pytest.mark.parametrize("case", list(CONFIG_EDITS))
 def test_config_json_key_is_named(case: str, saved: Path, tmp_path: Path) -> None:
     edit, key = CONFIG_EDITS[case]
-    directory = _copy(saved, tmp_path / "m", edit)
+    directory = copy_model_dir(saved, tmp_path / "m", edit)
     with pytest.raises(ModelLoadError) as info:
         model_config_from_hf(directory)
     message = str(info.value)
@@ -102,13 +92,13 @@ def test_config_json_key_is_named(case: str, saved: Path, tmp_path: Path) -> Non
 
 def test_mistral_window_fits_a_shorter_max_model_len(saved: Path, tmp_path: Path) -> None:
     edit, _ = CONFIG_EDITS["mistral window"]
-    config = model_config_from_hf(_copy(saved, tmp_path / "m", edit), max_model_len=4096)
+    config = model_config_from_hf(copy_model_dir(saved, tmp_path / "m", edit), max_model_len=4096)
     assert config.architecture == "mistral" and config.sliding_window == 4096
 
 
 def test_a_null_mistral_window_is_full_attention(saved: Path, tmp_path: Path) -> None:
     """Mistral v0.3 writes sliding_window null: no window, unlike an absent key."""
-    directory = _copy(saved, tmp_path / "m", lambda c: c.update(
+    directory = copy_model_dir(saved, tmp_path / "m", lambda c: c.update(
         architectures=["MistralForCausalLM"], model_type="mistral",
         max_position_embeddings=32768, sliding_window=None))
     config = model_config_from_hf(directory)
@@ -120,7 +110,7 @@ def _load(directory: Path) -> None:
 
 
 def test_a_tensor_the_architecture_lacks_is_refused(saved: Path, tmp_path: Path) -> None:
-    directory = _copy(saved, tmp_path / "m")
+    directory = copy_model_dir(saved, tmp_path / "m")
     tensors = load_file(str(directory / "model.safetensors"))
     tensors["model.layers.0.self_attn.o_proj.bias"] = tensors["model.norm.weight"].clone()
     save_file(tensors, str(directory / "model.safetensors"))
@@ -131,7 +121,7 @@ def test_a_tensor_the_architecture_lacks_is_refused(saved: Path, tmp_path: Path)
 
 def test_rotary_buffers_are_not_parameters(saved: Path, tmp_path: Path) -> None:
     """Some checkpoints carry each layer's rotary inv_freq; the reference ignores it too."""
-    directory = _copy(saved, tmp_path / "m")
+    directory = copy_model_dir(saved, tmp_path / "m")
     tensors = load_file(str(directory / "model.safetensors"))
     tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
     save_file(tensors, str(directory / "model.safetensors"))
@@ -139,7 +129,7 @@ def test_rotary_buffers_are_not_parameters(saved: Path, tmp_path: Path) -> None:
 
 
 def test_a_missing_qwen2_bias_is_named(saved: Path, tmp_path: Path) -> None:
-    directory = _copy(saved, tmp_path / "m", lambda c: c.update(
+    directory = copy_model_dir(saved, tmp_path / "m", lambda c: c.update(
         architectures=["Qwen2ForCausalLM"], model_type="qwen2"))
     with pytest.raises(ModelLoadError, match=r"self_attn\.[qkv]_proj\.bias: missing tensor"):
         ModelRunner(with_model(tiny_config(), weights_path=str(directory),
@@ -158,7 +148,7 @@ def _server_exit(directory: Path) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 def test_server_exits_2_with_one_line_on_a_bad_config(saved: Path, tmp_path: Path) -> None:
     edit, key = CONFIG_EDITS["rope type"]
-    proc = _server_exit(_copy(saved, tmp_path / "m", edit))
+    proc = _server_exit(copy_model_dir(saved, tmp_path / "m", edit))
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -167,7 +157,7 @@ def test_server_exits_2_with_one_line_on_a_bad_config(saved: Path, tmp_path: Pat
 
 @pytest.mark.slow
 def test_server_exits_2_with_one_line_on_a_bad_tensor(saved: Path, tmp_path: Path) -> None:
-    directory = _copy(saved, tmp_path / "m")
+    directory = copy_model_dir(saved, tmp_path / "m")
     tensors = load_file(str(directory / "model.safetensors"))
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, str(directory / "model.safetensors"))
