@@ -13,6 +13,7 @@
 #            --mode configs)
 #   breakdown  the first request's TTFT split into the serving loop's parts against the steady
 #            ones (bench/warm.py first-request --mode breakdown), at the fixed configuration
+#   breakdown-k3  the same at the random configurations' worst, k=3 (the open question)
 #   OUT=/tmp/out PARTS="tests fixed" bash bench/gpu_first_request.sh
 # Every output lands in one tarball, $OUT/gpu-first-request.tgz (a device call brings back a
 # limited number of files); the summaries go to stdout.
@@ -85,6 +86,17 @@ breakdown)
     timeout 120 python3 bench/warm.py first-request --mode breakdown --gap-s 0.5 --repeats 20 \
       --prompt-len 300 --model "$MODEL" --device cuda --attention-backend $arm $SHAPE \
       --log-level WARNING 2>&1 | tee -a "$OUT/h200-first-request-breakdown.txt" | tail -4
+  done ;;
+breakdown-k3)
+  # The random configurations' worst (k=3, 69 seqs, budget 6603, length 12665, a 392-token
+  # prompt), split into the serving loop's parts: where a k>0 first request's time goes.
+  for b in flashinfer triton; do
+    stage "breakdown at k=3: $b"
+    timeout 150 python3 bench/warm.py first-request --mode breakdown --gap-s 0.3 --repeats 30 \
+      --prompt-len 392 --model "$MODEL" --device cuda --attention-backend $b \
+      --num-speculative-steps 3 --max-num-seqs 69 --max-num-batched-tokens 6603 \
+      --max-model-len 12665 --log-level WARNING 2>&1 \
+      | tee -a "$OUT/h200-first-request-breakdown-k3.txt" | tail -4
   done ;;
 *) echo "unknown part: $part"; exit 2 ;;
 esac; done
