@@ -18,7 +18,8 @@ import random
 import statistics
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+
+from method_timer import time_calls
 
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.errors import WarmgateRpcError
@@ -32,33 +33,21 @@ LOG: list[tuple[str, float, float]] = []
 PARTS = ("step", "schedule", "execute_model", "sample_tokens", "update")
 
 
-def _wrap(cls: Any, name: str) -> Any:
-    """Log (name, start, seconds) of every call of cls.name, from whichever thread; returns
-    the original."""
-    orig = getattr(cls, name)
-
-    @functools.wraps(orig)
-    def timed(*a: Any, **k: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return orig(*a, **k)
-        finally:
-            LOG.append((name, t, time.perf_counter() - t))
-
-    setattr(cls, name, timed)
-    return orig
+def _log(name: str, start: float, seconds: float) -> None:
+    """(name, start, seconds) of one call, from whichever thread made it."""
+    LOG.append((name, start, seconds))
 
 
 @contextlib.contextmanager
 def instrumented() -> Iterator[None]:
     timed = ((ServingLoop, "step"), (Scheduler, "schedule"), (Scheduler, "update"),
              (ModelRunner, "execute_model"), (ModelRunner, "sample_tokens"))
-    originals = [(cls, name, _wrap(cls, name)) for cls, name in timed]
+    undo = [time_calls(cls, name, functools.partial(_log, name)) for cls, name in timed]
     try:
         yield
     finally:
-        for cls, name, orig in originals:
-            setattr(cls, name, orig)
+        for restore in undo:
+            restore()
 
 
 async def one(c: AsyncWarmgateClient, prompt: list[int]) -> dict[str, float]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import hashlib
 import os
 import statistics
@@ -34,6 +33,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from method_timer import time_calls
+
 PARTS = ("schedule", "prepare", "forward", "sample", "update", "respond", "other", "step")
 LOG: dict[str, float] = {}  # the current step's seconds per part
 STEPS: list[dict[str, float]] = []  # each finished step's
@@ -41,21 +42,13 @@ STEPS: list[dict[str, float]] = []  # each finished step's
 
 def _timed(owner: Any, name: str, part: str) -> Callable[[], None]:
     """Add the seconds of every call of owner.name to LOG[part]; returns the undo."""
-    orig = getattr(owner, name)
+    def record(_start: float, seconds: float) -> None:
+        LOG[part] = LOG.get(part, 0.0) + seconds
+        if part == "step":
+            STEPS.append(dict(LOG))
+            LOG.clear()
 
-    @functools.wraps(orig)
-    def timed(*a: Any, **k: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return orig(*a, **k)
-        finally:
-            LOG[part] = LOG.get(part, 0.0) + time.perf_counter() - t
-            if part == "step":
-                STEPS.append(dict(LOG))
-                LOG.clear()
-
-    setattr(owner, name, timed)
-    return lambda: setattr(owner, name, orig)
+    return time_calls(owner, name, record)
 
 
 @contextlib.contextmanager
