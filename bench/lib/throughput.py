@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 
 from load_gen import run_load
 
+from warmgate.server.config.startup_checks import SERVED_DTYPE_BYTES
 from warmgate.server.devtools.load_stats import Summary, summarize
 from warmgate.server.devtools.roofline import H200_HBM_BYTES_PER_S, Roofline
 from warmgate.server.devtools.server_process import ServerProcess
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     flags = shlex.split(args.server_args)
     config = load_server_config(flags, environ={})  # the model's shapes, for the roofline
     model = config.runner.model
-    dtype_bytes = 4 if config.runner.device.dtype == "float32" else 2
+    dtype_bytes = SERVED_DTYPE_BYTES[config.runner.device.dtype]
     mean_context = args.prompt_len + args.output_len / 2
     rows: list[Row] = []
     with ServerProcess(flags, device=None, start_timeout_s=READY_TIMEOUT_S,

@@ -34,7 +34,8 @@ def check_attention_backend(runner: RunnerConfig, environ: Mapping[str, str]) ->
                           f"{backend} was asked for but its Python package is not installed")
 
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Bytes per element of each --dtype the runner serves in (resolved: never "auto").
+SERVED_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # int32 block ids; the input batch keeps a host copy and a device copy of the table.
 _BLOCK_TABLE_BYTES = 4 * 2
 
@@ -45,7 +46,7 @@ def length_sized_bytes(runner: RunnerConfig) -> dict[str, int]:
     cos/sin cache, the paged KV cache and the block tables."""
     model, cache = runner.model, runner.cache
     assert cache.num_blocks is not None  # resolved
-    page = 2 * cache.block_size * model.num_kv_heads * model.head_dim * _DTYPE_BYTES.get(
+    page = 2 * cache.block_size * model.num_kv_heads * model.head_dim * SERVED_DTYPE_BYTES.get(
         runner.device.dtype, 4)
     return {"rope cache": model.max_model_len * model.head_dim * 4,
             "KV cache": model.num_layers * cache.num_blocks * page,
