@@ -40,6 +40,8 @@ def load_script(relative: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    # Registered as an import would be: dataclasses look their module up there.
+    sys.modules[spec.name] = module
     sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
