@@ -26,7 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from warmgate.server.config.runner_config import ModelConfig
-from warmgate.server.runner.attention.base import AttentionBackend, AttentionMetadata
+from warmgate.server.runner.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    RopeInput,
+)
 from warmgate.server.runner.moe import MoEBlock
 from warmgate.server.runner.ops import TorchOps, build_cos_sin_cache
 
@@ -83,19 +87,23 @@ class DecoderLayer(nn.Module):
                 positions: torch.Tensor, cos_sin_cache: torch.Tensor, kv_cache: torch.Tensor,
                 backend: AttentionBackend, meta: AttentionMetadata,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        q, k, v, residual = self.pre_attention(hidden, residual, positions, cos_sin_cache)
-        attn = backend.forward(self.layer_idx, q, k, v, kv_cache, meta)  # [T, Hq, D]
+        # A backend that fuses rope rotates q and k inside its cache write (kernels.rope_cache).
+        fused = backend.fuses_rope
+        q, k, v, residual = self.pre_attention(hidden, residual, positions, cos_sin_cache,
+                                               rotate=not fused)
+        rope = RopeInput(positions, cos_sin_cache) if fused else None
+        attn = backend.forward(self.layer_idx, q, k, v, kv_cache, meta, rope)  # [T, Hq, D]
         return self.post_attention(attn.reshape(hidden.shape[0], self.q_size), residual)
 
     # The two dense halves are separate methods because attention reads ragged metadata and
     # stays eager: runner.compiled_forward compiles exactly these two.
     def pre_attention(self, hidden: torch.Tensor, residual: torch.Tensor | None,
                       positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-                      ops: TorchOps | None = None,
+                      ops: TorchOps | None = None, rotate: bool = True,
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Norm, fused q/k/v projection (with bias), per-head q/k norm, rotary. Returns
-        q [T, Hq, D], k and v [T, Hk, D], and the residual [T, H]. `ops` overrides the
-        layer's ops (the compiled path)."""
+        """Norm, fused q/k/v projection (with bias), per-head q/k norm, rotary (unless not
+        `rotate`: the attention backend applies it). Returns q [T, Hq, D], k and v [T, Hk, D],
+        and the residual [T, H]. `ops` overrides the layer's ops (the compiled path)."""
         ops = self.ops if ops is None else ops
         num_tokens = hidden.shape[0]
         x, residual = ops.rms_norm(hidden, self.input_layernorm, self.eps, residual)
@@ -107,7 +115,8 @@ class DecoderLayer(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = _per_head_rms_norm(ops, q, self.q_norm, self.eps)
             k = _per_head_rms_norm(ops, k, self.k_norm, self.eps)
-        q, k = ops.rotary(q, k, positions, cos_sin_cache)
+        if rotate:
+            q, k = ops.rotary(q, k, positions, cos_sin_cache)
         return q, k, v, residual
 
     def post_attention(self, attn: torch.Tensor, residual: torch.Tensor,
