@@ -4,13 +4,16 @@ exactly the result of the full sort; top-k without top-p runs no nucleus pass.""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import torch
 
-from warmgate.server.runner.sampling import warpers
+from tests.runner_helpers import MiniScheduler, make_runner, prompt
+from warmgate.server.runner.sampling import Sampler, SeededStream, warpers
+from warmgate.server.runner.sampling.rows import TokenHistory
 from warmgate.server.runner.sampling.warpers import choose_tokens, top_k_top_p
 from warmgate.server.runner.scheduler_output import SamplingParams
 
@@ -100,3 +103,40 @@ def test_top_k_without_top_p_runs_no_nucleus_pass(monkeypatch: pytest.MonkeyPatc
     assert calls == []
     top_k_top_p(x, [SamplingParams(top_k=10, top_p=0.9), SamplingParams(top_k=20)])
     assert calls == ["softmax", "cumsum"]
+
+
+def _mixed_params() -> list[SamplingParams]:
+    return [SamplingParams(temperature=0.0),
+            SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=1),
+            SamplingParams(temperature=1.0, min_p=0.05, seed=2),
+            SamplingParams(temperature=0.7, repetition_penalty=1.3, seed=3),
+            SamplingParams(temperature=0.0, presence_penalty=0.5)]
+
+
+def test_bf16_logits_sample_as_their_float32_copy() -> None:
+    """compute_logits hands the sampler the model's dtype: every path must choose exactly the
+    tokens the float32 copy of the same logits gives (the copy holds the same values)."""
+    x = (torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(4)) * 4).bfloat16()
+    params = _mixed_params()
+    histories = [TokenHistory((1, 2, 3), (int(x[i].float().argmax()), 7)) for i in range(5)]
+    streams = [SeededStream(p.seed, 2) if p.seed is not None else None for p in params]
+    sampler = Sampler()
+    got = sampler.sample(x, params, streams, histories)
+    want = sampler.sample(x.float(), params, streams, histories)
+    assert torch.equal(got, want)
+    bitmask = torch.full((5, -(-VOCAB // 32)), -1, dtype=torch.int32)
+    bitmask[:, 0] = 0  # tokens 0..31 forbidden everywhere
+    if importlib.util.find_spec("xgrammar") is not None:
+        got = sampler.sample(x, params, streams, histories, bitmask)
+        assert torch.equal(got, sampler.sample(x.float(), params, streams, histories, bitmask))
+        assert bool((got >= 32).all())
+
+
+def test_a_runner_keeps_its_logits_in_the_model_dtype() -> None:
+    runner = make_runner(dtype="bfloat16")
+    sched = MiniScheduler(runner)
+    sched.add("r", prompt(5))
+    out = sched.step()
+    logits = sched.logits_of("r")
+    assert logits.dtype == torch.bfloat16  # no float32 copy of [rows, V] per step
+    assert out is not None and out.sampled_token_ids == [[int(logits[-1].argmax())]]

@@ -186,9 +186,16 @@ class LlamaModel(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [N, H] -> float32 logits [N, V]."""
+        """hidden: [N, H] -> logits [N, V] in the model's dtype.
+
+        Not upcast here: a float32 copy was a second pass over [N, V] (and a third, the
+        argmax, read it again). A greedy step's argmax reads the logits once as they are; the
+        sampler upcasts on the paths that compute with them (processors, grammar mask,
+        temperature) and logprobs upcast the rows they read. A float32 copy of bf16 holds the
+        same values, so no token or probability changes.
+        """
         if self.config.is_pooling_model:
             raise RuntimeError("compute_logits: a pooling model has no language-model head")
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        logits = F.linear(hidden, head).float()
+        logits = F.linear(hidden, head)
         return logits if self.tp is None else self.tp.gather_logits(logits)
