@@ -36,7 +36,7 @@ def choose_num_splits(num_reqs: int, num_kv_heads: int, max_context_len: int,
 
     max_context_len must be the capacity (max_blocks_per_req * block_size), never this step's
     longest sequence: a captured graph replays with other lengths. A shorter sequence leaves
-    the trailing splits empty; they return at once and the merge skips them. The result is a
+    the trailing splits empty; they load nothing and the merge skips them. The result is a
     power of two (rounded up, so the grid reaches the target) so only a handful of values
     ever occur. (Before: at most 16 splits of >= 256 tokens, rounded down: 128 programs at
     batch 1 on 132 SMs, 64 at batch 8.)
@@ -80,23 +80,23 @@ def _decode_kernel(
     head = kv_head * GROUP + offs_m % GROUP
     row_mask = draft < q_len
     q_pos = seq_len - q_len + draft  # [BLOCK_M]
+    if SPLIT:
+        chunk = _split_chunk(seq_len, num_splits, BLOCK_N)
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, seq_len)
+        # A split past the end of its sequence loads no query, runs no tile and writes
+        # nothing: the merge reads only the splits before cdiv(seq_len, chunk). (Masks, not
+        # an early return: the kernel stays one structured block.)
+        row_mask = row_mask & ((offs_m * 0 + lo) < hi)
+    else:
+        lo = 0
+        hi = seq_len
+
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     token = (q_start + draft).to(tl.int64)  # [BLOCK_M]
     q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
-
-    if SPLIT:
-        chunk = _split_chunk(seq_len, num_splits, BLOCK_N)
-        lo = split * chunk
-        hi = tl.minimum(lo + chunk, seq_len)
-        # Past the end of this sequence: nothing to write, the merge reads only the splits
-        # before cdiv(seq_len, chunk).
-        if lo >= hi:
-            return
-    else:
-        lo = 0
-        hi = seq_len
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
