@@ -124,3 +124,23 @@ def test_serving_after_ready_autotunes_nothing_unless_a_bucket_was_left_out(
     sched.step({"late": Work(100)})
     sched.step({"late": Work(1)})  # a decode: bucket 32, still filled
     assert monitor.snapshot().after_ready == {AUTOTUNE: 1}
+
+
+def test_the_compile_phases_moe_sweep_runs_every_eager_count_at_its_buckets_launch(
+        monitor: JitMonitor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep itself (the compile phase runs it on CUDA only, with --shape-sweeps): a MoE
+    layer at every token count a forward can run outside a graph, none of them tuning."""
+    from warmgate.server.warmup.moe_phase import sweep_moe_tokens
+
+    runner, _ = _warm(monitor, FakeTimer(), **MODELS["qwen3_moe"])
+    seen: list[int] = []
+    launches = runner.model.moe_launches
+    lookup = launches.launch
+    monkeypatch.setattr(launches, "launch", lambda n: seen.append(n) or lookup(n))
+    before = monitor.snapshot()
+    counts = runner.eager_token_counts()
+    assert sweep_moe_tokens(runner) == len(counts) > 1
+    assert seen == counts  # the first MoE layer once per count
+    assert monitor.snapshot().minus(before).compiles == {}
+    dense, _ = _warm(monitor)
+    assert sweep_moe_tokens(dense) == 0
