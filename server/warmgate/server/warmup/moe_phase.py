@@ -23,6 +23,7 @@ from warmgate.server.config.moe_kernel import MoELaunch, buckets_up_to
 from warmgate.server.core.phases import MOE
 from warmgate.server.core.progress import PhaseProgress, ProgressCallback
 from warmgate.server.core.results import PhaseResult, PhaseStatus, SkipReason
+from warmgate.server.runner.moe import MoEBlock
 from warmgate.server.runner.moe_launches import MoELaunches
 from warmgate.server.warmup.kernel_probe import kernel_identity
 from warmgate.server.warmup.runner_contract import WarmupRunner
@@ -114,7 +115,8 @@ def _steps(tracker: PhaseProgress, count: int) -> None:
 def _run_layer(runner: WarmupRunner, num_tokens: int) -> None:
     """The first MoE layer's experts at num_tokens tokens (every layer has its shape, so its
     kernels are theirs), routed by the layer's router over random hidden states."""
-    moe = next(layer.moe for layer in runner.model.layers if layer.moe is not None)
+    moe = next(m for m in (getattr(layer, "moe", None) for layer in runner.model.layers)
+               if isinstance(m, MoEBlock))
     gen = torch.Generator(device=runner.device).manual_seed(num_tokens)
     hidden = torch.randn(num_tokens, moe.w13.shape[2], generator=gen, device=runner.device,
                          dtype=moe.w13.dtype)
