@@ -144,3 +144,19 @@ def test_the_compile_phases_moe_sweep_runs_every_eager_count_at_its_buckets_laun
     assert monitor.snapshot().minus(before).compiles == {}
     dense, _ = _warm(monitor)
     assert sweep_moe_tokens(dense) == 0
+
+
+@pytest.mark.slow
+def test_under_torch_compile_a_moe_model_compiles_nothing_after_ready(
+        monitor: JitMonitor) -> None:
+    """The experts are a graph break (the launch lookup is host state dynamo must not guard
+    on): every bucket's halves compile in the compile phase, none after ready."""
+    from tests.test_compile_warmup import compiled_config
+
+    runner, load = load_runner(compiled_config(**MODELS["qwen3_moe"]), jit_monitor=monitor)
+    report = run_warmup_plan(runner, load_phase=load)
+    assert report.succeeded and report.phase("moe").status is PhaseStatus.RAN
+    assert report.phase("compile").compiles.get("dynamo", 0) > 0
+    monitor.mark_ready()
+    sizes = run_random_batches(runner, monitor, 60)
+    assert len(sizes) >= 8 and monitor.snapshot().total_after_ready == 0
