@@ -89,6 +89,10 @@ def test_a_bucket_is_tuned_once_and_its_winner_kept() -> None:
     timer.calls.clear()
     assert launches.launch(33) == winner and launches.launch(5).block_m == 16
     assert timer.calls == [] and len(tuned) == 1  # tuned buckets are looked up, not timed
+    # While a CUDA graph is captured nothing is timed (a sync would break the capture).
+    launches.capturing = lambda: True
+    assert launches.launch(3000) == table_launch(LAUNCH_TABLE[-1][0], MIXTRAL, 8192)
+    assert timer.calls == [] and len(tuned) == 1
 
 
 def test_an_autotune_after_ready_is_counted_exported_and_strict() -> None:

@@ -42,6 +42,8 @@ class MoELaunches:
         # Attached by the runner on CUDA: a timer makes an empty bucket autotune.
         self.timer: LaunchTimer | None = None
         self.on_autotune: AutotuneListener | None = None
+        # Whether a CUDA graph is being captured on this thread (the runner's, on CUDA).
+        self.capturing: Callable[[], bool] | None = None
         # Buckets tuned in this process, and the seconds each tune took (compiles included).
         self.tuned_seconds: dict[int, float] = {}
 
@@ -51,7 +53,8 @@ class MoELaunches:
         found = self.chosen.get(bucket)
         if found is not None:
             return found
-        if self.timer is None:
+        if self.timer is None or (self.capturing is not None and self.capturing()):
+            # Timing syncs, which a CUDA graph capture cannot hold: the table's then.
             found = self.chosen[bucket] = table_launch(bucket, self.shape, self.max_tokens)
             return found
         return self.tune(bucket, num_tokens)

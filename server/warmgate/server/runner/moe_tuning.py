@@ -32,6 +32,7 @@ def attach_moe_tuning(model: LlamaModel, monitor: JitMonitor, max_tokens: int) -
     first = model.layers[0].moe
     if model.device.type == "cuda" and first is not None:
         launches.timer = lambda launch, tokens: time_launch(first, launch, tokens)
+        launches.capturing = torch.cuda.is_current_stream_capturing
 
 
 def _report(monitor: JitMonitor, name: str, seconds: float) -> None:
