@@ -30,7 +30,7 @@ from warmgate.server.jit import JitMonitor, StrictJitPolicy
 from warmgate.server.jit.events import AUTOTUNE
 from warmgate.server.runner.moe import MoEBlock
 from warmgate.server.runner.moe_launches import MoELaunches
-from warmgate.server.telemetry.metrics import COMPILE_KINDS
+from warmgate.server.telemetry.metrics import COMPILE_KINDS, Metrics
 
 QWEN3_30B = ExpertShape(num_experts=128, top_k=8, hidden_size=2048, intermediate_size=768)
 MIXTRAL = ExpertShape(num_experts=8, top_k=2, hidden_size=4096, intermediate_size=14336)
@@ -105,12 +105,16 @@ def test_an_autotune_after_ready_is_counted_exported_and_strict() -> None:
     launches.launch(1)  # before ready: the warmup's
     failures: list[str] = []
     monitor.add_listener(StrictJitPolicy("fail", failures.append))
+    metrics = Metrics()
+    monitor.add_listener(metrics.observe_jit)
     monitor.mark_ready()
     launches.launch(100)
     counts = monitor.snapshot()
     assert counts.compiles == {AUTOTUNE: 2} and counts.after_ready == {AUTOTUNE: 1}
     assert len(failures) == 1 and "bucket<=256" in failures[0]
-    assert AUTOTUNE in COMPILE_KINDS  # warmgate_jit_compiles_total{kind="autotune"}
+    assert AUTOTUNE in COMPILE_KINDS
+    assert metrics.registry.get_sample_value(
+        "warmgate_jit_compiles_total", {"kind": AUTOTUNE, "after_ready": "true", "rank": "0"}) == 1
 
 
 def test_shapes_the_kernel_cannot_take_name_their_field() -> None:
