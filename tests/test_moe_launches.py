@@ -16,6 +16,7 @@ import torch
 from warmgate.server.config.moe_kernel import (
     LAUNCH_TABLE,
     MAX_EXPERTS,
+    MAX_TILE_ELEMENTS,
     ExpertShape,
     MoELaunch,
     bucket_of,
@@ -59,6 +60,9 @@ def test_the_table_is_fitted_to_the_expert_shape() -> None:
         assert found[0] == table_launch(bucket, QWEN3_30B, max_tokens=8192)
         assert len(found) == len(set(found)) >= 4
         assert all(min(c.block_m, c.block_n, c.block_k) >= 16 for c in found)
+        # Two float32 accumulators of BLOCK_M x BLOCK_N must fit the registers.
+        assert all(c.block_m * c.block_n <= MAX_TILE_ELEMENTS for c in found)
+    assert MoELaunch(256, 128, 64, 8, 3) not in candidates(LAUNCH_TABLE[-1][0], MIXTRAL)
 
 
 class FakeTimer:

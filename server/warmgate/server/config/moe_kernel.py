@@ -26,6 +26,9 @@ from warmgate.server.config.runner_config import ConfigError, ModelConfig
 
 MIN_BLOCK = 16
 MAX_EXPERTS = 512
+# The gate/up GEMM keeps two float32 accumulators of BLOCK_M x BLOCK_N: past 128 x 128 they
+# no longer fit the registers of 8 warps (255 per thread), so no candidate is larger.
+MAX_TILE_ELEMENTS = 128 * 128
 
 
 def check_moe_kernel_shape(model: ModelConfig) -> None:
@@ -141,6 +144,6 @@ def candidates(bucket: int, shape: ExpertShape, max_tokens: int | None = None
     out = [base]
     for v in variants:
         fitted = _fit(v, shape)
-        if fitted not in out:
+        if fitted not in out and fitted.block_m * fitted.block_n <= MAX_TILE_ELEMENTS:
             out.append(fitted)
     return out

@@ -7,6 +7,7 @@ reference runs and there is nothing to time: the table is used.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,6 +19,8 @@ from warmgate.server.jit.events import AUTOTUNE
 if TYPE_CHECKING:
     from warmgate.server.runner.model import LlamaModel
     from warmgate.server.runner.moe import MoEBlock
+
+logger = logging.getLogger(__name__)
 
 # Timed calls per candidate after the one that compiles it: the median of these is its time.
 TIMED_CALLS = 5
@@ -44,7 +47,9 @@ def time_launch(moe: MoEBlock, launch: MoELaunch, num_tokens: int) -> float:
     """Seconds one fused_moe call at num_tokens takes with `launch` (CUDA events; the first
     call compiles and is not timed). Routing is uniform over the experts, what a trained
     router spreads a batch to on average."""
-    from warmgate.server.kernels.fused_moe import fused_moe  # imports triton: CUDA only
+    from triton.runtime.errors import OutOfResources  # imports triton: CUDA only
+
+    from warmgate.server.kernels.fused_moe import fused_moe
 
     e, top_k = moe.w13.shape[0], moe.top_k
     device = moe.w13.device
@@ -53,7 +58,12 @@ def time_launch(moe: MoEBlock, launch: MoELaunch, num_tokens: int) -> float:
                          generator=gen)
     ids = torch.rand(num_tokens, e, device=device, generator=gen).topk(top_k, dim=-1).indices
     weights = torch.full((num_tokens, top_k), 1.0 / top_k, device=device)
-    fused_moe(hidden, moe.w13, moe.w2, weights, ids, launch)
+    try:
+        fused_moe(hidden, moe.w13, moe.w2, weights, ids, launch)
+    except OutOfResources as exc:  # more shared memory or registers than the GPU has
+        logger.info("fused MoE autotune: %s does not fit this GPU (%s); not a candidate",
+                    launch, exc)
+        return float("inf")
     times = []
     for _ in range(TIMED_CALLS):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
