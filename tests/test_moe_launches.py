@@ -163,3 +163,30 @@ def test_the_cache_file_round_trip_and_what_it_refuses(tmp_path: Path) -> None:
                                                  "shape": "e8k2", "launches": {"32": [1]}}))
     found, reason = load_moe_launches(tmp_path, identity, "e8k2", [32])
     assert found is None and "unreadable" in reason
+
+
+def test_start_up_on_cuda_refuses_the_shape_in_one_line_naming_the_field(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The start-up's warmup checks (startup.check_can_warm_up) on a configuration resolved
+    for CUDA, as on a GPU machine; the parser error they become is exit 2, one line."""
+    import argparse
+
+    from warmgate.server.config.runner_config import resolve_runner_config
+    from warmgate.server.config.server_config import report_config_error
+    from warmgate.server.startup import check_can_warm_up
+
+    model = ModelConfig.from_preset("tiny", architecture="mixtral", num_experts=4,
+                                    num_experts_per_tok=2, moe_intermediate_size=40,
+                                    norm_topk_prob=True)
+    base = RunnerConfig(model=model)
+    runner = resolve_runner_config(replace(base, device=replace(base.device, device="cuda",
+                                                                attention_backend="torch")),
+                                   cuda_available=True)
+    with pytest.raises(ConfigError) as info:
+        check_can_warm_up(runner, None, {})
+    assert info.value.field_name == "model.moe_intermediate_size"
+    with pytest.raises(SystemExit) as exit_info:
+        report_config_error(argparse.ArgumentParser(prog="warmgate-server"), info.value)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "model.moe_intermediate_size: 40 is not a multiple of 16" in err[-1]
