@@ -11,7 +11,8 @@ and from the checkpoints' per-expert tensors.
 The torch path (`torch_moe`) is the CPU reference: a loop over the experts that were hit,
 which syncs with the host, so on CUDA the fused Triton kernel (kernels.fused_moe) runs
 instead. The expert computation is kept out of torch.compile (a graph break): its loop is
-data-dependent, and the Triton kernel brings its own launch configuration.
+data-dependent, and the Triton kernel's launch is picked per token-count bucket on the host
+(runner.moe_launches.MoELaunches, one per model: every layer has the same expert shape).
 """
 
 from __future__ import annotations
@@ -22,11 +23,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from warmgate.server.config.moe_kernel import ExpertShape, MoELaunch, check_moe_kernel_shape
 from warmgate.server.config.runner_config import ModelConfig
+from warmgate.server.runner.moe_launches import MoELaunches
 
-# (hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], weights [T, k] float32, ids [T, k]) -> [T, H]
-ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-                     torch.Tensor]
+# (hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], weights [T, k] float32, ids [T, k], the
+# kernel's launch) -> [T, H]
+ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                      MoELaunch | None], torch.Tensor]
+
+
+def expert_shape(config: ModelConfig) -> ExpertShape:
+    return ExpertShape(config.num_experts, config.num_experts_per_tok, config.hidden_size,
+                       config.moe_intermediate_size)
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool
@@ -40,8 +49,10 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool
 
 
 def torch_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-              weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The reference: each hit expert's SwiGLU over its tokens, weighted and summed."""
+              weights: torch.Tensor, ids: torch.Tensor,
+              launch: MoELaunch | None = None) -> torch.Tensor:
+    """The reference: each hit expert's SwiGLU over its tokens, weighted and summed (it has
+    no tiles: `launch` is the kernel's and is not read)."""
     # One row per (token, slot), summed at the end: a token meets each expert at most once.
     out = hidden.new_zeros(*ids.shape, hidden.shape[1])  # [T, k, H]
     inter = w2.shape[2]
@@ -68,7 +79,10 @@ class MoEBlock(nn.Module):
     """A layer's routed experts: [T, H] -> [T, H]."""
 
     def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype,
-                 experts: ExpertsFn | None = None) -> None:
+                 experts: ExpertsFn | None = None, launches: MoELaunches | None = None
+                 ) -> None:
+        if experts is None and device.type == "cuda":  # the kernel will run: fail the load,
+            check_moe_kernel_shape(config)  # before any allocation, naming the field
         super().__init__()
         e, h, inter = config.num_experts, config.hidden_size, config.moe_intermediate_size
         self.top_k = config.num_experts_per_tok
@@ -78,11 +92,17 @@ class MoEBlock(nn.Module):
         # [E, 2I, H]: each expert's gate rows, then its up rows
         self.w13 = nn.Parameter(torch.empty(e, 2 * inter, h, **kw), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(e, h, inter, **kw), requires_grad=False)  # [E, H, I]
+        self.launches = MoELaunches(expert_shape(config)) if launches is None else launches
+        self._experts_fn = experts_for(device) if experts is None else experts
         # A graph break under torch.compile: the reference's loop is data-dependent, and the
-        # kernel picks its own launch per token-count bucket.
-        self.experts: ExpertsFn = torch.compiler.disable(
-            experts_for(device) if experts is None else experts)
+        # launch is looked up on the host per token-count bucket (state dynamo must not guard).
+        self.experts = torch.compiler.disable(self._run_experts)
+
+    def _run_experts(self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+                     ) -> torch.Tensor:
+        launch = self.launches.launch(hidden.shape[0])
+        return self._experts_fn(hidden, self.w13, self.w2, weights, ids, launch)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         weights, ids = route(F.linear(hidden, self.router), self.top_k, self.renormalize)
-        return self.experts(hidden, self.w13, self.w2, weights, ids)
+        return self.experts(hidden, weights, ids)
