@@ -144,3 +144,35 @@ def test_backend_forward_fused_equals_unfused(backend_name: str, q_lens: list[in
                             RopeInput(batch.positions, cos_sin))
     assert torch.isfinite(fused).all() and torch.equal(fused, unfused)
     assert torch.equal(batch.kv_cache, unfused_cache)
+
+
+@pytest.mark.parametrize("backend_name", ["triton", "flashinfer"])
+def test_a_decode_step_runs_the_fused_kernel_and_not_the_three(backend_name: str) -> None:
+    """The proof in the profile: a runner's decode step launches _rope_cache_kernel and none
+    of the kernels it replaced (rotary, reshape_and_cache, FlashInfer's index_copy)."""
+    if not backend_available(backend_name):
+        pytest.skip(f"{backend_name} is not installed")
+    from torch.profiler import ProfilerActivity, profile
+
+    from tests.runner_helpers import MiniScheduler, prompt, tiny_config
+    from warmgate.server.runner.model_runner import ModelRunner
+
+    runner = ModelRunner(tiny_config(device="cuda", dtype="bfloat16",
+                                     attention_backend=backend_name, block_size=16,
+                                     num_blocks=64, max_model_len=256, max_num_seqs=4,
+                                     max_num_batched_tokens=256, num_heads=32, num_kv_heads=8,
+                                     head_dim=64, hidden_size=2048, intermediate_size=2048,
+                                     num_layers=2, vocab_size=32000))
+    sched = MiniScheduler(runner)
+    for rid, n in (("a", 9), ("b", 30)):
+        sched.add(rid, prompt(n, offset=n))
+    sched.step()  # prefill
+    sched.step()  # a first decode: every kernel compiled before the profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        sched.step()
+        torch.cuda.synchronize()
+    names = [e.key for e in prof.key_averages()]
+    assert any("_rope_cache_kernel" in n for n in names), names
+    replaced = ("_rotary_kernel", "_reshape_and_cache_kernel", "index_copy")
+    assert not [n for n in names if any(r in n for r in replaced)], names
