@@ -144,8 +144,11 @@ def print_tile_sweep(head_dims: tuple[int, ...], capacity: int) -> None:
                 splits = choose_num_splits(batch, NUM_KV_HEADS, capacity, sms)
                 cells = []
                 for config in TILE_CONFIGS:
-                    with _tile_config(config):
-                        t = _time_splits(batch, context, head_dim, splits)
-                    cells.append(f"{t.hbm_pct:>10.1f}")
+                    try:
+                        with _tile_config(config):
+                            t = _time_splits(batch, context, head_dim, splits)
+                        cells.append(f"{t.hbm_pct:>10.1f}")
+                    except Exception as exc:  # e.g. OutOfResources: that tile does not fit
+                        cells.append(f"{type(exc).__name__[:9]:>10}")
                     torch.cuda.empty_cache()
                 print(f"{head_dim:>4}{batch:>6}{context:>6}{''.join(cells)}")
