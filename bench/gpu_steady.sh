@@ -3,6 +3,8 @@
 # goes, and served throughput side by side per arm. PARTS picks what runs (default all three):
 #   tests       tests/gpu, every file (TESTS narrows it), no -x: every failure is listed
 #   kernels     bench/serve.py step-kernels for each KERNEL_MODELS entry (model:backends)
+#   kernelbench bench/serve.py kernels: the Triton decode kernel's split rules and tiles
+#   decode      bench/serve.py decode-latency for each DECODE entry (model:backends)
 #   throughput  bench/serve.py throughput for each SERVE entry (model:backend:streams), once
 #               per arm of ARMS (';'-separated extra server flags; "-" is the defaults), the
 #               arms of one entry back to back so they are compared side by side
@@ -25,6 +27,7 @@ export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-base}
 PARTS=${PARTS:-tests kernels throughput}
 TESTS=${TESTS:-tests/gpu}
 KERNEL_MODELS=${KERNEL_MODELS:-llama-3.2-1b:triton,flashinfer llama-3.1-8b:flashinfer,triton}
+DECODE=${DECODE:-llama-3.1-8b:torch,triton,flashinfer}
 SERVE=${SERVE:-llama-3.2-1b:triton:1,128 llama-3.1-8b:flashinfer:1,64,128}
 ARMS=${ARMS:--}
 T0=$(date +%s)
@@ -43,6 +46,18 @@ kernels)
       --backends "${entry#*:}" 2>"$OUT/step-kernels-${entry%%:*}.err" \
       | tee -a "$OUT/step-kernels.txt"
     tail -3 "$OUT/step-kernels-${entry%%:*}.err"
+  done ;;
+kernelbench)
+  stage "decode attention kernel: split rules and tiles"
+  timeout "${KERNELS_TIMEOUT:-150}" python3 bench/serve.py kernels 2>"$OUT/kernels.err" \
+    | tee "$OUT/kernels.txt"
+  tail -3 "$OUT/kernels.err" ;;
+decode)
+  for entry in $DECODE; do
+    stage "decode latency: $entry"
+    timeout "${DECODE_TIMEOUT:-200}" python3 bench/serve.py decode-latency --model "${entry%%:*}" \
+      --backends "${entry#*:}" 2>"$OUT/decode-${entry%%:*}.err" | tee -a "$OUT/decode-latency.txt"
+    tail -3 "$OUT/decode-${entry%%:*}.err"
   done ;;
 throughput)
   for entry in $SERVE; do
