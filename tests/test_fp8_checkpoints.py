@@ -31,7 +31,13 @@ from tests.runner_helpers import full_prefill_logits, prompt
 from warmgate.server.config.fp8_config import FP8Config
 from warmgate.server.config.hf_config import ModelLoadError, model_config_from_hf
 from warmgate.server.config.rope_config import RopeConfig
-from warmgate.server.config.runner_config import ModelConfig
+from warmgate.server.config.runner_config import (
+    ConfigError,
+    ModelConfig,
+    ParallelConfig,
+    RunnerConfig,
+    resolve_runner_config,
+)
 from warmgate.server.runner.fp8_linear import dequantize, quantize
 from warmgate.server.runner.model import LlamaModel
 from warmgate.server.runner.ops import TorchOps
@@ -289,3 +295,39 @@ def test_router_and_head_in_the_ignore_list_are_accepted(
                              modules_to_not_convert=["lm_head", "re:.*mlp.gate$"]))
     fp8 = model_config_from_hf(directory).fp8
     assert fp8 is not None and fp8.ignore == ("lm_head", "re:.*mlp.gate$")
+
+
+def test_shapes_fp8_cannot_serve_fail_naming_quantization_config(
+        written: dict[str, tuple[Path, Path, Path]], tmp_path: Path) -> None:
+    """Per-tensor scales on experts (only blocks are implemented for them), and block scales
+    over a fused projection whose parts do not start on a 128-row block edge."""
+    ct = json.loads((written["compressed-tensors per tensor"][0] / "config.json").read_text())
+    directory = _rewrite(written["block qwen3_moe"][0], tmp_path / "experts", None,
+                         lambda hf: hf.update(quantization_config=ct["quantization_config"]))
+    with pytest.raises(ModelLoadError, match=r"config\.json: quantization_config: tensor FP8 "
+                       r"scales on Mixture-of-Experts weights are not implemented"):
+        model_config_from_hf(directory)
+    with pytest.raises(ConfigError, match=r"model\.fp8: num_key_value_heads \* head_dim = 64 "
+                       "is not a multiple of the 128-row"):
+        dataclasses.replace(LLAMA, num_heads=8, num_kv_heads=1, fp8=FP8Config("block",
+                                                                               fmt="fp8"))
+
+
+def test_an_fp8_model_refuses_a_gpu_without_fp8_and_tensor_parallel() -> None:
+    """Compute capability below 8.9 (an A100 is 8.0) has no FP8 matmul: refused when the
+    configuration is resolved, before anything loads, naming --model's field; an H100/H200
+    (9.0) and an L40S (8.9) pass."""
+    config = RunnerConfig(model=dataclasses.replace(LLAMA, fp8=FP8Config()))
+    with pytest.raises(ConfigError) as err:
+        resolve_runner_config(config, cuda_available=True, flashinfer_available=False,
+                              triton_available=True, cuda_capability=(8, 0))
+    assert err.value.field_name == "model" and "\n" not in str(err.value)
+    assert "FP8 weights, which need a GPU of compute capability 8.9 or newer; cuda is 8.0" in (
+        str(err.value))
+    for capability in ((8, 9), (9, 0)):
+        resolve_runner_config(config, cuda_available=True, flashinfer_available=False,
+                              triton_available=True, cuda_capability=capability)
+    resolve_runner_config(config, cuda_available=False)  # the CPU dequantizes
+    with pytest.raises(ConfigError, match=r"parallel\.tensor_parallel_size: FP8 weights run on "
+                       "one GPU only"):
+        dataclasses.replace(config, parallel=ParallelConfig(tensor_parallel_size=2))
