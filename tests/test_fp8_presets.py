@@ -13,7 +13,8 @@ import torch
 from tests.reference_helpers import runner_for
 from tests.runner_helpers import full_prefill_logits, prompt
 from warmgate.server.config import presets
-from warmgate.server.config.fp8_config import FP8Config, fp8_hf_dict
+from warmgate.server.config.fp8_config import FP8Config
+from warmgate.server.config.hf_fp8 import fp8_hf_dict
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.devtools.checkpoint import write_checkpoint
 from warmgate.server.devtools.roofline import num_params, weight_bytes_per_step

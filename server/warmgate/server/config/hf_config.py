@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from warmgate.server.config.config_notes import ConfigNote, note
-from warmgate.server.config.fp8_config import (
+from warmgate.server.config.fp8_config import quantized_modules
+from warmgate.server.config.hf_attention import head_dim, num_kv_heads, sliding_window
+from warmgate.server.config.hf_fp8 import (
     check_ignore_list,
     fp8_from_hf,
     fp8_hf_dict,
-    quantized_modules,
 )
-from warmgate.server.config.hf_attention import head_dim, num_kv_heads, sliding_window
 from warmgate.server.config.hf_moe import moe_fields, moe_hf_keys
 from warmgate.server.config.hf_rope import rope_from_hf
 from warmgate.server.config.model_load_error import ModelLoadError
