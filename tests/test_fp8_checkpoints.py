@@ -158,6 +158,37 @@ def test_per_tensor_scales_stay_per_checkpoint_tensor(
     assert float(layer.qkv_proj_input_scale) == pytest.approx(0.05)
 
 
+def test_fused_parts_take_the_largest_static_input_scale(
+        written: dict[str, tuple[Path, Path, Path]], tmp_path: Path) -> None:
+    """q, k and v share one activation quantization: the largest of their input scales, so
+    none of them clips."""
+    p = "model.layers.0.self_attn."
+    directory = _rewrite(written["modelopt"][0], tmp_path / "inputs", lambda t: t.update(
+        {f"{p}{n}_proj.input_scale": torch.tensor(v) for n, v in zip("qkv", (0.02, 0.07, 0.05),
+                                                                      strict=True)}), None)
+    layer = runner_for(directory, max_model_len=64).model.layers[0]
+    assert layer.qkv_proj_input_scale is not None
+    assert float(layer.qkv_proj_input_scale) == pytest.approx(0.07)
+
+
+@pytest.mark.parametrize(("case", "shape"), [("modelopt", (1,)),
+                                             ("compressed-tensors per tensor", ())])
+def test_per_tensor_scales_load_as_either_shape_real_files_use(
+        case: str, shape: tuple[int, ...], written: dict[str, tuple[Path, Path, Path]],
+        tmp_path: Path) -> None:
+    """ModelOpt writes per-tensor scales as [], compressed-tensors as [1]: either loads."""
+    def reshape(t: dict[str, torch.Tensor]) -> None:
+        for name in [n for n in t if n.endswith(("weight_scale", "input_scale"))]:
+            t[name] = t[name].reshape(shape).contiguous()
+
+    directory = _rewrite(written[case][0], tmp_path / "reshaped", reshape, None)
+    tokens = prompt(20, vocab=LLAMA.vocab_size)
+    torch.testing.assert_close(full_prefill_logits(runner_for(directory, max_model_len=64),
+                                                   tokens),
+                               full_prefill_logits(runner_for(written[case][0],
+                                                              max_model_len=64), tokens))
+
+
 def _rewrite(src: Path, dst: Path, tensors: Callable[[dict[str, torch.Tensor]], None] | None,
              config: Callable[[dict[str, Any]], None] | None) -> Path:
     dst.mkdir()
