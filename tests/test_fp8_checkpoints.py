@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.reference_helpers import runner_for
 from tests.runner_helpers import full_prefill_logits, prompt
+from tests.test_model_load_errors import _server_exit
 from warmgate.server.config.fp8_config import FP8Config
 from warmgate.server.config.hf_config import ModelLoadError, model_config_from_hf
 from warmgate.server.config.rope_config import RopeConfig
@@ -362,3 +363,24 @@ def test_an_fp8_model_refuses_a_gpu_without_fp8_and_tensor_parallel() -> None:
     with pytest.raises(ConfigError, match=r"parallel\.tensor_parallel_size: FP8 weights run on "
                        "one GPU only"):
         dataclasses.replace(config, parallel=ParallelConfig(tensor_parallel_size=2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("what", "key"), [
+    ("config", "quantization_config.kv_cache_scheme"),
+    ("tensor", "model.layers.0.self_attn.v_proj.weight_scale")])
+def test_server_exits_2_with_one_line_on_a_bad_fp8_checkpoint(
+        what: str, key: str, written: dict[str, tuple[Path, Path, Path]],
+        tmp_path: Path) -> None:
+    source = written["compressed-tensors per tensor"][0]
+    if what == "config":
+        directory = _rewrite(source, tmp_path / "m", None, lambda hf: hf[
+            "quantization_config"].update(kv_cache_scheme={"num_bits": 8, "type": "float"}))
+    else:
+        directory = _rewrite(source, tmp_path / "m", lambda t: t.update(
+            {key: torch.ones(2, 1)}), None)
+    proc = _server_exit(directory)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if key in line]
+    assert len(errors) == 1, proc.stderr

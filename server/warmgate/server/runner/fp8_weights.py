@@ -79,6 +79,15 @@ def _part_scale(fp8: FP8Config, scale: torch.Tensor, start: int, end: int) -> to
     return scale[start:start + 1].reshape(fp8.scale_shape(1, 1))
 
 
+def describe(fp8: FP8Config) -> str:
+    """One log line's worth: the weights' scales and how activations are quantized."""
+    acts = ("static per tensor (the checkpoint's input_scale)" if fp8.static_input
+            else "per token and 128-group" if fp8.scheme == "block" else "per token")
+    kernel = ("Triton block GEMM" if fp8.scheme == "block" else "torch._scaled_mm")
+    return (f"FP8 projections ({fp8.fmt}, {fp8.scheme} scales, activations {acts}; "
+            f"{kernel} on CUDA, dequantized on the CPU)")
+
+
 def fp8_scale_views(model: LlamaModel) -> dict[str, torch.Tensor]:
     """{checkpoint name: view} of every scale, as a writer saves them."""
     fp8 = model.config.fp8

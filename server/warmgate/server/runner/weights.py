@@ -31,7 +31,7 @@ from warmgate.server.config.weight_files import (
     read_header,
 )
 from warmgate.server.runner.fp8_linear import fill_fp8
-from warmgate.server.runner.fp8_weights import fp8_load_targets, fp8_scale_views
+from warmgate.server.runner.fp8_weights import describe, fp8_load_targets, fp8_scale_views
 from warmgate.server.runner.model import LlamaModel
 from warmgate.server.runner.moe_weights import init_moe, moe_hf_views
 from warmgate.server.runner.weight_stream import stream_into
@@ -232,6 +232,8 @@ def load_weights(directory: str | Path, model: LlamaModel) -> int:
                 rope.rope_type, rope.theta, rope.factor, cfg.sliding_window,
                 cfg.max_model_len, cfg.tie_word_embeddings,
                 str(model.dtype).removeprefix("torch."))
+    if cfg.fp8 is not None:
+        logger.info("model %s: %s", directory, describe(cfg.fp8))
     start = time.perf_counter()
     where = index_weight_files(directory, model.config)  # names and shapes checked
     headers = {f: read_header(f) for f in set(where.values())}
