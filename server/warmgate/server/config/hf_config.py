@@ -197,7 +197,8 @@ def read_model_dir(directory: str | Path, **overrides: Any
         raise ModelLoadError(path, _FIELD_KEYS.get(field_name, field_name),
                              exc.message) from None
     if config.fp8 is not None:
-        check_ignore_list(config.fp8, quantized_modules(config), path)
+        check_ignore_list(config.fp8, quantized_modules(config), path,
+                          head=not config.tie_word_embeddings)
     return config, tuple(notes)
 
 

@@ -192,12 +192,19 @@ def _matches(entry: str, module: str) -> bool:
     return module == entry or module.startswith(entry + ".") or module.endswith("." + entry)
 
 
-def check_ignore_list(fp8: FP8Config, quantized_modules: Iterable[str], path: Path) -> None:
+def check_ignore_list(fp8: FP8Config, quantized_modules: Iterable[str], path: Path,
+                      head: bool = True) -> None:
     """An ignore entry that names a module the model runs in FP8 would need that one module
-    in bf16 (mixed precision inside the fused projections): refused by name."""
+    in bf16 (mixed precision inside the fused projections): refused by name. compressed-
+    tensors and ModelOpt quantize every Linear the list leaves out, so their list must leave
+    out the head (`head`: the model has one of its own, untied): an FP8 head is not
+    implemented. The fp8 format never quantizes the head."""
     modules = list(quantized_modules)
     key = {"compressed-tensors": "ignore", "modelopt": "exclude_modules",
            "fp8": "modules_to_not_convert"}[fp8.fmt]
+    if head and fp8.fmt != "fp8" and not any(_matches(e, "lm_head") for e in fp8.ignore):
+        raise _fail(path, key, f"{list(fp8.ignore)!r} does not leave lm_head unquantized: "
+                    "an FP8 vocabulary head is not implemented")
     for entry in fp8.ignore:
         hit = next((m for m in modules if _matches(entry, m)), None)
         if hit is not None:
