@@ -388,3 +388,22 @@ def test_server_exits_2_with_one_line_on_a_bad_fp8_checkpoint(
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if key in line]
     assert len(errors) == 1, proc.stderr
+
+
+@pytest.mark.parametrize(("case", "scale", "param"), [
+    ("block llama", "model.layers.1.self_attn.o_proj.weight_scale_inv", "o_proj_scale"),
+    ("compressed-tensors per channel", "model.layers.1.self_attn.o_proj.weight_scale",
+     "o_proj_scale")])
+def test_bf16_scales_load_as_float32(case: str, scale: str, param: str,
+                                     written: dict[str, tuple[Path, Path, Path]],
+                                     tmp_path: Path) -> None:
+    """Qwen3.5/3.6-FP8 and llm-compressor store scales in bf16 too: read and widened."""
+    def to_bf16(t: dict[str, torch.Tensor]) -> None:
+        for name in [n for n in t if n.endswith(("_scale", "_scale_inv"))]:
+            t[name] = t[name].to(torch.bfloat16)
+
+    directory = _rewrite(written[case][0], tmp_path / "bf16", to_bf16, None)
+    want = load_file(str(directory / "model.safetensors"))[scale].float()
+    got = getattr(runner_for(directory, max_model_len=64).model.layers[1], param)
+    assert got.dtype == torch.float32
+    assert torch.equal(got.reshape(want.shape), want)
