@@ -37,7 +37,11 @@ from warmgate.server.kernels.fp8_block_gemm import (
     quantize_groups_reference,
 )
 from warmgate.server.kernels.fused_moe import MoELaunch, fused_moe
-from warmgate.server.runner.fp8_linear import dequantize, quantize
+from warmgate.server.runner.fp8_linear import (
+    _scaled_mm_linear,
+    dequantize,
+    quantize,
+)
 from warmgate.server.runner.moe import route
 
 DEVICE = "cpu" if isinstance(_block_gemm_kernel, InterpretedFunction) else "cuda"
@@ -119,3 +123,24 @@ def test_block_scaled_fused_moe_equals_the_torch_reference(
             act_deq = aq.float().cpu() * a_s.cpu().repeat_interleave(128, dim=1)[:, :inter]
             out[t] += float(weights[t, slot]) * (act_deq[0] @ w2_deq[e].T)
     torch.testing.assert_close(got, out, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("scheme", ["tensor", "channel"])
+def test_scaled_mm_path_equals_the_dequantized_reference(scheme: str, static: bool) -> None:
+    """The call the model makes on CUDA (runner.fp8_linear._scaled_mm_linear: activations
+    quantized per token, or with the static input scale, row-wise scales on both sides):
+    torch._scaled_mm runs on the CPU too, so its arguments' layout is checked here; the
+    device runs it in tests/gpu/test_fp8_gpu.py. bf16 output: 1e-2 relative."""
+    gen = torch.Generator().manual_seed(7)
+    w, s = quantize(torch.randn(96, 160, generator=gen) / 160 ** 0.5, FP8Config(scheme))
+    x = torch.randn(11, 160, generator=gen).to(torch.bfloat16)
+    input_scale = torch.tensor([float(x.float().abs().max()) / 448.0]) if static else None
+    got = _scaled_mm_linear(x, w, s, input_scale)
+    # Written out here rather than through quantize_rows, which the path itself calls.
+    xs = (x.float().abs().amax(dim=-1, keepdim=True) / 448.0 if input_scale is None
+          else input_scale.reshape(1, 1).expand(11, 1))
+    xq = (x.float() / xs).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    want = (xq.float() * xs) @ dequantize(w, s).T
+    assert got.dtype == torch.bfloat16 and got.shape == (11, 96)
+    assert ((got.float() - want).norm() / want.norm()).item() < 1e-2
