@@ -118,6 +118,10 @@ class _SkipReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SkipReason
     """The model has no tokenizer (tokenizer.json) or no end-of-sequence ids, so no request can
     carry a grammar (structured output).
     """
+    SKIP_REASON_NOT_MOE: _SkipReason.ValueType  # 16
+    """A dense model: no Mixture-of-Experts layers, so no fused MoE kernel to warm."""
+    SKIP_REASON_NOT_FP8: _SkipReason.ValueType  # 17
+    """The weights are not FP8, so no FP8 GEMM to warm."""
 
 class SkipReason(_SkipReason, metaclass=_SkipReasonEnumTypeWrapper):
     """Why a phase skipped. Mirrors warmgate.server.core.results.SkipReason."""
@@ -156,6 +160,10 @@ SKIP_REASON_NO_TOKENIZER: SkipReason.ValueType  # 15
 """The model has no tokenizer (tokenizer.json) or no end-of-sequence ids, so no request can
 carry a grammar (structured output).
 """
+SKIP_REASON_NOT_MOE: SkipReason.ValueType  # 16
+"""A dense model: no Mixture-of-Experts layers, so no fused MoE kernel to warm."""
+SKIP_REASON_NOT_FP8: SkipReason.ValueType  # 17
+"""The weights are not FP8, so no FP8 GEMM to warm."""
 Global___SkipReason: _TypeAlias = SkipReason  # noqa: Y015
 
 class _WarmupState:

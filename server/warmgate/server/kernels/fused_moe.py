@@ -10,53 +10,30 @@ weight; the k rows of a token are then summed. Everything is fixed-shape and hos
 (the padding is sized for the worst case, tiles past the real end return at once), so a
 forward with it can be captured in a CUDA graph.
 
-The launch configuration (BLOCK_M/N/K, warps, stages) depends on the token count: few tokens
-leave most of an expert's tile empty (small BLOCK_M), many fill large tiles. It is picked per
-token-count bucket from LAUNCH_TABLE, a fixed table, so serving never autotunes and the
-kernels a forward can launch are exactly one per bucket and GEMM (what a warmup must compile).
+The launch configuration (BLOCK_M/N/K, warps, stages) depends on the token count; the caller
+passes the one its token-count bucket holds (runner.moe_launches: a table fitted to the expert
+shape, or a warmup autotune's winner kept in the compile cache), so serving never autotunes
+and the kernels a forward can launch are exactly one per bucket and GEMM (what a warmup must
+compile). Without one, the table's is used.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from warmgate.server.config.fp8_config import FP8_BLOCK
+from warmgate.server.config.moe_kernel import (  # noqa: F401 (re-exported)
+    LAUNCH_TABLE,
+    MoELaunch,
+    launch_for,
+    token_buckets,
+)
 from warmgate.server.kernels._launch import ieee_dots, upcast_dots
 from warmgate.server.kernels.fp8_block_gemm import quantize_groups
-
-
-@dataclass(frozen=True)
-class MoELaunch:
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-
-
-# (most tokens in the bucket, its launch). Small batches (decode) route few rows to each
-# expert, so a small BLOCK_M wastes little padding; prefill-sized batches fill big tiles.
-LAUNCH_TABLE: tuple[tuple[int, MoELaunch], ...] = (
-    (32, MoELaunch(16, 64, 64, 4, 3)),
-    (256, MoELaunch(32, 64, 64, 4, 3)),
-    (2048, MoELaunch(64, 128, 64, 8, 3)),
-    (2**62, MoELaunch(128, 128, 64, 8, 3)),
-)
-
-
-def launch_for(num_tokens: int) -> MoELaunch:
-    """The launch of the smallest bucket that holds num_tokens."""
-    return next(launch for most, launch in LAUNCH_TABLE if num_tokens <= most)
-
-
-def token_buckets() -> tuple[int, ...]:
-    """The bucket bounds (a warmup runs one token count per bucket it can meet)."""
-    return tuple(most for most, _ in LAUNCH_TABLE)
 
 
 def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int
@@ -217,8 +194,8 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     act = torch.empty(rows, inter, dtype=hidden.dtype, device=hidden.device)  # [T k, I]
     out = torch.empty(rows, hidden_size, dtype=hidden.dtype, device=hidden.device)
     if w13_scale is not None and w2_scale is not None:
-        if FP8_BLOCK % launch.block_k:
-            launch = dataclasses.replace(launch, block_k=FP8_BLOCK)
+        if launch.block_k not in (32, 64, FP8_BLOCK):  # inside one scale group; FP8 dots
+            launch = dataclasses.replace(launch, block_k=FP8_BLOCK)  # take K >= 32
         hq, h_scale = quantize_groups(hidden)
         _grouped_gemm(hq, w13, act, weights, aligned, top_k, True, launch,
                       (h_scale, w13_scale.contiguous()))

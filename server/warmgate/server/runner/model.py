@@ -34,7 +34,8 @@ from warmgate.server.runner.fp8_linear import (
     register_cuda_kernels,
     scale_shape,
 )
-from warmgate.server.runner.moe import MoEBlock
+from warmgate.server.runner.moe import MoEBlock, expert_shape
+from warmgate.server.runner.moe_launches import MoELaunches
 from warmgate.server.runner.ops import TorchOps, build_cos_sin_cache
 
 if TYPE_CHECKING:  # only a tensor-parallel runner builds one (warmgate.server.distributed)
@@ -81,7 +82,8 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, layer_idx: int, ops: TorchOps,
                  device: torch.device, dtype: torch.dtype,
-                 tp: TensorParallel | None = None) -> None:
+                 tp: TensorParallel | None = None,
+                 moe_launches: MoELaunches | None = None) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.ops = ops
@@ -109,7 +111,8 @@ class DecoderLayer(nn.Module):
         _projection(self, "o_proj", h, self.q_size, fp8, device, dtype)
         self.post_attention_layernorm = _param(h, **kw)  # [H]
         # A MoE layer's MLP is its routed experts (runner.moe); a dense one's is one SwiGLU.
-        self.moe = MoEBlock(config, device, dtype) if config.is_moe else None
+        self.moe = (MoEBlock(config, device, dtype, launches=moe_launches) if config.is_moe
+                    else None)
         self.gate_up_proj: nn.Parameter | None = None  # [2I, H]: gate rows, then up rows
         self.down_proj: nn.Parameter | None = None  # [H, I]
         if self.moe is None:
@@ -186,8 +189,12 @@ class LlamaModel(nn.Module):
         self.backend = backend
         kw = dict(device=device, dtype=dtype)
         self.embed_tokens = _param(vocab_rows, config.hidden_size, **kw)  # [V, H]
+        # One launch per token-count bucket for every MoE layer (they share the expert shape):
+        # the warmup's moe phase fills it, the compile cache entry keeps it.
+        self.moe_launches = MoELaunches(expert_shape(config)) if config.is_moe else None
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, ops, device, dtype, tp) for i in range(config.num_layers))
+            DecoderLayer(config, i, ops, device, dtype, tp, self.moe_launches)
+            for i in range(config.num_layers))
         self.norm = _param(config.hidden_size, **kw)  # [H]
         # A pooling model never projects to the vocabulary; a tied head reads embed_tokens.
         self.lm_head: nn.Parameter | None = None

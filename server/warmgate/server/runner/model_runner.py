@@ -25,6 +25,7 @@ from warmgate.server.runner.batch import BatchKind
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.loading import allocate_kv, load_model, load_stats
+from warmgate.server.runner.moe_tuning import attach_moe_tuning
 from warmgate.server.runner.ops import TorchOps
 from warmgate.server.runner.pooling import pool_last_tokens
 from warmgate.server.runner.request_state import ScheduledRequest
@@ -101,6 +102,7 @@ class ModelRunner(RunnerSettings):
                             on_built=None if on_model_built is None
                             else lambda model: self._model_built(model, on_model_built))
         self.model = loaded.model
+        attach_moe_tuning(self.model, self.jit_monitor, self.max_num_tokens)
         kv = allocate_kv(config, self.device, self.dtype, self.model.layers[0].num_kv_heads)
         self.kv_caches, self.kv_cache_config = kv.kv_caches, kv.kv_cache_config
         self.jit_monitor.install_pending()

@@ -11,7 +11,8 @@ and from the checkpoints' per-expert tensors.
 The torch path (`torch_moe`) is the CPU reference: a loop over the experts that were hit,
 which syncs with the host, so on CUDA the fused Triton kernel (kernels.fused_moe) runs
 instead. The expert computation is kept out of torch.compile (a graph break): its loop is
-data-dependent, and the Triton kernel brings its own launch configuration.
+data-dependent, and the Triton kernel's launch is picked per token-count bucket on the host
+(runner.moe_launches.MoELaunches, one per model: every layer has the same expert shape).
 """
 
 from __future__ import annotations
@@ -22,12 +23,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from warmgate.server.config.moe_kernel import ExpertShape, MoELaunch, check_moe_kernel_shape
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.runner.fp8_linear import FP8_DTYPE, dequantize, scale_shape
+from warmgate.server.runner.moe_launches import MoELaunches
 
-# (hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], weights [T, k] float32, ids [T, k]) -> [T, H];
-# FP8 experts also take w13_scale= and w2_scale= (their 128x128 block scales).
+# (hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], weights [T, k] float32, ids [T, k], the
+# kernel's launch) -> [T, H]; FP8 experts also take w13_scale= and w2_scale= (their 128x128
+# block scales).
 ExpertsFn = Callable[..., torch.Tensor]
+
+
+def expert_shape(config: ModelConfig) -> ExpertShape:
+    return ExpertShape(config.num_experts, config.num_experts_per_tok, config.hidden_size,
+                       config.moe_intermediate_size)
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool
@@ -41,11 +50,12 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool
 
 
 def torch_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-              weights: torch.Tensor, ids: torch.Tensor, *,
-              w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None
-              ) -> torch.Tensor:
-    """The reference: each hit expert's SwiGLU over its tokens, weighted and summed (FP8
-    experts with their weights dequantized, one expert at a time)."""
+              weights: torch.Tensor, ids: torch.Tensor,
+              launch: MoELaunch | None = None, *, w13_scale: torch.Tensor | None = None,
+              w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference: each hit expert's SwiGLU over its tokens, weighted and summed (it has
+    no tiles: `launch` is the kernel's and is not read; FP8 experts with their weights
+    dequantized, one expert at a time)."""
     # One row per (token, slot), summed at the end: a token meets each expert at most once.
     out = hidden.new_zeros(*ids.shape, hidden.shape[1])  # [T, k, H]
     inter = w2.shape[2]
@@ -76,7 +86,10 @@ class MoEBlock(nn.Module):
     """A layer's routed experts: [T, H] -> [T, H]."""
 
     def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype,
-                 experts: ExpertsFn | None = None) -> None:
+                 experts: ExpertsFn | None = None, launches: MoELaunches | None = None
+                 ) -> None:
+        if experts is None and device.type == "cuda":  # the kernel will run: fail the load,
+            check_moe_kernel_shape(config)  # before any allocation, naming the field
         super().__init__()
         e, h, inter = config.num_experts, config.hidden_size, config.moe_intermediate_size
         self.top_k = config.num_experts_per_tok
@@ -98,14 +111,20 @@ class MoEBlock(nn.Module):
                                           requires_grad=False)
             self.w2_scale = nn.Parameter(torch.empty(e, *scale_shape(fp8, h, inter), **sk),
                                          requires_grad=False)
+        self.launches = MoELaunches(expert_shape(config)) if launches is None else launches
+        self._experts_fn = experts_for(device) if experts is None else experts
         # A graph break under torch.compile: the reference's loop is data-dependent, and the
-        # kernel picks its own launch per token-count bucket.
-        self.experts: ExpertsFn = torch.compiler.disable(
-            experts_for(device) if experts is None else experts)
+        # launch is looked up on the host per token-count bucket (state dynamo must not guard).
+        self.experts = torch.compiler.disable(self._run_experts)
+
+    def _run_experts(self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+                     ) -> torch.Tensor:
+        launch = self.launches.launch(hidden.shape[0])
+        if self.w13_scale is None:
+            return self._experts_fn(hidden, self.w13, self.w2, weights, ids, launch)
+        return self._experts_fn(hidden, self.w13, self.w2, weights, ids, launch,
+                                w13_scale=self.w13_scale, w2_scale=self.w2_scale)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         weights, ids = route(F.linear(hidden, self.router), self.top_k, self.renormalize)
-        if self.w13_scale is None:
-            return self.experts(hidden, self.w13, self.w2, weights, ids)
-        return self.experts(hidden, self.w13, self.w2, weights, ids, w13_scale=self.w13_scale,
-                            w2_scale=self.w2_scale)
+        return self.experts(hidden, weights, ids)

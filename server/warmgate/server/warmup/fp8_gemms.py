@@ -4,10 +4,10 @@ count it can have there (the FP8 counterpart of gemm_shapes, called from its swe
 An FP8 projection is not one cuBLAS GEMM (runner.fp8_linear): a per-token activation
 quantization then `torch._scaled_mm`, whose cuBLASLt algorithm is chosen per problem shape
 like a dense GEMM's, or the block-scaled Triton GEMM, compiled per launch of its token-count
-table and per weight shape. FP8 experts run the block-scaled variant of the fused MoE kernel,
-a compile of its own. Any of these met for the first time after ready would stall that
-batch, so each distinct weight runs at every eager token count here, the experts of one
-MoE layer too (every layer has the same shapes). On CUDA only: the CPU dequantizes.
+table and per weight shape. Either met for the first time after ready would stall that
+batch, so each distinct weight runs at every eager token count here. (FP8 experts are the
+compile phase's MoE sweep's, warmup/moe_phase.py: it runs a MoE layer, scales and all, at
+the same counts.) On CUDA only: the CPU dequantizes.
 """
 
 from __future__ import annotations
@@ -46,29 +46,22 @@ def fp8_projections(model: LlamaModel) -> list[_Projection]:
 
 @torch.inference_mode()
 def sweep_fp8_gemms(model_runner: WarmupRunner) -> int:
-    """Every FP8 projection (and FP8 MoE layer) at every eager token count. Returns the
-    calls made (0 for a model without FP8 weights, or off CUDA)."""
+    """Every FP8 projection at every eager token count. Returns the calls made (0 for a
+    model without FP8 weights, or off CUDA)."""
     model = model_runner.model
     counts = model_runner.eager_token_counts()
     if model.config.fp8 is None or model_runner.device.type != "cuda" or not counts:
         return 0
     start = time.perf_counter()
     projections = fp8_projections(model)
-    x = torch.zeros(counts[-1], model.config.hidden_size, device=model_runner.device,
-                    dtype=model.dtype)
     calls = 0
     for weight, scale, input_scale in projections:
-        inputs = torch.zeros(counts[-1], weight.shape[1], device=x.device, dtype=x.dtype)
+        inputs = torch.zeros(counts[-1], weight.shape[1], device=model_runner.device,
+                             dtype=model.dtype)
         for m in counts:
             fp8_linear(inputs[:m], weight, scale, input_scale)
         calls += len(counts)
-    moe = getattr(model.layers[0], "moe", None)
-    if moe is not None:
-        for m in counts:
-            moe(x[:m])
-        calls += len(counts)
-    logger.info("shape sweeps: FP8 GEMMs: %d in %.3f s, %d projection shapes%s at %d token "
+    logger.info("shape sweeps: FP8 GEMMs: %d in %.3f s, %d projection shapes at %d token "
                 "counts (%s scales)", calls, time.perf_counter() - start, len(projections),
-                " and the FP8 experts" if moe is not None else "", len(counts),
-                model.config.fp8.scheme)
+                len(counts), model.config.fp8.scheme)
     return calls
