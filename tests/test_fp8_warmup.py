@@ -16,7 +16,12 @@ from tests.test_compile_warmup import (
     run_random_batches,
 )
 from warmgate.server.config.fp8_config import FP8Config
-from warmgate.server.config.runner_config import ModelConfig, resolve_runner_config
+from warmgate.server.config.runner_config import (
+    ModelConfig,
+    RunnerConfig,
+    SchedulerConfig,
+    resolve_runner_config,
+)
 from warmgate.server.jit import JitMonitor
 from warmgate.server.runner.model import LlamaModel
 from warmgate.server.runner.model_runner import ModelRunner
@@ -64,4 +69,25 @@ def test_a_compiled_fp8_model_compiles_nothing_after_ready(fp8: FP8Config) -> No
         monitor.mark_ready()
         assert_compiled_matches_eager(compiled, eager)
         run_random_batches(compiled, monitor, 30)
+        assert monitor.snapshot().total_after_ready == 0
+
+
+@pytest.mark.slow
+def test_an_fp8_moe_model_warms_and_serves_random_batches() -> None:
+    """Block-scaled FP8 experts through the whole warmup plan (the moe phase included) and
+    random batches after ready, on the CPU's torch paths."""
+    model = ModelConfig(architecture="qwen3_moe", vocab_size=256, hidden_size=128, num_layers=2,
+                        num_heads=2, num_kv_heads=1, head_dim=128, intermediate_size=128,
+                        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
+                        norm_topk_prob=True, max_model_len=128,
+                        fp8=FP8Config("block", fmt="fp8", ignore=()))
+    config = RunnerConfig(model=model,
+                          scheduler=SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=16))
+    with JitMonitor() as monitor:
+        runner, load = load_runner(config, jit_monitor=monitor)
+        moe = runner.model.layers[0].moe
+        assert moe is not None and moe.w13.dtype == torch.float8_e4m3fn
+        assert run_warmup_plan(runner, load_phase=load).succeeded
+        monitor.mark_ready()
+        run_random_batches(runner, monitor, 20)
         assert monitor.snapshot().total_after_ready == 0
