@@ -138,18 +138,3 @@ def fp8_load_targets(model: LlamaModel, entries: dict[str, TensorEntry]
             fused.copy_(torch.stack([v.reshape(()) for v in values]).amax().reshape(1))
 
     return targets, finish
-
-
-def dequantized_state(model: LlamaModel) -> dict[str, torch.Tensor]:
-    """Every FP8 projection of the model dequantized to float32, by the fused parameter's
-    name (`layers.0.qkv_proj`, `layers.0.moe.w13`): what a float model would hold to compute
-    what this one computes (the tests' reference)."""
-    from warmgate.server.runner.fp8_linear import dequantize
-
-    out: dict[str, torch.Tensor] = {}
-    params = dict(model.named_parameters())
-    for name, param in params.items():
-        scale = params.get(name + "_scale")
-        if param.dtype == torch.float8_e4m3fn and scale is not None:
-            out[name] = dequantize(param, scale)
-    return out
