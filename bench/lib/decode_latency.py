@@ -56,7 +56,8 @@ def model_config(model: str, max_len: int, layers: int | None) -> ModelConfig:
 def roofline_ms(model: ModelConfig, sizes: tuple[int, ...], context: float,
                 bytes_per_s: float = H200_HBM_BYTES_PER_S) -> dict[int, float]:
     """{batch: the roofline step in ms} for decode batches of one token per stream, each
-    stream's KV cache `context` tokens long on average (bf16 weights and cache)."""
+    stream's KV cache `context` tokens long on average (bf16 weights and cache; an FP8
+    preset's projections at one byte and their scales, devtools.roofline)."""
     return {n: 1000 * Roofline.of(model, n, context, bytes_per_s=bytes_per_s).step_s
             for n in sizes}
 

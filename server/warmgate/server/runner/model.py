@@ -25,11 +25,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from warmgate.server.config.fp8_config import FP8Config
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.runner.attention.base import (
     AttentionBackend,
     AttentionMetadata,
     RopeInput,
+)
+from warmgate.server.runner.fp8_linear import (
+    FP8_DTYPE,
+    fp8_linear,
+    register_cuda_kernels,
+    scale_shape,
 )
 from warmgate.server.runner.moe import MoEBlock, expert_shape
 from warmgate.server.runner.moe_launches import MoELaunches
@@ -43,6 +50,21 @@ def _param(*shape: int, device: torch.device, dtype: torch.dtype) -> nn.Paramete
     return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
 
 
+def _projection(layer: nn.Module, name: str, rows: int, cols: int, fp8: FP8Config | None,
+                device: torch.device, dtype: torch.dtype) -> None:
+    """layer.<name> [rows, cols]; with FP8, float8_e4m3fn, plus <name>_scale (runner.
+    fp8_linear's layout) and, with static activation scales, <name>_input_scale [1]."""
+    setattr(layer, name, _param(rows, cols, device=device,
+                                dtype=dtype if fp8 is None else FP8_DTYPE))
+    scale = input_scale = None
+    if fp8 is not None:
+        scale = _param(*scale_shape(fp8, rows, cols), device=device, dtype=torch.float32)
+        if fp8.static_input:
+            input_scale = _param(1, device=device, dtype=torch.float32)
+    setattr(layer, name + "_scale", scale)
+    setattr(layer, name + "_input_scale", input_scale)
+
+
 def _per_head_rms_norm(ops: TorchOps, x: torch.Tensor, weight: torch.Tensor,
                        eps: float) -> torch.Tensor:
     """x: [T, heads, D] -> RMSNorm over D of every head, same shape."""
@@ -52,6 +74,16 @@ def _per_head_rms_norm(ops: TorchOps, x: torch.Tensor, weight: torch.Tensor,
 
 
 class DecoderLayer(nn.Module):
+    # Set by _projection: None unless the projections are FP8 (and their inputs static).
+    qkv_proj_scale: nn.Parameter | None
+    qkv_proj_input_scale: nn.Parameter | None
+    o_proj_scale: nn.Parameter | None
+    o_proj_input_scale: nn.Parameter | None
+    gate_up_proj_scale: nn.Parameter | None
+    gate_up_proj_input_scale: nn.Parameter | None
+    down_proj_scale: nn.Parameter | None
+    down_proj_input_scale: nn.Parameter | None
+
     def __init__(self, config: ModelConfig, layer_idx: int, ops: TorchOps,
                  device: torch.device, dtype: torch.dtype,
                  tp: TensorParallel | None = None,
@@ -70,12 +102,17 @@ class DecoderLayer(nn.Module):
         h, inter = config.hidden_size, shard.intermediate_size
         kw = dict(device=device, dtype=dtype)
         self.input_layernorm = _param(h, **kw)  # [H]
-        self.qkv_proj = _param(self.q_size + 2 * self.kv_size, h, **kw)  # [(Hq + 2Hk) D, H]
+        # The four projections may be FP8 (config.fp8): each then has its _scale (and
+        # _input_scale) beside it, and runs through runner.fp8_linear.
+        fp8 = config.fp8
+        self.qkv_proj: nn.Parameter  # [(Hq + 2Hk) D, H]
+        _projection(self, "qkv_proj", self.q_size + 2 * self.kv_size, h, fp8, device, dtype)
         self.qkv_bias = (_param(self.q_size + 2 * self.kv_size, **kw)  # [(Hq + 2Hk) D]
                          if config.qkv_bias else None)
         self.q_norm = _param(self.head_dim, **kw) if config.qk_norm else None  # [D]
         self.k_norm = _param(self.head_dim, **kw) if config.qk_norm else None  # [D]
-        self.o_proj = _param(h, self.q_size, **kw)  # [H, Hq D]
+        self.o_proj: nn.Parameter  # [H, Hq D]
+        _projection(self, "o_proj", h, self.q_size, fp8, device, dtype)
         self.post_attention_layernorm = _param(h, **kw)  # [H]
         # A MoE layer's MLP is its routed experts (runner.moe); a dense one's is one SwiGLU.
         self.moe = (MoEBlock(config, device, dtype, launches=moe_launches) if config.is_moe
@@ -83,8 +120,12 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj: nn.Parameter | None = None  # [2I, H]: gate rows, then up rows
         self.down_proj: nn.Parameter | None = None  # [H, I]
         if self.moe is None:
-            self.gate_up_proj = _param(2 * inter, h, **kw)
-            self.down_proj = _param(h, inter, **kw)
+            _projection(self, "gate_up_proj", 2 * inter, h, fp8, device, dtype)
+            _projection(self, "down_proj", h, inter, fp8, device, dtype)
+        else:
+            for name in ("gate_up_proj", "down_proj"):
+                setattr(self, name + "_scale", None)
+                setattr(self, name + "_input_scale", None)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None,
                 positions: torch.Tensor, cos_sin_cache: torch.Tensor, kv_cache: torch.Tensor,
@@ -110,7 +151,8 @@ class DecoderLayer(nn.Module):
         ops = self.ops if ops is None else ops
         num_tokens = hidden.shape[0]
         x, residual = ops.rms_norm(hidden, self.input_layernorm, self.eps, residual)
-        qkv = F.linear(x, self.qkv_proj, self.qkv_bias)  # [T, (Hq + 2Hk) D]
+        qkv = fp8_linear(x, self.qkv_proj, self.qkv_proj_scale, self.qkv_proj_input_scale,
+                         self.qkv_bias)  # [T, (Hq + 2Hk) D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -127,15 +169,16 @@ class DecoderLayer(nn.Module):
         """attn: [T, Hq D] -> (hidden [T, H], residual [T, H]): output projection, norm,
         SwiGLU MLP."""
         ops = self.ops if ops is None else ops
-        x = F.linear(attn, self.o_proj)
+        x = fp8_linear(attn, self.o_proj, self.o_proj_scale, self.o_proj_input_scale)
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         x, residual = ops.rms_norm(x, self.post_attention_layernorm, self.eps, residual)
         if self.moe is not None:
             return self.moe(x), residual
         assert self.gate_up_proj is not None and self.down_proj is not None
-        x = ops.silu_and_mul(F.linear(x, self.gate_up_proj))  # [T, I]
-        x = F.linear(x, self.down_proj)
+        x = ops.silu_and_mul(fp8_linear(x, self.gate_up_proj, self.gate_up_proj_scale,
+                                        self.gate_up_proj_input_scale))  # [T, I]
+        x = fp8_linear(x, self.down_proj, self.down_proj_scale, self.down_proj_input_scale)
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         return x, residual
@@ -149,6 +192,7 @@ class LlamaModel(nn.Module):
         self.config = config
         self.ops = ops
         self.tp = tp
+        register_cuda_kernels(config.fp8, device)
         vocab_rows = config.vocab_size if tp is None else tp.layout.vocab_rows
         # Attached after construction when the backend needs the KV cache's sizes first.
         self.backend = backend

@@ -54,12 +54,14 @@ def time_launch(moe: MoEBlock, launch: MoELaunch, num_tokens: int) -> float:
     e, top_k = moe.w13.shape[0], moe.top_k
     device = moe.w13.device
     gen = torch.Generator(device=device).manual_seed(num_tokens)
-    hidden = torch.randn(num_tokens, moe.w13.shape[2], device=device, dtype=moe.w13.dtype,
-                         generator=gen)
+    hidden = torch.randn(num_tokens, moe.w13.shape[2], device=device, dtype=moe.router.dtype,
+                         generator=gen)  # the served dtype (FP8 experts: not w13's)
+    # FP8 experts run (and are timed) with their block scales.
+    scales = {"w13_scale": moe.w13_scale, "w2_scale": moe.w2_scale}
     ids = torch.rand(num_tokens, e, device=device, generator=gen).topk(top_k, dim=-1).indices
     weights = torch.full((num_tokens, top_k), 1.0 / top_k, device=device)
     try:
-        fused_moe(hidden, moe.w13, moe.w2, weights, ids, launch)
+        fused_moe(hidden, moe.w13, moe.w2, weights, ids, launch, **scales)
     except OutOfResources as exc:  # more shared memory or registers than the GPU has
         logger.info("fused MoE autotune: %s does not fit this GPU (%s); not a candidate",
                     launch, exc)
@@ -68,7 +70,7 @@ def time_launch(moe: MoEBlock, launch: MoELaunch, num_tokens: int) -> float:
     for _ in range(TIMED_CALLS):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fused_moe(hidden, moe.w13, moe.w2, weights, ids, launch)
+        fused_moe(hidden, moe.w13, moe.w2, weights, ids, launch, **scales)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)

@@ -119,7 +119,7 @@ def _run_layer(runner: WarmupRunner, num_tokens: int) -> None:
                if isinstance(m, MoEBlock))
     gen = torch.Generator(device=runner.device).manual_seed(num_tokens)
     hidden = torch.randn(num_tokens, moe.w13.shape[2], generator=gen, device=runner.device,
-                         dtype=moe.w13.dtype)
+                         dtype=moe.router.dtype)  # the served dtype (FP8 experts: not w13's)
     moe(hidden)
 
 
