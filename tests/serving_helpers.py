@@ -23,11 +23,12 @@ def greedy(max_tokens: int, stop: Sequence[int] = ()) -> SamplingParams:
 class Served:
     """A ServingLoop over `runner` that records every step's SchedulerOutput and event."""
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, *, async_scheduling: bool = False) -> None:
         self.runner = runner
         self.events: list[StepEvent] = []
         self.steps: list[SchedulerOutput] = []
-        self.scheduler = Scheduler(SchedulerLimits.of_config(runner.config))
+        self.scheduler = Scheduler(SchedulerLimits.of_config(
+            runner.config, async_scheduling=async_scheduling))
         self.loop = ServingLoop(runner, self.scheduler, self.events.extend)
         original = runner.execute_model
 

@@ -1,0 +1,127 @@
+"""Overlapped scheduling on the runner side: a step's sampled tokens stay on the device until
+the host asks for them, and the next step reads them there.
+
+vLLM's async scheduling, trimmed. `launch` samples a step without reading the tokens back: it
+appends PLACEHOLDER to each sampling request's outputs (so positions, seeded streams and the
+next step's input lengths are already right), starts a non-blocking copy of the tokens into a
+pinned host buffer and records a CUDA event. The next step's inputs are built on the host with
+the placeholders in them; `fill_inputs` then writes the device tokens over those rows of the
+persistent input_ids buffer (an index_copy_ queued before the forward or the graph replay).
+`AsyncModelOutput.get` waits for the event (the step's one sync) and puts the real tokens in
+place of the placeholders. On the CPU the same code runs; the copy has simply happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from warmgate.server.runner.host_copy import to_device
+from warmgate.server.runner.input_batch import StepInputs
+from warmgate.server.runner.request_state import RequestState, ScheduledRequest
+from warmgate.server.runner.scheduler_output import ModelRunnerOutput
+
+# Never a token id: a stray one reaching the embedding fails loudly instead of reading row -1.
+PLACEHOLDER = -1
+
+
+class AsyncModelOutput:
+    """A launched step's ModelRunnerOutput, ready once its tokens are on the host.
+
+    sync_reason is None when the step was sampled without waiting for the device; otherwise
+    why it was sampled on the host at once (its output is then complete already)."""
+
+    def __init__(self, output: ModelRunnerOutput | None = None, sync_reason: str | None = None,
+                 *, req_ids: Sequence[str] = (), sampling: Sequence[RequestState] = (),
+                 host: torch.Tensor | None = None, event: torch.cuda.Event | None = None,
+                 template: ModelRunnerOutput | None = None) -> None:
+        self._output = output
+        self.sync_reason = sync_reason
+        self._req_ids = list(req_ids)
+        self._sampling = list(sampling)
+        self._host = host
+        self._event = event
+        self._template = template
+
+    @property
+    def done(self) -> bool:
+        """Whether get() returns without waiting for the device."""
+        return self._output is not None or self._event is None or self._event.query()
+
+    def get(self) -> ModelRunnerOutput:
+        """The step's output; the first call waits for its tokens (the step's one sync) and
+        puts them into the requests' states in place of the placeholders."""
+        if self._output is not None:
+            return self._output
+        if self._event is not None:
+            self._event.synchronize()
+        assert self._host is not None and self._template is not None  # set with no output
+        tokens = self._host.tolist()
+        for state, token in zip(self._sampling, tokens, strict=True):
+            # The oldest placeholder: the next step was launched (and left its own) already.
+            state.output_token_ids[state.output_token_ids.index(PLACEHOLDER)] = token
+        by_req = {s.req_id: [t] for s, t in zip(self._sampling, tokens, strict=True)}
+        t = self._template
+        self._output = ModelRunnerOutput(
+            req_ids=self._req_ids,
+            sampled_token_ids=[by_req.get(r, []) for r in self._req_ids],
+            num_accepted_draft_tokens=[0] * len(self._req_ids),
+            logprobs=None, prompt_logprobs=t.prompt_logprobs)
+        self._host = None
+        return self._output
+
+
+class DeviceTokens:
+    """The last launched step's sampled tokens on the device, and the pinned host buffers
+    they are copied into (two: step N's is read after step N+1's copy was queued)."""
+
+    def __init__(self, max_num_reqs: int, device: torch.device) -> None:
+        self.device = device
+        pin = device.type == "cuda"
+        self._host = [torch.zeros(max_num_reqs, dtype=torch.int64, pin_memory=pin)
+                      for _ in range(2)]
+        self._slot = 0
+        self._tokens: torch.Tensor | None = None  # [sampling requests] int64, on the device
+        self._index: dict[str, int] = {}  # request -> its row of _tokens
+
+    def launch(self, tokens: torch.Tensor, scheduled: Sequence[ScheduledRequest],
+               template: ModelRunnerOutput) -> AsyncModelOutput:
+        """tokens [R]: one per sampling request of `scheduled` (in order), still on the
+        device. Appends the placeholders and starts the copy to the host."""
+        sampling = [s.state for s in scheduled if s.num_logits_rows]
+        for state in sampling:
+            state.output_token_ids.append(PLACEHOLDER)
+        self._tokens = tokens
+        self._index = {state.req_id: i for i, state in enumerate(sampling)}
+        host = self._host[self._slot][:len(sampling)]
+        self._slot ^= 1
+        host.copy_(tokens, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return AsyncModelOutput(req_ids=[s.req_id for s in scheduled], sampling=sampling,
+                                host=host, event=event, template=template)
+
+    def fill_inputs(self, inputs: StepInputs, input_ids: torch.Tensor) -> int:
+        """Write the device tokens into this step's input rows that hold a placeholder (a
+        request whose last token the host does not have yet); input_ids is the persistent
+        device buffer the forward and the graphs read. Returns the rows written."""
+        if self._tokens is None:
+            return 0
+        rows: list[int] = []
+        src: list[int] = []
+        qsl = inputs.meta.query_start_loc_cpu
+        for i, s in enumerate(inputs.scheduled):
+            out = s.state.output_token_ids
+            # Only the newest token can be pending, and it is the last input of its request
+            # when the step reaches the end of the stream (drafts never follow a pending one).
+            if out and out[-1] == PLACEHOLDER and s.req_id in self._index:
+                rows.append(int(qsl[i + 1]) - 1 - s.num_draft_tokens)
+                src.append(self._index[s.req_id])
+        if not rows:
+            return 0
+        index, which = to_device(rows + src, torch.long, input_ids.device).split(len(rows))
+        input_ids.index_copy_(0, index, self._tokens.index_select(0, which))
+        return len(rows)
