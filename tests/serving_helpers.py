@@ -10,7 +10,7 @@ from tests.runner_helpers import MiniScheduler
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.scheduler_output import SamplingParams, SchedulerOutput
 from warmgate.server.serving.limits import SchedulerLimits
-from warmgate.server.serving.loop import ServingLoop
+from warmgate.server.serving.loop import ServingLoop, StepStats
 from warmgate.server.serving.ngram import NgramIndex
 from warmgate.server.serving.request import ServingRequest, StepEvent
 from warmgate.server.serving.scheduler import Scheduler
@@ -29,7 +29,9 @@ class Served:
         self.steps: list[SchedulerOutput] = []
         self.scheduler = Scheduler(SchedulerLimits.of_config(
             runner.config, async_scheduling=async_scheduling))
-        self.loop = ServingLoop(runner, self.scheduler, self.events.extend)
+        self.stats: list[StepStats] = []
+        self.loop = ServingLoop(runner, self.scheduler, self.events.extend,
+                                on_step=self.stats.append)
         original = runner.execute_model
 
         def recording(so: SchedulerOutput) -> Any:

@@ -19,12 +19,8 @@ import torch
 
 from warmgate.server.runner.host_copy import to_device
 from warmgate.server.runner.input_batch import StepInputs
-from warmgate.server.runner.request_state import RequestState, ScheduledRequest
+from warmgate.server.runner.request_state import PLACEHOLDER, RequestState, ScheduledRequest
 from warmgate.server.runner.scheduler_output import ModelRunnerOutput
-
-# Never a token id: a stray one reaching the embedding fails loudly instead of reading row -1.
-PLACEHOLDER = -1
-
 
 class AsyncModelOutput:
     """A launched step's ModelRunnerOutput, ready once its tokens are on the host.

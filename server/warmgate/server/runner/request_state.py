@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 from warmgate.server.runner.scheduler_output import SamplingParams
 
+# An output token sampled on the device and not read back yet (runner/async_output.py). Never
+# a token id: one reaching the embedding or a penalty's scatter fails loudly.
+PLACEHOLDER = -1
+
 
 @dataclass
 class RequestState:

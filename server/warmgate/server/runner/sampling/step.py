@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from warmgate.server.runner.request_state import ScheduledRequest
+from warmgate.server.runner.request_state import PLACEHOLDER, ScheduledRequest
 from warmgate.server.runner.sampling.rows import TokenHistory
 from warmgate.server.runner.sampling.sampler import Sampler
 from warmgate.server.runner.sampling.seeded import SeededStream
@@ -29,6 +29,12 @@ def _rows(scheduled: Sequence[ScheduledRequest]) -> tuple[
     histories = ([TokenHistory(s.state.prompt_token_ids, s.state.output_token_ids)
                   for s in sampling]
                  if any(p.uses_logits_processors for p in params) else None)
+    if histories is not None:
+        for s, p in zip(sampling, params, strict=True):
+            # Only the newest two can be pending (one step in flight, one launching).
+            if p.has_penalties and PLACEHOLDER in s.state.output_token_ids[-2:]:
+                raise RuntimeError(f"request {s.req_id!r}: its penalties read a token still "
+                                   "on the device (the scheduler must not overlap this step)")
     return sampling, params, streams, histories
 
 
