@@ -22,6 +22,7 @@ from warmgate.server.runner.input_batch import StepInputs
 from warmgate.server.runner.request_state import PLACEHOLDER, RequestState, ScheduledRequest
 from warmgate.server.runner.scheduler_output import ModelRunnerOutput
 
+
 class AsyncModelOutput:
     """A launched step's ModelRunnerOutput, ready once its tokens are on the host.
 
