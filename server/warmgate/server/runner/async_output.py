@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from warmgate.server.runner.host_copy import to_device
@@ -40,11 +41,6 @@ class AsyncModelOutput:
         self._host = host
         self._event = event
         self._template = template
-
-    @property
-    def done(self) -> bool:
-        """Whether get() returns without waiting for the device."""
-        return self._output is not None or self._event is None or self._event.query()
 
     def get(self) -> ModelRunnerOutput:
         """The step's output; the first call waits for its tokens (the step's one sync) and
@@ -107,18 +103,20 @@ class DeviceTokens:
         device buffer the forward and the graphs read. Returns the rows written."""
         if self._tokens is None:
             return 0
-        rows: list[int] = []
+        index = self._index
+        reqs: list[int] = []
         src: list[int] = []
-        qsl = inputs.meta.query_start_loc_cpu
         for i, s in enumerate(inputs.scheduled):
             out = s.state.output_token_ids
-            # Only the newest token can be pending, and it is the last input of its request
-            # when the step reaches the end of the stream (drafts never follow a pending one).
-            if out and out[-1] == PLACEHOLDER and s.req_id in self._index:
-                rows.append(int(qsl[i + 1]) - 1 - s.num_draft_tokens)
-                src.append(self._index[s.req_id])
-        if not rows:
+            # Only the newest token can be pending, and it is then the request's one input:
+            # the scheduler gives a pending request neither drafts nor a prompt chunk.
+            if out and out[-1] == PLACEHOLDER and s.req_id in index:
+                reqs.append(i)
+                src.append(index[s.req_id])
+        if not reqs:
             return 0
-        index, which = to_device(rows + src, torch.long, input_ids.device).split(len(rows))
-        input_ids.index_copy_(0, index, self._tokens.index_select(0, which))
-        return len(rows)
+        # The last query row of each of those requests.
+        rows = (inputs.meta.query_start_loc_cpu.numpy()[np.asarray(reqs) + 1] - 1).tolist()
+        dst, which = to_device(rows + src, torch.long, input_ids.device).split(len(rows))
+        input_ids.index_copy_(0, dst, self._tokens.index_select(0, which))
+        return len(reqs)

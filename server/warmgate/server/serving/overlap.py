@@ -28,18 +28,20 @@ def overlap_blocker(scheduler: Scheduler) -> str | None:
     drafts its drafter needs it (and the accepted count moves its position); penalties read
     its output history. And a step that may preempt must not: a preempted request restarts
     from its outputs, which the host does not have yet."""
-    pending = [r for r in scheduler.running if r.num_pending_tokens]
-    if any(r.grammar is not None for r in pending):
-        return "grammar"
-    if scheduler.limits.num_speculative_steps and any(r.drafter is not None for r in pending):
-        return "spec_decode"
-    if any(r.params.has_penalties for r in pending):
-        return "penalties"
-    # Each running request takes at most all its uncomputed tokens (within the token budget)
-    # this step: if the free blocks hold that, schedule() never preempts.
-    budget = scheduler.limits.max_num_batched_tokens
-    need = sum(blocks_needed(r, min(r.num_uncomputed_tokens, budget),
-                             scheduler.limits.block_size) for r in scheduler.running)
+    limits = scheduler.limits
+    budget, block_size = limits.max_num_batched_tokens, limits.block_size
+    need = 0
+    for r in scheduler.running:  # one pass: it runs every step, over every running request
+        if r.num_pending_tokens:
+            if r.grammar is not None:
+                return "grammar"
+            if limits.num_speculative_steps and r.drafter is not None:
+                return "spec_decode"
+            if r.params.has_penalties:
+                return "penalties"
+        # At most all its uncomputed tokens (within the token budget) this step: if the free
+        # blocks hold that for every request, schedule() never preempts.
+        need += blocks_needed(r, min(r.num_uncomputed_tokens, budget), block_size)
     if need > scheduler.pool.num_free:
         return "preemption"
     return None
