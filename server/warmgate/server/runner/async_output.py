@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from warmgate.server.runner.host_copy import to_device
-from warmgate.server.runner.input_batch import StepInputs
+from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.request_state import PLACEHOLDER, RequestState, ScheduledRequest
 from warmgate.server.runner.scheduler_output import ModelRunnerOutput
 
@@ -52,8 +52,10 @@ class AsyncModelOutput:
         assert self._host is not None and self._template is not None  # set with no output
         tokens = self._host.tolist()
         for state, token in zip(self._sampling, tokens, strict=True):
-            # The oldest placeholder: the next step was launched (and left its own) already.
-            state.output_token_ids[state.output_token_ids.index(PLACEHOLDER)] = token
+            # The older of the last two: the next step may have been launched (and left its
+            # own placeholder, or a token sampled on the host) already.
+            out = state.output_token_ids
+            out[-2 if len(out) > 1 and out[-2] == PLACEHOLDER else -1] = token
         by_req = {s.req_id: [t] for s, t in zip(self._sampling, tokens, strict=True)}
         t = self._template
         self._output = ModelRunnerOutput(
@@ -75,8 +77,8 @@ class DeviceTokens:
         self._host = [torch.zeros(max_num_reqs, dtype=torch.int64, pin_memory=pin)
                       for _ in range(2)]
         self._slot = 0
-        self._tokens: torch.Tensor | None = None  # [sampling requests] int64, on the device
-        self._index: dict[str, int] = {}  # request -> its row of _tokens
+        # [sampling requests] int64, on the device; each request's RequestState.device_row.
+        self._tokens: torch.Tensor | None = None
 
     def launch(self, tokens: torch.Tensor, scheduled: Sequence[ScheduledRequest],
                template: ModelRunnerOutput) -> AsyncModelOutput:
@@ -86,7 +88,8 @@ class DeviceTokens:
         for state in sampling:
             state.output_token_ids.append(PLACEHOLDER)
         self._tokens = tokens
-        self._index = {state.req_id: i for i, state in enumerate(sampling)}
+        for i, state in enumerate(sampling):
+            state.device_row = i
         host = self._host[self._slot][:len(sampling)]
         self._slot ^= 1
         host.copy_(tokens, non_blocking=True)
@@ -97,26 +100,23 @@ class DeviceTokens:
         return AsyncModelOutput(req_ids=[s.req_id for s in scheduled], sampling=sampling,
                                 host=host, event=event, template=template)
 
-    def fill_inputs(self, inputs: StepInputs, input_ids: torch.Tensor) -> int:
+    def fill_inputs(self, inputs: StepInputs, batch: InputBatch) -> int:
         """Write the device tokens into this step's input rows that hold a placeholder (a
-        request whose last token the host does not have yet); input_ids is the persistent
-        device buffer the forward and the graphs read. Returns the rows written."""
+        request whose last token the host does not have yet), in the persistent device
+        input_ids buffer the forward and the graphs read. Returns the rows written."""
         if self._tokens is None:
             return 0
-        index = self._index
-        reqs: list[int] = []
-        src: list[int] = []
-        for i, s in enumerate(inputs.scheduled):
-            out = s.state.output_token_ids
-            # Only the newest token can be pending, and it is then the request's one input:
-            # the scheduler gives a pending request neither drafts nor a prompt chunk.
-            if out and out[-1] == PLACEHOLDER and s.req_id in index:
-                reqs.append(i)
-                src.append(index[s.req_id])
-        if not reqs:
+        # The host buffer prepare_inputs just filled: a placeholder row is a pending token.
+        rows = np.flatnonzero(batch.input_ids.np[:inputs.meta.num_tokens] == PLACEHOLDER)
+        if not rows.size:
             return 0
-        # The last query row of each of those requests.
-        rows = (inputs.meta.query_start_loc_cpu.numpy()[np.asarray(reqs) + 1] - 1).tolist()
-        dst, which = to_device(rows + src, torch.long, input_ids.device).split(len(rows))
-        input_ids.index_copy_(0, dst, self._tokens.index_select(0, which))
-        return len(reqs)
+        num_reqs = inputs.meta.num_reqs
+        ends = inputs.meta.query_start_loc_cpu.numpy()[1:num_reqs + 1]
+        scheduled = inputs.scheduled
+        # Only the newest token can be pending, the request's one input then (a pending
+        # request gets neither drafts nor a prompt chunk); its row of the launched tokens:
+        src = [scheduled[i].state.device_row
+               for i in np.searchsorted(ends, rows, side="right").tolist()]
+        dst, which = to_device(rows.tolist() + src, torch.long, batch.device).split(rows.size)
+        batch.input_ids.gpu.index_copy_(0, dst, self._tokens.index_select(0, which))
+        return int(rows.size)

@@ -187,7 +187,7 @@ class ModelRunner(RunnerSettings):
         if not scheduled:
             return ModelRunnerOutput([], [], [], []) if self.is_pooling_model else None
         inputs = self.input_batch.prepare_inputs(scheduled)
-        self.device_tokens.fill_inputs(inputs, self.input_batch.input_ids.gpu)
+        self.device_tokens.fill_inputs(inputs, self.input_batch)
         self.jit_monitor.current_batch = self._batch_shape(inputs)
         hidden = self._run_model(inputs.input_ids, inputs.positions, inputs.meta)  # [T, H]
         if self.is_pooling_model:

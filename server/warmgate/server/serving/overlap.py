@@ -29,20 +29,25 @@ def overlap_blocker(scheduler: Scheduler) -> str | None:
     its output history. And a step that may preempt must not: a preempted request restarts
     from its outputs, which the host does not have yet."""
     limits = scheduler.limits
-    budget, block_size = limits.max_num_batched_tokens, limits.block_size
-    need = 0
-    for r in scheduler.running:  # one pass: it runs every step, over every running request
+    spec = limits.num_speculative_steps > 0
+    for r in scheduler.running:  # every step, over every running request: kept lean
         if r.num_pending_tokens:
             if r.grammar is not None:
                 return "grammar"
-            if limits.num_speculative_steps and r.drafter is not None:
+            if spec and r.drafter is not None:
                 return "spec_decode"
             if r.params.has_penalties:
                 return "penalties"
-        # At most all its uncomputed tokens (within the token budget) this step: if the free
-        # blocks hold that for every request, schedule() never preempts.
-        need += blocks_needed(r, min(r.num_uncomputed_tokens, budget), block_size)
-    if need > scheduler.pool.num_free:
+    # A step schedules at most the token budget, each request's tokens from its last block
+    # on: with that many blocks free, schedule() never preempts, whatever the requests hold.
+    budget, block_size, free = limits.max_num_batched_tokens, limits.block_size, \
+        scheduler.pool.num_free
+    if free >= -(-budget // block_size) + len(scheduler.running):
+        return None
+    # Else each request's own bound: all its uncomputed tokens (within the budget).
+    need = sum(blocks_needed(r, min(r.num_uncomputed_tokens, budget), block_size)
+               for r in scheduler.running)
+    if need > free:
         return "preemption"
     return None
 
