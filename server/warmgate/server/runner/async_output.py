@@ -79,6 +79,9 @@ class DeviceTokens:
         self._slot = 0
         # [sampling requests] int64, on the device; each request's RequestState.device_row.
         self._tokens: torch.Tensor | None = None
+        if pin:  # fill_inputs' two kernels load now (CUDA lazy loading), not at a request
+            rows = torch.zeros(1, dtype=torch.int64, device=device)
+            rows.index_copy_(0, rows, rows.index_select(0, rows))
 
     def launch(self, tokens: torch.Tensor, scheduled: Sequence[ScheduledRequest],
                template: ModelRunnerOutput) -> AsyncModelOutput:
