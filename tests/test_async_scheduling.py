@@ -205,3 +205,32 @@ def test_each_serial_reason_is_counted_and_tokens_stay_the_serial_loops(
     assert {r for r, n in counted.items() if n} == ({reason} if reason else set()), counted
     if reason == "preemption":
         assert served.scheduler.num_preemptions > 0
+
+
+def test_a_real_server_streams_the_same_tokens_with_and_without_the_flag() -> None:
+    """--async-scheduling (the default) and --no-async-scheduling reach the serving loop, and
+    concurrent greedy and seeded streams through Generate get the same tokens."""
+    import asyncio
+
+    from tests.grpc_harness import run, server_config, serving
+    from tests.test_grpc_generate import collect
+    from warmgate.client.aio import AsyncWarmgateClient
+
+    got: dict[bool, list[list[int]]] = {}
+
+    async def body(flags: tuple[str, ...], expect: bool) -> None:
+        config = server_config("--max-num-batched-tokens", "32", *flags)
+        async with serving(config) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
+            await c.warmup_kernels()
+            kinds = [{}, {"temperature": 0.8, "seed": 5}] * 3
+            gens = await asyncio.gather(*(
+                collect(c, prompt(5 + 6 * i, offset=i), max_tokens=10, **kw)
+                for i, kw in enumerate(kinds)))
+            loop = s.generation.serving_loop
+            assert loop is not None and loop.async_scheduling is expect
+            got[expect] = [g.token_ids for g in gens]
+
+    run(body((), True), 120)
+    run(body(("--no-async-scheduling",), False), 120)
+    assert got[True] == got[False]
+    assert all(len(tokens) == 10 for tokens in got[True])
