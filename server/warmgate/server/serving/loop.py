@@ -164,6 +164,9 @@ class ServingLoop:
             return
         # Tokens left on the device: the requests move on now, the next step is built on them.
         deferred = not isinstance(launched, _Ready) and launched.sync_reason is None
+        if self.async_scheduling and launched.sync_reason is not None:
+            logger.debug("serial step (%s): %d requests sampled on the host",
+                         launched.sync_reason, plan.scheduler_output.num_reqs)
         if deferred:
             advance_launched(plan)
         previous = self._inflight
