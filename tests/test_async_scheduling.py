@@ -234,3 +234,26 @@ def test_a_real_server_streams_the_same_tokens_with_and_without_the_flag() -> No
     run(body(("--no-async-scheduling",), False), 120)
     assert got[True] == got[False]
     assert all(len(tokens) == 10 for tokens in got[True])
+
+
+def test_tensor_parallel_steps_run_serially_and_give_the_same_tokens() -> None:
+    """At TP > 1 the workers get rank 0's tokens with the next call, so every step is sampled
+    on the host: counted as tensor_parallel, tokens unchanged."""
+    from tests.runner_helpers import tiny_config
+    from tests.tp_helpers import tp_runner
+    from warmgate.server.runner.model_runner import ModelRunner
+
+    config = tiny_config(max_num_batched_tokens=32)
+    prompts = [prompt(n, offset=n) for n in (5, 40, 9)]
+
+    def serve(runner: ModelRunner, flag: bool) -> tuple[list[list[int]], Counter[str]]:
+        served = Served(runner, async_scheduling=flag)
+        reqs = [served.submit(f"r{i}", p, greedy(10)) for i, p in enumerate(prompts)]
+        served.run()
+        return [list(r.output_token_ids) for r in reqs], serial_reasons(served)
+
+    expected, _ = serve(ModelRunner(config), False)
+    with tp_runner(config, 2) as runner:
+        tokens, reasons = serve(runner, True)
+    assert tokens == expected
+    assert set(reasons) == {"tensor_parallel"}
