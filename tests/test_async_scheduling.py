@@ -257,3 +257,18 @@ def test_tensor_parallel_steps_run_serially_and_give_the_same_tokens() -> None:
         tokens, reasons = serve(runner, True)
     assert tokens == expected
     assert set(reasons) == {"tensor_parallel"}
+
+
+def test_host_step_bench_prints_the_serial_and_the_overlapped_loop_side_by_side() -> None:
+    from tests.bench_harness import run_bench
+
+    out = run_bench("bench/serve.py host-step", [
+        "--overlap", "--streams", "4", "--prompt-len", "8", "--warm-steps", "1", "--steps", "4",
+        "--max-num-seqs", "8", "--max-model-len", "64", "--max-num-batched-tokens", "64"])
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines()
+            if line.split() and line.split()[0] in ("serial", "async")}
+    assert set(rows) == {"serial", "async"}
+    # Nine numbers (the parts, the step, host) and the tokens' hash, the same in both loops.
+    assert all(len(r) == 11 for r in rows.values()) and rows["serial"][-1] == rows["async"][-1]
+    assert "async / serial" in out.stdout and "tokens equal" in out.stdout
