@@ -71,8 +71,11 @@ def test_step_n_plus_1_is_launched_before_step_n_is_read() -> None:
     assert not serial_reasons(served)
 
 
-def _outputs(served: Served, reqs: list[ServingRequest]) -> list[tuple[list[int], Any]]:
-    return [(r.output_token_ids, r.finish_reason) for r in reqs]
+def _outputs(served: Served, reqs: list[ServingRequest]) -> list[tuple[Any, ...]]:
+    """Per request: its tokens, finish reason, and the logprobs its events carried."""
+    return [(r.output_token_ids, r.finish_reason,
+             [lp for e in served.events if e.req_id == r.req_id
+              for lp in (*e.prompt_logprobs, *e.logprobs)]) for r in reqs]
 
 
 def _grammar() -> Any:
@@ -99,6 +102,7 @@ def _mixed_run(async_scheduling: bool, *, num_spec: int, stop: int | None,
         SamplingParams(temperature=0.7, top_k=40, seed=11, max_tokens=15),
         SamplingParams(temperature=0.0, repetition_penalty=1.4, max_tokens=10),
         SamplingParams(temperature=0.0, logprobs=2, max_tokens=9),
+        SamplingParams(temperature=0.0, prompt_logprobs=1, max_tokens=7),
     ]
     reqs = [served.submit(f"r{i}", prompt(5 + 3 * i, offset=i), p)
             for i, p in enumerate(specs)]
@@ -168,7 +172,8 @@ PENALISED = SamplingParams(temperature=0.0, presence_penalty=2.0, frequency_pena
                           logit_bias=((5, 4.0),), max_tokens=12), 0, 128),
     ("grammar", None, 0, 128),
     ("penalties", PENALISED, 0, 128),
-    ("logprobs", SamplingParams(temperature=0.0, logprobs=1, max_tokens=12), 0, 128),
+    (None, SamplingParams(temperature=0.0, logprobs=3, max_tokens=12), 0, 128),
+    ("logprobs", SamplingParams(temperature=0.0, prompt_logprobs=1, max_tokens=12), 0, 128),
     ("spec_decode", greedy(12), 3, 128),
     ("preemption", greedy(24), 0, 12),
 ])
@@ -193,9 +198,11 @@ def test_each_serial_reason_is_counted_and_tokens_stay_the_serial_loops(
             else:
                 reqs.append(served.submit(f"r{i}", prompt(6 + 4 * i, offset=i), params))
         served.run()
-        outputs[flag] = [(r.output_token_ids, r.finish_reason) for r in reqs]
+        outputs[flag] = _outputs(served, reqs)
     assert outputs[True] == outputs[False]
-    assert all(tokens for tokens, _ in outputs[False])  # no request failed
+    assert all(out[0] for out in outputs[False])  # no request failed
+    if params is not None and params.logprobs is not None:
+        assert all(len(out[2]) == len(out[0]) for out in outputs[True])
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry)
     for stats in served.stats:

@@ -21,7 +21,8 @@ import torch
 from warmgate.server.runner.host_copy import to_device
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.request_state import PLACEHOLDER, RequestState, ScheduledRequest
-from warmgate.server.runner.scheduler_output import ModelRunnerOutput
+from warmgate.server.runner.sampling.logprobs import logprob_table, read_logprob_table
+from warmgate.server.runner.scheduler_output import ModelRunnerOutput, TokenLogprobs
 
 
 class AsyncModelOutput:
@@ -33,7 +34,8 @@ class AsyncModelOutput:
     def __init__(self, output: ModelRunnerOutput | None = None, sync_reason: str | None = None,
                  *, req_ids: Sequence[str] = (), sampling: Sequence[RequestState] = (),
                  host: torch.Tensor | None = None, event: torch.cuda.Event | None = None,
-                 template: ModelRunnerOutput | None = None) -> None:
+                 template: ModelRunnerOutput | None = None,
+                 logprobs: tuple[torch.Tensor, list[tuple[int, int]]] | None = None) -> None:
         self._output = output
         self.sync_reason = sync_reason
         self._req_ids = list(req_ids)
@@ -41,6 +43,9 @@ class AsyncModelOutput:
         self._host = host
         self._event = event
         self._template = template
+        # logprob_table's rows on the host once the event passed, and per row the request
+        # (its index among the sampling ones) and its number of top logprobs.
+        self._logprobs = logprobs
 
     def get(self) -> ModelRunnerOutput:
         """The step's output; the first call waits for its tokens (the step's one sync) and
@@ -57,12 +62,21 @@ class AsyncModelOutput:
             out = state.output_token_ids
             out[-2 if len(out) > 1 and out[-2] == PLACEHOLDER else -1] = token
         by_req = {s.req_id: [t] for s, t in zip(self._sampling, tokens, strict=True)}
+        lp_by_req: dict[str, list[TokenLogprobs]] | None = None
+        if self._logprobs is not None:
+            table, wanted = self._logprobs
+            entries = read_logprob_table(table.tolist(), [tokens[i] for i, _ in wanted],
+                                         [n for _, n in wanted])
+            lp_by_req = {self._sampling[i].req_id: [e]
+                         for (i, _), e in zip(wanted, entries, strict=True)}
         t = self._template
         self._output = ModelRunnerOutput(
             req_ids=self._req_ids,
             sampled_token_ids=[by_req.get(r, []) for r in self._req_ids],
             num_accepted_draft_tokens=[0] * len(self._req_ids),
-            logprobs=None, prompt_logprobs=t.prompt_logprobs)
+            logprobs=None if lp_by_req is None else [lp_by_req.get(r, [])
+                                                     for r in self._req_ids],
+            prompt_logprobs=t.prompt_logprobs)
         self._host = None
         return self._output
 
@@ -84,24 +98,36 @@ class DeviceTokens:
             rows.index_copy_(0, rows, rows.index_select(0, rows))
 
     def launch(self, tokens: torch.Tensor, scheduled: Sequence[ScheduledRequest],
-               template: ModelRunnerOutput) -> AsyncModelOutput:
+               template: ModelRunnerOutput, logits: torch.Tensor) -> AsyncModelOutput:
         """tokens [R]: one per sampling request of `scheduled` (in order), still on the
-        device. Appends the placeholders and starts the copy to the host."""
+        device; logits [R, V] their rows. Appends the placeholders and starts the copies to
+        the host: the tokens, and the logprobs of the requests that asked."""
         sampling = [s.state for s in scheduled if s.num_logits_rows]
-        for state in sampling:
-            state.output_token_ids.append(PLACEHOLDER)
-        self._tokens = tokens
         for i, state in enumerate(sampling):
+            state.output_token_ids.append(PLACEHOLDER)
             state.device_row = i
+        self._tokens = tokens
         host = self._host[self._slot][:len(sampling)]
         self._slot ^= 1
         host.copy_(tokens, non_blocking=True)
+        wanted = [(i, state.sampling_params.logprobs) for i, state in enumerate(sampling)
+                  if state.sampling_params is not None
+                  and state.sampling_params.logprobs is not None]
+        table = None
+        if wanted:  # gathered for the device's tokens, read with them
+            rows = to_device([i for i, _ in wanted], torch.long, tokens.device)
+            on_device = logprob_table(logits, rows, tokens.index_select(0, rows),
+                                      max(n for _, n in wanted))
+            table = torch.empty(on_device.shape, dtype=on_device.dtype,
+                                pin_memory=self.device.type == "cuda")
+            table.copy_(on_device, non_blocking=True)
         event = None
         if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
         return AsyncModelOutput(req_ids=[s.req_id for s in scheduled], sampling=sampling,
-                                host=host, event=event, template=template)
+                                host=host, event=event, template=template,
+                                logprobs=(table, wanted) if table is not None else None)
 
     def fill_inputs(self, inputs: StepInputs, batch: InputBatch) -> int:
         """Write the device tokens into this step's input rows that hold a placeholder (a

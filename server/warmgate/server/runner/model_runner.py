@@ -233,7 +233,7 @@ class ModelRunner(RunnerSettings):
             [s for s in pending.scheduled if s.num_logits_rows], grammar_output)
         tokens = sample_on_device(self.sampler, pending.logits, pending.scheduled, bitmask)
         return self.device_tokens.launch(tokens, pending.scheduled, ModelRunnerOutput(
-            [], [], prompt_logprobs=pending.prompt_logprobs))
+            [], [], prompt_logprobs=pending.prompt_logprobs), pending.logits)
 
     def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor,
                    meta: AttentionMetadata) -> torch.Tensor:

@@ -66,7 +66,7 @@ class ServingMetrics:
             "warmgate_serial_steps_total", "Steps that did not overlap with the step before "
             "them under --async-scheduling, by reason: the next batch needed the last one's "
             "tokens on the host (grammar, spec_decode, penalties, preemption) or the step was "
-            "sampled on the host (spec_decode, logprobs, tensor_parallel).", ["reason"],
+            "sampled on the host (spec_decode, prompt logprobs, tensor_parallel).", ["reason"],
             registry=r)
         for reason in SERIAL_REASONS:
             self.serial_steps.labels(reason=reason)

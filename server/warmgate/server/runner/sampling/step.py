@@ -40,13 +40,14 @@ def _rows(scheduled: Sequence[ScheduledRequest]) -> tuple[
 
 def host_sampling_reason(scheduled: Sequence[ScheduledRequest]) -> str | None:
     """Why this step's tokens must reach the host before its sampling is done: verifying
-    drafts reads the accepted count back, and logprobs are gathered for the chosen tokens
-    on the host. None: the tokens can stay on the device (sample_on_device)."""
+    drafts reads the accepted count back, and prompt logprobs were read back by the forward
+    already. None: the tokens (and the sampled tokens' logprobs) can stay on the device
+    (sample_on_device, runner/async_output.py)."""
     if any(s.draft_token_ids for s in scheduled if s.num_logits_rows):
         return "spec_decode"
     for s in scheduled:
         p = s.state.sampling_params
-        if p is not None and (p.logprobs is not None or p.prompt_logprobs is not None):
+        if p is not None and p.prompt_logprobs is not None:
             return "logprobs"
     return None
 
