@@ -19,6 +19,7 @@ import torch
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.jit import BatchShape, JitMonitor
 from warmgate.server.jit.events import COMMUNICATOR_SETUP, CUDA_GRAPH_MISS
+from warmgate.server.runner.async_output import AsyncModelOutput, DeviceTokens
 from warmgate.server.runner.attention import AttentionSpec, create_backend
 from warmgate.server.runner.attention.base import AttentionMetadata
 from warmgate.server.runner.batch import BatchKind
@@ -31,7 +32,11 @@ from warmgate.server.runner.pooling import pool_last_tokens
 from warmgate.server.runner.request_state import ScheduledRequest
 from warmgate.server.runner.runner_settings import RunnerSettings
 from warmgate.server.runner.sampling import Sampler
-from warmgate.server.runner.sampling.step import sample_step
+from warmgate.server.runner.sampling.step import (
+    host_sampling_reason,
+    sample_on_device,
+    sample_step,
+)
 from warmgate.server.runner.sampling.step_logprobs import PromptLogprobs, prompt_logprobs
 from warmgate.server.runner.scheduler_output import (
     GREEDY,
@@ -117,6 +122,7 @@ class ModelRunner(RunnerSettings):
             min(self.max_num_reqs * self.decode_query_len, self.max_num_tokens),
             config.model.vocab_size, self.device)
         self.input_batch = self._create_input_batch()
+        self.device_tokens = DeviceTokens(self.max_num_reqs, self.device)
         self.limits = self._step_limits()
         self.load_stats = load_stats(config, loaded, kv)
         # For tests and warmup checks: the last execute_model's logits (grammar-masked in place).
@@ -183,6 +189,7 @@ class ModelRunner(RunnerSettings):
         if not scheduled:
             return ModelRunnerOutput([], [], [], []) if self.is_pooling_model else None
         inputs = self.input_batch.prepare_inputs(scheduled)
+        self.device_tokens.fill_inputs(inputs, self.input_batch)
         self.jit_monitor.current_batch = self._batch_shape(inputs)
         hidden = self._run_model(inputs.input_ids, inputs.positions, inputs.meta)  # [T, H]
         if self.is_pooling_model:
@@ -207,6 +214,28 @@ class ModelRunner(RunnerSettings):
             [s for s in pending.scheduled if s.num_logits_rows], grammar_output)
         return sample_step(self.sampler, pending.logits, pending.scheduled,
                            pending.prompt_logprobs, bitmask)
+
+    @torch.inference_mode()
+    def sample_tokens_async(self, grammar_output: GrammarOutput | None
+                            ) -> AsyncModelOutput | None:
+        """sample_tokens for overlapped scheduling: the tokens stay on the device (the next
+        execute_model reads them there) until the output's get(); a step whose sampling must
+        read them on the host (drafts, logprobs; every step under tensor parallel, whose
+        workers get the tokens with the next call) comes back complete, with the reason."""
+        pending = self._pending
+        if pending is None:
+            return None
+        reason = ("tensor_parallel" if self.tensor_parallel is not None
+                  else host_sampling_reason(pending.scheduled))
+        if reason is not None:
+            out = self.sample_tokens(grammar_output)
+            return None if out is None else AsyncModelOutput(out, reason)
+        self._pending = None
+        bitmask = self.token_bitmask.layout(
+            [s for s in pending.scheduled if s.num_logits_rows], grammar_output)
+        tokens = sample_on_device(self.sampler, pending.logits, pending.scheduled, bitmask)
+        return self.device_tokens.launch(tokens, pending.scheduled, ModelRunnerOutput(
+            [], [], prompt_logprobs=pending.prompt_logprobs), pending.logits)
 
     def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor,
                    meta: AttentionMetadata) -> torch.Tensor:
