@@ -16,7 +16,7 @@ from warmgate.server.config.moe_kernel import ExpertShape, bucket_of, candidates
 from warmgate.server.devtools.batch_driver import BatchDriver
 from warmgate.server.devtools.random_batches import BatchDrawer, Limits
 from warmgate.server.jit import JitMonitor
-from warmgate.server.jit.events import AUTOTUNE, TRITON
+from warmgate.server.jit.events import AUTOTUNE
 from warmgate.server.kernels.fused_moe import fused_moe
 from warmgate.server.runner.attention import backend_available
 from warmgate.server.runner.moe import route, torch_moe
@@ -90,7 +90,8 @@ def test_a_qwen3_moe_model_serves_with_nothing_compiled_or_tuned_after_ready(
         phase = report.phase("moe")
         assert phase.shapes["buckets"] == [32, 256, 2048]
         assert phase.shapes["source"] == "autotune" and phase.compiles.get(AUTOTUNE) == 3
-        assert phase.compiles.get(TRITON, 0) > 0 and phase.shapes["autotune_s"] > 0
+        # Triton compiles only in the first case of this process: later ones load its cache.
+        assert phase.shapes["autotune_s"] > 0
         assert runner.cuda_graphs_captured
         monitor.mark_ready()
         driver = BatchDriver(runner)

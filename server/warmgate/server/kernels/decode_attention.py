@@ -23,7 +23,9 @@ from warmgate.server.kernels._launch import ieee_dots, pow2, prepare_paged_atten
 # A split holds at least one GPU key tile (BLOCK_N = 64): a thinner one would be empty by
 # construction, since the kernel rounds each split up to whole tiles.
 MIN_TOKENS_PER_SPLIT = 64
-MAX_SPLITS = 64
+# Measured on the H200 (bench/results/h200-decode-kernel.txt): at batch 1 the merge of 64
+# splits cost more than their parallelism gave (1.04-1.31x slower than 16).
+MAX_SPLITS = 16
 # Programs per SM the split grid aims for: a decode program is latency-bound (a chain of
 # dependent loads: seq_len, page, K, V), so at least two per SM keep the memory system busy.
 PROGRAMS_PER_SM = 2
@@ -37,9 +39,8 @@ def choose_num_splits(num_reqs: int, num_kv_heads: int, max_context_len: int,
     max_context_len must be the capacity (max_blocks_per_req * block_size), never this step's
     longest sequence: a captured graph replays with other lengths. A shorter sequence leaves
     the trailing splits empty; they load nothing and the merge skips them. The result is a
-    power of two (rounded up, so the grid reaches the target) so only a handful of values
-    ever occur. (Before: at most 16 splits of >= 256 tokens, rounded down: 128 programs at
-    batch 1 on 132 SMs, 64 at batch 8.)
+    power of two (rounded up, so the grid reaches the target, up to MAX_SPLITS) so only a
+    handful of values ever occur.
     """
     programs = max(num_reqs * num_kv_heads, 1)
     wanted = triton.next_power_of_2(triton.cdiv(PROGRAMS_PER_SM * num_sms, programs))
@@ -168,14 +169,15 @@ def _merge_splits_kernel(
 
 def _decode_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages). Decode is bandwidth-bound: 64-key tiles pipelined
-    3 deep keep ~96 KiB of K/V in flight per program at head_dim 128 in bf16; float32 halves
-    the depth to stay inside shared memory. The interpreter gets 16-key tiles so small test
-    contexts still cross tile and split boundaries."""
+    2 deep (3 deep measured 0.77-0.98x as fast at batch 64/128 on the H200 at head_dim 128:
+    bench/results/h200-decode-kernel.txt); float32 tiles are halved to stay inside shared
+    memory. The interpreter gets 16-key tiles so small test contexts still cross tile and split
+    boundaries."""
     if not on_gpu:
         return 16, 4, 1
     if dtype == torch.float32 or head_dim > 128:
         return 32, 4, 2
-    return 64, 4, 3
+    return 64, 4, 2
 
 
 def _split_partials(num_splits: int, q: torch.Tensor,
