@@ -166,6 +166,8 @@ class GenerationService(gen_grpc.GenerationServicer):
                 if event.error is not None:
                     outcome = "error"
                     raise _stream_error(event.error)
+                if event.usage is not None:  # an engine process's counters (one process:
+                    req.usage = event.usage  # the same object), for the metrics below
                 stream.num_sent += len(event.token_ids)
                 message = gen_pb.GenerateResponse(
                     token_ids=event.token_ids, time_since_arrival_s=event.time_s - arrival,
