@@ -89,7 +89,12 @@ class RunningServer:
         # Generate streams get the grace to finish before the runner stops under them.
         await self.generation.drain(grace or 0.0)
         await self.controller.close(wait=self.engine_process is None and wait_for_runner)
-        if self.engine_process is not None:  # its end of file wakes the worker waiting on it
+        if self.engine_process is not None:
+            # The step in flight gets what is left of the grace, as in one process; then the
+            # engine's end of file wakes the worker waiting on it.
+            self.engine_process.cancel()
+            left = (grace or 0.0) - (time.monotonic() - start)
+            await self.controller.wait_runner_idle(max(0.0, left))
             await asyncio.to_thread(self.engine_process.close)
             await self.controller.close(wait=wait_for_runner)
         await self.server.stop(None if grace is None

@@ -106,6 +106,12 @@ class RemoteEngine:
     def run_mixed(self, num_tokens: int, *, progress: ProgressCallback) -> WarmupReport:
         return self._job((wire.MIXED, num_tokens), progress)  # type: ignore[no-any-return]
 
+    def cancel(self) -> None:
+        """The server stops: the warmup in flight ends at its next step (as in one process,
+        where the worker's progress callback raises)."""
+        with contextlib.suppress(EngineLost):
+            self.process.send(wire.CANCEL)
+
     def close(self) -> None:
         self.process.close()
 
@@ -117,10 +123,8 @@ class RemoteEngine:
         while True:
             try:
                 message = process.next_job_message(None)
-            except ShuttingDown:
-                if cancelled:
-                    raise WarmupCancelled("the server is shutting down") from None
-                raise
+            except ShuttingDown:  # the server closed the engine under this job: a stop
+                raise WarmupCancelled("the server is shutting down") from None
             assert message is not None  # no timeout: a message or the loss
             kind = message[0]
             if kind == wire.PROGRESS:
