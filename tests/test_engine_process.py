@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import re
 import signal
 import statistics
@@ -13,6 +14,7 @@ import urllib.request
 
 import grpc
 import pytest
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.grpc_harness import eventually, run, server_config, serving
@@ -21,7 +23,19 @@ from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.api import WaitResult, WarmgateClient
 from warmgate.client.errors import WarmgateRpcError
 from warmgate.client.generate import generate_request
+from warmgate.server.api.generation import _stream_error
+from warmgate.server.control.engine_wire import (
+    events_of_wire,
+    events_to_wire,
+    failure_of_wire,
+    failure_to_wire,
+)
+from warmgate.server.core.errors import InvalidArgument, ResourceExhausted, ShuttingDown
+from warmgate.server.core.failures import FatalDeviceError
 from warmgate.server.devtools.server_process import ServerProcess
+from warmgate.server.runner.scheduler_output import TokenLogprobs
+from warmgate.server.serving.grammar.spec import GrammarDeadEnd, GrammarViolation
+from warmgate.server.serving.request import FinishReason, StepEvent, Usage
 from warmgate.v1 import generate_pb2_grpc as gen_grpc
 from warmgate.v1 import warmup_pb2 as pb
 
@@ -231,3 +245,39 @@ def test_a_compile_after_ready_in_the_engine_is_counted_and_strict_jit_fails(
                         f'kind="triton",rank="0"}} 1.0') in text, text
 
     run(body(), 120)
+
+
+def test_step_events_cross_as_rows_and_come_back_equal() -> None:
+    usage = Usage(num_steps=3, first_token_s=1.5)
+    lp = [TokenLogprobs(7, -0.1, 1, [(7, -0.1)])]
+    events = [StepEvent("a", [1, 2], 1.0, 2, 1), StepEvent("b", [3], 2.0, finish_reason=
+                                                            FinishReason.STOP, usage=usage,
+                                                            logprobs=lp, prompt_logprobs=lp),
+              StepEvent("c", [], 3.0, error=MemoryError("no room"))]
+    back = events_of_wire(pickle.loads(pickle.dumps(events_to_wire(events))))
+    assert [(e.req_id, e.token_ids, e.time_s, e.num_draft_tokens, e.num_accepted_draft_tokens,
+             e.finish_reason, e.usage, e.logprobs, e.prompt_logprobs) for e in back] == \
+        [(e.req_id, e.token_ids, e.time_s, e.num_draft_tokens, e.num_accepted_draft_tokens,
+          e.finish_reason, e.usage, e.logprobs, e.prompt_logprobs) for e in events]
+    assert type(back[2].error) is MemoryError and str(back[2].error) == "no room"
+
+
+def test_errors_cross_with_the_type_and_fields_their_stream_status_depends_on() -> None:
+    def crossed(exc: BaseException) -> BaseException:
+        return events_of_wire(pickle.loads(pickle.dumps(events_to_wire(
+            [StepEvent("r", [], 0.0, error=exc)]))))[0].error  # type: ignore[return-value]
+
+    # A constructor of other arguments than the message: rebuilt without calling it.
+    dead_end = crossed(GrammarDeadEnd("sampling.regex", 3))
+    status = _stream_error(dead_end)
+    assert isinstance(status, InvalidArgument)
+    assert [v.field for v in status.violations] == ["sampling.regex"]
+    assert isinstance(crossed(GrammarViolation("token 5 refused")), GrammarViolation)
+    assert isinstance(_stream_error(crossed(MemoryError("out of memory"))), ResourceExhausted)
+    assert isinstance(_stream_error(crossed(torch.OutOfMemoryError("CUDA out of memory"))),
+                      ResourceExhausted)
+    assert isinstance(crossed(ShuttingDown()), ShuttingDown)
+    error, phase = failure_to_wire(FatalDeviceError("serving", RuntimeError("CUDA error: x")))
+    fatal = failure_of_wire(*pickle.loads(pickle.dumps((error, phase))))
+    assert isinstance(fatal, FatalDeviceError) and fatal.phase == "serving"
+    assert str(fatal.cause) == "CUDA error: x"

@@ -139,7 +139,8 @@ class EngineProcess:
                 elif kind == wire.CACHE_INFO:
                     self.cache_info = message[1]
                 elif kind == wire.LOST:
-                    self._report(FatalDeviceError("distributed", message[1]))
+                    self._report(FatalDeviceError("distributed",
+                                                  wire.error_of_wire(message[1])))
                 else:  # DONE, FAILED, PROGRESS: the job in flight's
                     self.jobs.put(message)
         if not self._closed.is_set():

@@ -180,13 +180,10 @@ class EngineHost:
         self._out.send(wire.PROGRESS, event)
 
     def _emit(self, events: list[StepEvent]) -> None:
-        for event in events:
-            if event.error is not None:
-                event.error = wire.portable_error(event.error)
-        self._out.send(wire.EVENTS, events)
+        self._out.send(wire.EVENTS, wire.events_to_wire(events))
 
     def _worker_lost(self, exc: FatalDeviceError) -> None:
-        self._out.send(wire.LOST, wire.portable_error(exc.cause))
+        self._out.send(wire.LOST, wire.error_to_wire(exc.cause))
 
     def _require_serving(self) -> ServingLoop:
         if self._serving is None:  # the front submits only once the load succeeded

@@ -100,7 +100,8 @@ class RemoteServingLoop:
 
     # -- the receiver thread ------------------------------------------------------------
 
-    def _on_events(self, events: list[StepEvent]) -> None:
+    def _on_events(self, rows: list[wire.EventRow]) -> None:
+        events = wire.events_of_wire(rows)
         ended = [e.req_id for e in events if e.finish_reason is not None or e.error is not None]
         if ended:
             with self._lock:
