@@ -14,9 +14,9 @@ acknowledgement:
   shm:       a shared-memory mailbox (multiprocessing.shared_memory): the pickle is copied
              into the segment, and a one-byte doorbell on a pipe wakes the reader.
 `round trip` is one message and its acknowledgement (the latency a step's events wait);
-`streamed` sends N messages back to back, WINDOW unacknowledged at most, and times them until
-the last is acknowledged (per message, and the MB/s that makes). pyzmq and msgspec are not installed where the server
-runs, so they are not candidates.
+`streamed` sends N messages back to back, WINDOW unacknowledged at most, and times them
+until the last is acknowledged (per message, and the MB/s that makes). pyzmq and msgspec are
+not installed where the server runs, so they are not candidates.
 
     python bench/serve.py engine-transport [--messages 2000] [--streams 128] [--prompt 512]
 """

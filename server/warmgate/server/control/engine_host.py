@@ -12,6 +12,7 @@ or died) ends the process at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -58,11 +59,9 @@ class ReplyChannel:
 
     def send(self, *message: Any) -> None:
         data = encode(message)
-        with self._lock:
-            try:
-                send_encoded(self._stream, data)
-            except (OSError, ValueError):  # the front is gone: the reader's EOF ends us
-                pass
+        # The front gone: the reader's end of file ends this process.
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            send_encoded(self._stream, data)
 
 
 class EngineHost:
