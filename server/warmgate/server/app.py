@@ -193,6 +193,7 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
             controller.device_lost(exc), loop).result()
     elif isinstance(engine, RemoteEngine):  # so does a dead or hung engine process
         engine.on_fatal = _threadsafe(controller.device_lost, asyncio.get_running_loop())
+        generation.build_grammar_backend_early()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((
         warmup_pb2.DESCRIPTOR.services_by_name["Warmup"].full_name,

@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     host = EngineHost(config, ReplyChannel(os.fdopen(args.reply_fd, "wb")))
 
     def front_gone() -> None:
-        logger.info("engine: the front closed the command channel; exiting")
+        # Debug: the front logs the stop (its own last line may be a start-up error).
+        logger.debug("engine: the front closed the command channel; exiting")
         exit_now(0)
 
     threading.Thread(target=host.read_commands, args=(stdin, front_gone),

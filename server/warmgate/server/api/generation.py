@@ -224,6 +224,10 @@ class GenerationService(gen_grpc.GenerationServicer):
             self._driver.build(runner)
         self._grammars.prepare()
 
+    def build_grammar_backend_early(self) -> None:
+        """An engine process warms its own grammar backend; this process's is built now."""
+        self._grammars.build_backend_early()
+
     @property
     def num_compiles_running(self) -> int:
         """Grammar compiles on their threads: a stop exits without joining them."""
