@@ -201,6 +201,8 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
         reflection.SERVICE_NAME), server)
     port = _bind(server, config.host, config.port, config.security)
+    if isinstance(engine, RemoteEngine):
+        engine.launch()
     if config.security.auth and not config.security.tls:
         logger.warning("bearer tokens travel in plaintext on port %d: pass --tls-cert and "
                        "--tls-key unless the network is trusted", port)

@@ -43,6 +43,23 @@ class EngineLost(RuntimeError):
 
 class EngineProcess:
     def __init__(self, config: ServerConfig) -> None:
+        self._config = config
+        # The job in flight (load, a plan, a serving run) reads its messages here.
+        self.jobs: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        # Set by the owners (RemoteEngine, RemoteServingLoop, app.py) before the first job.
+        self.handlers: dict[str, Handler] = {}
+        self.on_lost: Callable[[FatalDeviceError], None] | None = None
+        self.cache_info: dict[str, Any] | None = None
+        # perf_counter of the last message: a serving run that hears nothing is hung.
+        self.last_heard = time.perf_counter()
+        self._send_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._lost: EngineLost | None = None
+        self._lost_lock = threading.Lock()
+
+    def launch(self) -> None:
+        """Start the engine (once the server has bound its port: a start-up error must stay
+        the last line of the log)."""
         read_fd, write_fd = os.pipe()
         try:
             self.proc = subprocess.Popen(
@@ -56,19 +73,7 @@ class EngineProcess:
         logger.info("engine process started (pid %d): runner, warmup and serving loop run "
                     "there", self.proc.pid)
         self._replies = os.fdopen(read_fd, "rb")
-        self._send_lock = threading.Lock()
-        # The one job in flight (load, a plan, a serving run) reads its messages here.
-        self.jobs: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        # Set by the owners (RemoteEngine, RemoteServingLoop, app.py) before the first job.
-        self.handlers: dict[str, Handler] = {}
-        self.on_lost: Callable[[FatalDeviceError], None] | None = None
-        self.cache_info: dict[str, Any] | None = None
-        # perf_counter of the last message: a serving run that hears nothing is hung.
-        self.last_heard = time.perf_counter()
-        self._closed = threading.Event()
-        self._lost: EngineLost | None = None
-        self._lost_lock = threading.Lock()
-        self._send(encode(config))
+        self._send(encode(self._config))
         self._reader = threading.Thread(target=self._read, name="engine-replies", daemon=True)
         self._reader.start()
         self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog",
@@ -183,7 +188,9 @@ class EngineProcess:
         if self._closed.is_set():
             return
         self._closed.set()
-        self.jobs.put((wire.LOST, ShuttingDown()))  # a waiter's job ends as a stop, not a loss
+        self.jobs.put((wire.LOST, ShuttingDown()))
+        if not hasattr(self, "proc"):  # never launched: the server did not start
+            return  # a waiter's job ends as a stop, not a loss
         if self.proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()

@@ -106,6 +106,9 @@ class RemoteEngine:
     def run_mixed(self, num_tokens: int, *, progress: ProgressCallback) -> WarmupReport:
         return self._job((wire.MIXED, num_tokens), progress)  # type: ignore[no-any-return]
 
+    def launch(self) -> None:
+        self.process.launch()
+
     def cancel(self) -> None:
         """The server stops: the warmup in flight ends at its next step (as in one process,
         where the worker's progress callback raises)."""
