@@ -26,6 +26,9 @@ COMMANDS = {
                                              "vs warmgate's --cpu-threads"),
     "tp-broadcast": Command("tp_broadcast.py", "tensor parallel: the cost per decode step of "
                                                "sending the step to the workers"),
+    "engine-transport": Command("engine_transport.py", "the engine process: a step's events "
+                                                       "and a submit round trip, pipe vs "
+                                                       "multiprocessing.connection vs others"),
     "tp-greedy": Command("tp_greedy.py", "tensor parallel: greedy tokens at TP=N against TP=1, "
                                          "prompt by prompt"),
 }

@@ -33,9 +33,13 @@ TEST_TIMEOUT_S = 30.0
 
 
 def server_config(*flags: str) -> ServerConfig:
-    """The tiny model on CPU, loopback, free ports, no warmup on start unless flags say so."""
+    """The tiny model on CPU, loopback, free ports, no warmup on start unless flags say so;
+    the runner in this process unless they pass --engine-process (a second process costs
+    seconds of torch import per server)."""
+    process = [] if "--engine-process" in flags else ["--no-engine-process"]
     return load_server_config(["--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
-                               "--device", "cpu", "--no-warmup-on-start", *flags], environ={})
+                               "--device", "cpu", "--no-warmup-on-start", *process, *flags],
+                              environ={})
 
 
 def run(coro: Awaitable[T], timeout: float = TEST_TIMEOUT_S) -> T:

@@ -22,6 +22,7 @@ from warmgate.server.control.background_startup import (
     BackgroundStartup,
     begin_background_startup,
     begin_cuda_context,
+    context_device,
     requested_device,
 )
 from warmgate.server.devtools.checkpoint import write_checkpoint
@@ -159,11 +160,15 @@ def test_main_starts_the_cuda_context_right_after_torch_before_the_server(
         tmp_path: Path) -> None:
     # A model directory that is not there: the full configuration check, after the early
     # start, exits 2 (on a CPU machine and on a GPU one alike).
-    out = _order("--model", str(tmp_path / "missing"), "--device", "cuda:0")
+    out = _order("--model", str(tmp_path / "missing"), "--device", "cuda:0",
+                 "--no-engine-process")
     assert out["code"] == 2
     assert out["seen"] == [{"torch": True, "warmgate.server.app": False,
                             "warmgate.server.warmup.shapes": False,
                             "warmgate.server.runner.model_runner": False, "jinja2": False}]
+    # With the engine process (the default) the device is the engine's: no context here.
+    assert _order("--model", str(tmp_path / "missing"), "--device", "cuda:0") == \
+        {"code": 2, "seen": []}
 
 
 def test_main_on_the_cpu_or_asking_for_help_starts_no_context_and_no_torch() -> None:
@@ -179,6 +184,10 @@ def test_main_on_the_cpu_or_asking_for_help_starts_no_context_and_no_torch() -> 
     assert requested_device(["--device", "cuda:1"], {}) == "cuda:1"
     assert requested_device([], {"WARMGATE_DEVICE": "cpu"}) == "cpu"
     assert requested_device([], {}) == "auto"
+    # The engine process owns the device: the server process starts no CUDA context.
+    assert context_device(["--device", "cuda:1"], {}) == "cpu"
+    assert context_device(["--device", "cuda:1", "--no-engine-process"], {}) == "cuda:1"
+    assert context_device(["--device", "cuda:1", "--warmup-only"], {}) == "cuda:1"
 
 
 def test_an_early_context_is_not_started_twice(tiny_dir: Path) -> None:
@@ -220,7 +229,8 @@ def test_main_starts_the_health_process_before_it_imports_torch(tmp_path: Path) 
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARMGATE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "client"), str(ROOT / "server")])
     proc = subprocess.run([sys.executable, "-c", HEALTH_FIRST, "--model",
-                           str(tmp_path / "missing"), "--device", "cuda:0", "--health-port",
+                           str(tmp_path / "missing"), "--device", "cuda:0",
+                           "--no-engine-process", "--health-port",
                            "0", "--port", "0", "--metrics-port", "-1"], env=env,
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr

@@ -38,8 +38,19 @@ def blocks_all_free(s: RunningServer) -> bool:
     return pool.num_free == pool.num_usable and not loop.runner.input_batch.requests
 
 
-def test_generate_is_unavailable_until_ready_then_matches_the_reference_loop() -> None:
-    config = server_config("--max-num-batched-tokens", "32")
+# The runner in this process, and in an engine process of its own (--engine-process).
+ENGINE = pytest.mark.parametrize("engine", ["--no-engine-process", "--engine-process"])
+
+
+def _steps(s: RunningServer) -> float:
+    """Serving steps so far, wherever the loop runs."""
+    return s.metrics.registry.get_sample_value("warmgate_step_duration_seconds_count") or 0.0
+
+
+@ENGINE
+def test_generate_is_unavailable_until_ready_then_matches_the_reference_loop(
+        engine: str) -> None:
+    config = server_config("--max-num-batched-tokens", "32", engine)
 
     async def body() -> None:
         async with serving(config) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
@@ -169,16 +180,17 @@ def test_bad_generate_requests_name_the_field_and_lose_nothing(kwargs: dict[str,
     run(body(), 120)
 
 
-def test_a_forced_warmup_during_streams_pauses_them_and_they_finish_unchanged() -> None:
-    config = server_config()
+@ENGINE
+def test_a_forced_warmup_during_streams_pauses_them_and_they_finish_unchanged(
+        engine: str) -> None:
+    config = server_config(engine)
 
     async def body() -> None:
         async with serving(config) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.warmup_kernels()
             prompts = [prompt(6 + i, offset=i) for i in range(4)]
             streams = [asyncio.ensure_future(collect(c, p, max_tokens=40)) for p in prompts]
-            await eventually(lambda: s.generation.serving_loop is not None
-                             and s.generation.serving_loop.num_steps > 3, 30)
+            await eventually(lambda: _steps(s) > 3, 30)
             report = await c.warmup_kernels(force=True)
             results = await asyncio.gather(*streams)
             assert report.outcome == 1  # SUCCEEDED, with the streams' requests preempted

@@ -43,10 +43,13 @@ def _check_schema(text: str) -> bool:
             and isinstance(value["count"], int))
 
 
-@pytest.mark.parametrize("k", [0, 3])
+# The grammar's matcher rebuilt in an engine process too, from the spec the server compiled.
+@pytest.mark.parametrize(("k", "engine"), [(0, "--no-engine-process"),
+                                           (3, "--no-engine-process"), (3, "--engine-process")])
 def test_constrained_outputs_match_their_grammar_beside_a_plain_request(model_dir: Path,
-                                                                         k: int) -> None:
-    config = server_config("--model", str(model_dir), "--num-speculative-steps", str(k))
+                                                                         k: int,
+                                                                         engine: str) -> None:
+    config = server_config("--model", str(model_dir), "--num-speculative-steps", str(k), engine)
 
     async def body() -> None:
         async with serving(config) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:

@@ -7,9 +7,12 @@ from main.serve(), which adds signals and logging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -31,7 +34,9 @@ from warmgate.server.config.server_config import ServerConfig
 from warmgate.server.control.controller import WarmupController
 from warmgate.server.control.engine import PlanEngine, WarmupEngine
 from warmgate.server.control.faults import FaultInjector
+from warmgate.server.control.remote_engine import RemoteEngine
 from warmgate.server.control.status import Identity
+from warmgate.server.core.failures import FatalDeviceError
 from warmgate.server.jit import JitMonitor
 from warmgate.server.telemetry.metrics import Metrics, MetricsEndpoint
 from warmgate.server.telemetry.ready_gauge import ReadyGauge
@@ -57,6 +62,8 @@ class RunningServer:
     # create_server started the health process (no caller handed one in): stop() ends it.
     owns_health_link: bool = False
     heartbeat: asyncio.Future[None] | None = None
+    # --engine-process: the engine process, which stop() ends after the drain.
+    engine_process: RemoteEngine | None = None
 
     @property
     def health_port(self) -> int | None:
@@ -81,7 +88,15 @@ class RunningServer:
         start = time.monotonic()
         # Generate streams get the grace to finish before the runner stops under them.
         await self.generation.drain(grace or 0.0)
-        await self.controller.close(wait=wait_for_runner)
+        await self.controller.close(wait=self.engine_process is None and wait_for_runner)
+        if self.engine_process is not None:
+            # The step in flight gets what is left of the grace, as in one process; then the
+            # engine's end of file wakes the worker waiting on it.
+            self.engine_process.cancel()
+            left = (grace or 0.0) - (time.monotonic() - start)
+            await self.controller.wait_runner_idle(max(0.0, left))
+            await asyncio.to_thread(self.engine_process.close)
+            await self.controller.close(wait=wait_for_runner)
         await self.server.stop(None if grace is None
                                else max(0.0, grace - (time.monotonic() - start)))
         if self.health_link is not None and self.owns_health_link:
@@ -111,11 +126,23 @@ def _bind(server: grpc.aio.Server, host: str, port: int, security: ServerSecurit
     return bound
 
 
-def _default_engine(config: ServerConfig) -> PlanEngine:
+def _default_engine(config: ServerConfig) -> PlanEngine | RemoteEngine:
+    if config.engine_process:
+        return RemoteEngine.start(config)
     faults = FaultInjector(config.faults) if config.faults else None
     if faults is not None:
         logger.warning("FAULT INJECTION ON (test only): %s", config.faults)
     return PlanEngine(config.runner, faults=faults, cache=compile_cache_of(config))
+
+
+def _threadsafe(fn: Callable[[FatalDeviceError], Coroutine[Any, Any, None]],
+                loop: asyncio.AbstractEventLoop) -> Callable[[FatalDeviceError], None]:
+    """fn(exc) scheduled on `loop` from another thread, without waiting for it."""
+    def call(exc: FatalDeviceError) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: the server is gone
+            asyncio.run_coroutine_threadsafe(fn(exc), loop)
+
+    return call
 
 
 def _describe_security(security: ServerSecurity) -> str:
@@ -164,6 +191,9 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
         loop = asyncio.get_running_loop()
         engine.on_fatal = lambda exc: asyncio.run_coroutine_threadsafe(
             controller.device_lost(exc), loop).result()
+    elif isinstance(engine, RemoteEngine):  # so does a dead or hung engine process
+        engine.on_fatal = _threadsafe(controller.device_lost, asyncio.get_running_loop())
+        generation.build_grammar_backend_early()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((
         warmup_pb2.DESCRIPTOR.services_by_name["Warmup"].full_name,
@@ -171,6 +201,8 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
         reflection.SERVICE_NAME), server)
     port = _bind(server, config.host, config.port, config.security)
+    if isinstance(engine, RemoteEngine):
+        engine.launch()
     if config.security.auth and not config.security.tls:
         logger.warning("bearer tokens travel in plaintext on port %d: pass --tls-cert and "
                        "--tls-key unless the network is trusted", port)
@@ -197,4 +229,5 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
                 config.host, port, config.runner.model.name, config.runner.device.device,
                 config.runner.device.attention_backend, _describe_security(config.security))
     return RunningServer(server, port, controller, health, metrics, endpoint, generation,
-                         health_link, jit_monitor, owns_link, heartbeat)
+                         health_link, jit_monitor, owns_link, heartbeat,
+                         engine if isinstance(engine, RemoteEngine) else None)

@@ -29,7 +29,7 @@ from warmgate.server.config.server_config import ServerConfig, configure_logging
 from warmgate.server.control.background_startup import (
     begin_background_startup,
     begin_cuda_context,
-    requested_device,
+    context_device,
 )
 from warmgate.server.control.import_collection import collector_off_for_imports
 from warmgate.server.cpu_threads import apply_cpu_threads
@@ -141,10 +141,11 @@ def _start(argv: Sequence[str]) -> tuple[ServerConfig, ModelText | None, HealthL
     # the imports and the configuration checks run beside it. The weights' read-ahead follows
     # once the configuration names them; both run while the tokenizer loads and the servers
     # bind (warmgate.server.control.background_startup).
-    background = begin_cuda_context(requested_device(argv, os.environ))
+    background = begin_cuda_context(context_device(argv, os.environ))
     health = confirm_health_link(pending_health)
     config = load_server_config(argv)
-    background = begin_background_startup(config.runner, background)
+    background = begin_background_startup(
+        config.runner, background, cuda=config.warmup_only or not config.engine_process)
     text = None
     if not config.warmup_only:  # which binds nothing and serves no text
         _check_ports(config, health_held=health is not None)

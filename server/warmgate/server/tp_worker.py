@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 PARENT_POLL_S = 1.0
 
 
-def _exit_with_parent() -> None:
+def exit_with_parent() -> None:
     """Exit as soon as rank 0 is gone, even from inside a collective that would only time
     out later (the process is re-parented, so getppid changes)."""
     parent = os.getppid()
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s "
                                                    f"[rank {args.rank}] %(name)s: %(message)s")
-    _exit_with_parent()
+    exit_with_parent()
     stdin = sys.stdin.buffer
     config = receive(stdin)
     if config is None:

@@ -167,6 +167,8 @@ class GenerationService(gen_grpc.GenerationServicer):
                 if event.error is not None:
                     outcome = "error"
                     raise _stream_error(event.error)
+                if event.usage is not None:  # an engine process's counters (one process:
+                    req.usage = event.usage  # the same object), for the metrics below
                 stream.num_sent += len(event.token_ids)
                 message = gen_pb.GenerateResponse(
                     token_ids=event.token_ids, time_since_arrival_s=event.time_s - arrival,
@@ -222,6 +224,10 @@ class GenerationService(gen_grpc.GenerationServicer):
         if runner is not None:
             self._driver.build(runner)
         self._grammars.prepare()
+
+    def build_grammar_backend_early(self) -> None:
+        """An engine process warms its own grammar backend; this process's is built now."""
+        self._grammars.build_backend_early()
 
     @property
     def num_compiles_running(self) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -21,6 +23,7 @@ from warmgate.server.serving.grammar.spec import (
     GrammarError,
     GrammarSpec,
     GrammarTimeout,
+    grammar_unavailable_reason,
 )
 from warmgate.server.text.model_text import ModelText
 
@@ -29,6 +32,7 @@ if TYPE_CHECKING:  # xgrammar loads with the first grammar request (or the warmu
     from warmgate.server.serving.grammar.compiles import GrammarCompiles
     from warmgate.server.serving.grammar.matcher import RequestGrammar
 
+logger = logging.getLogger(__name__)
 MIB = 1 << 20
 
 
@@ -68,6 +72,23 @@ class GrammarRequests:
         backend = built_backend(self._text, self._vocab_size)
         if backend is not None and not self._closed:
             self._compiles_of(backend).start()
+
+    def build_backend_early(self) -> None:
+        """Build this process's backend on a thread now: with an engine process the
+        warmup's structured phase builds the engine's, not this one, which the first grammar
+        request would otherwise pay for (a scan of the whole vocabulary)."""
+        if grammar_unavailable_reason(self._text) is not None:
+            return
+
+        def build() -> None:
+            from warmgate.server.serving.grammar.backend import grammar_backend
+
+            try:
+                grammar_backend(self._text, self._vocab_size)
+            except Exception:  # the first grammar request builds it again, and says why
+                logger.exception("building the grammar backend beside the warmup failed")
+
+        threading.Thread(target=build, name="grammar-backend", daemon=True).start()
 
     async def matcher(self, spec: GrammarSpec) -> RequestGrammar:
         """The request's matcher. INVALID_ARGUMENT naming the field when the grammar does not

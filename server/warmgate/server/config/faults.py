@@ -9,11 +9,14 @@ comma-separated list of `phase:kind`:
   compile      a kernel compilation error (named like triton's CompilationError)
   cuda_fatal   RuntimeError("CUDA error: an illegal memory access was encountered")
   delay=S      sleep S seconds, to hold a warmup open (shutdown and cancellation tests)
+  jit          record a Triton compile in the runner's JIT monitor, as a kernel compiled in
+               that phase would (a MixedWarmup after ready: a compile after ready, also in an
+               engine process)
 
 e.g. `WARMGATE_FAULT_INJECT=kernels.decode:oom` or `mixed:delay=2,kernels.sampler:compile`.
 A fault fires at the first runner call of its phase in a run, so the plan's own bookkeeping
 blames the right phase. Raising faults fire once, so a test can show that a retry recovers;
-a delay fires in every run.
+a delay or a jit fires in every run.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class CompilationError(RuntimeError):
 @dataclass(frozen=True)
 class Fault:
     phase: str
-    kind: str  # one of RAISING_KINDS, or "delay"
+    kind: str  # one of RAISING_KINDS, "jit" or "delay"
     delay_s: float = 0.0
 
     def exception(self) -> Exception:
@@ -65,9 +68,9 @@ def parse_faults(spec: str) -> tuple[Fault, ...]:
             if not 0 <= seconds <= MAX_DELAY_S:
                 raise ValueError(f"{item!r}: delay must be in [0, {MAX_DELAY_S:.0f}] s")
             faults.append(Fault(phase, "delay", seconds))
-        elif kind in RAISING_KINDS:
+        elif kind in RAISING_KINDS or kind == "jit":
             faults.append(Fault(phase, kind))
         else:
-            raise ValueError(f"{item!r}: kind must be one of {', '.join(RAISING_KINDS)} "
-                             "or delay=SECONDS")
+            raise ValueError(f"{item!r}: kind must be one of {', '.join(RAISING_KINDS)}, "
+                             "jit or delay=SECONDS")
     return tuple(faults)

@@ -104,6 +104,14 @@ class ServerConfig:
     json_output: bool = field(default=False, metadata=flag(
         "--json", "with --warmup-only: print the report as JSON"))
     serving: ServingConfig = field(default_factory=ServingConfig)
+    # control/engine_client.py: the step loop shares no GIL with gRPC.
+    engine_process: bool = field(default=True, metadata=flag(
+        "--engine-process", "run the runner, the warmup and the serving loop in a child "
+        "process (engine_main); --no-engine-process runs them in this one"))
+    engine_step_timeout_s: float = field(default=60.0, metadata=flag(
+        "--engine-step-timeout", "seconds a serving step in the engine process may go without "
+        "a word before it counts as hung: the engine is killed and the server exits non-zero",
+        parse=flag_values.positive_float))
     # cpu_threads.py applies it.
     cpu_threads: int = field(default=0, metadata=flag(
         "--cpu-threads", "torch intra-op threads; 0: on a CPU device every usable core but one "

@@ -138,6 +138,14 @@ def requested_device(argv: Sequence[str], environ: Mapping[str, str]) -> str:
     return str(build_parser(environ).parse_args(argv).device)
 
 
+def context_device(argv: Sequence[str], environ: Mapping[str, str]) -> str:
+    """The device whose context main starts early: the requested one, or "cpu" (none) with
+    --engine-process, whose engine owns the device (a CUDA context here would only hold
+    device memory the engine's KV cache could use)."""
+    args = build_parser(environ).parse_args(argv)
+    return "cpu" if args.engine_process and not args.warmup_only else str(args.device)
+
+
 def begin_cuda_context(device: str) -> BackgroundStartup:
     """Main's first step: import torch and start creating the CUDA context (a device that
     wants CUDA), before anything else of the server is imported. What follows, the rest of
@@ -152,14 +160,17 @@ def begin_cuda_context(device: str) -> BackgroundStartup:
 
 
 def begin_background_startup(config: RunnerConfig,
-                             startup: BackgroundStartup | None = None) -> BackgroundStartup:
-    """Start the CUDA context (unless `startup`, from begin_cuda_context, already has) and
-    the weights' read-ahead, whichever apply (logged by logging_ready)."""
+                             startup: BackgroundStartup | None = None, *,
+                             cuda: bool = True) -> BackgroundStartup:
+    """Start the CUDA context (unless `startup`, from begin_cuda_context, already has, or
+    not `cuda`: an engine process owns the device) and the weights' read-ahead (the page
+    cache it fills serves the engine process too), whichever apply (logged by
+    logging_ready)."""
     startup = startup if startup is not None else BackgroundStartup()
     device = config.device.device
     directory = config.model.weights_path
     files = sorted(Path(directory).glob("*.safetensors")) if directory else []
-    if wants_cuda(device) and "cuda" not in startup.names:
+    if cuda and wants_cuda(device) and "cuda" not in startup.names:
         startup.start("cuda", f"CUDA context ({device})", lambda: create_cuda_context(device))
     if files:
         startup.start("readahead", f"read-ahead of {len(files)} weight files",

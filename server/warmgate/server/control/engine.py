@@ -32,6 +32,7 @@ from warmgate.server.jit import JitMonitor
 from warmgate.server.telemetry.report_log import log_phase
 
 if TYPE_CHECKING:  # warmup's package imports the torch-heavy plan; the checker only needs this
+    from warmgate.server.control.remote_serving import RemoteRunner
     from warmgate.server.warmup.runner_contract import WarmupRunner
 
 logger = logging.getLogger(__name__)
@@ -46,9 +47,10 @@ class WarmupEngine(Protocol):
     def loaded(self) -> bool: ...
 
     @property
-    def runner(self) -> WarmupRunner | None:
-        """The runner the serving loop drives once loaded; None before, or when the engine
-        has none (a test fake that only plays warmups)."""
+    def runner(self) -> WarmupRunner | RemoteRunner | None:
+        """The runner the serving loop drives once loaded (in the engine process: the handle
+        that builds that process's loop); None before, or when the engine has none (a test
+        fake that only plays warmups)."""
 
     @property
     def jit_monitor(self) -> JitMonitor | None:

@@ -14,6 +14,7 @@ from warmgate.server.core.progress import ProgressCallback, ProgressEvent
 from warmgate.server.runner.scheduler_output import SchedulerOutput
 
 if TYPE_CHECKING:  # warmup's package imports the torch-heavy plan; the checker only needs this
+    from warmgate.server.jit import JitMonitor
     from warmgate.server.warmup.runner_contract import WarmupRunner
 
 P = ParamSpec("P")
@@ -31,6 +32,7 @@ class FaultInjector:
         self._finished: set[str] = set()
         self._entered: set[str] = set()
         self.fired: list[Fault] = []  # for tests and logs
+        self._jit: JitMonitor | None = None  # the wrapped runner's, for the jit kind
 
     def start_run(self, phases: Sequence[str] = RUNNER_CALL_PHASES) -> None:
         self._run_phases = tuple(p for p in phases if p in RUNNER_CALL_PHASES)
@@ -49,6 +51,7 @@ class FaultInjector:
     def wrap_runner(self, runner: WarmupRunner) -> None:
         """Route the runner's two callbacks (what every warmup step calls) through `enter`:
         instance attributes of the same names shadow the methods."""
+        self._jit = getattr(runner, "jit_monitor", None)
         for name in ("execute_model", "sample_tokens"):
             setattr(runner, name, self._guarded(getattr(runner, name)))
 
@@ -62,6 +65,10 @@ class FaultInjector:
             logger.warning("injecting fault %s in phase %s", fault.kind, phase)
             if fault.kind == "delay":
                 time.sleep(fault.delay_s)
+                continue
+            if fault.kind == "jit":
+                if self._jit is not None:
+                    self._jit.record("triton", name=f"injected fault in {phase}")
                 continue
             self._armed.remove(fault)
             raise fault.exception()

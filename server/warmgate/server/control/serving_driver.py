@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from warmgate.server.control.controller import WarmupController
 from warmgate.server.core.errors import ShuttingDown
@@ -30,6 +30,31 @@ if TYPE_CHECKING:  # warmup's package imports the torch-heavy plan; the checker 
 logger = logging.getLogger(__name__)
 
 
+class LoopHost(Protocol):
+    """The serving loop as the driver uses it: the in-process ServingLoop, or the engine
+    process's (control/remote_serving.py)."""
+
+    def submit(self, req: ServingRequest) -> None: ...
+
+    def abort(self, req_id: str) -> None: ...
+
+    @property
+    def has_work(self) -> bool: ...
+
+    def run(self, should_yield: Callable[[], bool]) -> None: ...
+
+    def occupancy(self) -> Occupancy: ...
+
+
+@runtime_checkable
+class LoopFactory(Protocol):
+    """A runner that lives elsewhere builds the serving loop that drives it."""
+
+    def serving_loop(self, emit: Callable[[list[StepEvent]], None], *,
+                     on_step: Callable[[StepStats], None] | None,
+                     on_occupancy: Callable[[Occupancy], None] | None) -> LoopHost: ...
+
+
 class ServingDriver:
     def __init__(self, controller: WarmupController, limits: SchedulerLimits, *,
                  on_step: Callable[[StepStats], None] | None = None,
@@ -39,26 +64,31 @@ class ServingDriver:
         self._on_step = on_step
         self._on_occupancy = on_occupancy
         self._queues: dict[str, asyncio.Queue[StepEvent]] = {}
-        self._serving: ServingLoop | None = None
+        self._serving: LoopHost | None = None
         self._driver: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def serving_loop(self) -> ServingLoop | None:
-        """The loop, once built (tests read its scheduler)."""
-        return self._serving
+        """The in-process loop, once built (tests read its scheduler)."""
+        return self._serving if isinstance(self._serving, ServingLoop) else None
 
     @property
     def num_requests(self) -> int:
         """Requests submitted whose stream has not closed yet (running or queued)."""
         return len(self._queues)
 
-    def build(self, runner: WarmupRunner) -> ServingLoop:
+    def build(self, runner: WarmupRunner | LoopFactory) -> LoopHost:
         """The serving loop, built once, on the event loop (its emits are scheduled there)."""
         if self._serving is None:
             self._loop = asyncio.get_running_loop()
-            self._serving = ServingLoop(runner, Scheduler(self._limits), self._emit_threadsafe,
-                                        on_step=self._on_step, on_occupancy=self._on_occupancy)
+            if isinstance(runner, LoopFactory):
+                self._serving = runner.serving_loop(self._emit_threadsafe, on_step=self._on_step,
+                                                    on_occupancy=self._on_occupancy)
+            else:
+                self._serving = ServingLoop(runner, Scheduler(self._limits),
+                                            self._emit_threadsafe, on_step=self._on_step,
+                                            on_occupancy=self._on_occupancy)
             logger.info("serving loop ready: %d KV blocks of %d tokens, max_num_seqs %d, "
                         "token budget %d", self._limits.num_blocks, self._limits.block_size,
                         self._limits.max_num_seqs, self._limits.max_num_batched_tokens)
@@ -87,7 +117,7 @@ class ServingDriver:
         for req_id, queue in list(self._queues.items()):
             queue.put_nowait(StepEvent(req_id, [], now, error=error))
 
-    def _require_loop(self) -> ServingLoop:
+    def _require_loop(self) -> LoopHost:
         if self._serving is None:
             raise RuntimeError("ServingDriver.build() was not called")
         return self._serving

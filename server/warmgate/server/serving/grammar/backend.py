@@ -52,7 +52,7 @@ class GrammarBackend:
     def matcher(self, spec: GrammarSpec) -> RequestGrammar:
         """A fresh matcher for one request, compiling on this thread."""
         return RequestGrammar(xgr.GrammarMatcher(self.compile(spec)), self.vocab_size,
-                              spec.field)
+                              spec.field, spec)
 
 
 _backends: dict[tuple[str | None, int], GrammarBackend] = {}

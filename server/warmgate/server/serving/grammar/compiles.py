@@ -94,7 +94,7 @@ class GrammarCompiles:
         does not compile, cannot be enforced, or no token sequence can start it;
         GrammarTimeout past the budget."""
         grammar = RequestGrammar(xgr.GrammarMatcher(await self.compiled(spec)),
-                                 self._backend.vocab_size, spec.field)
+                                 self._backend.vocab_size, spec.field, spec)
         if grammar.is_dead_end():
             raise GrammarError(spec.field, f"no output can match the {spec.kind}: no token of "
                                "the model's vocabulary can start it")

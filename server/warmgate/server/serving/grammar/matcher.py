@@ -8,13 +8,20 @@ from collections.abc import Sequence
 import torch
 import xgrammar as xgr
 
-from warmgate.server.serving.grammar.spec import ALL_ALLOWED, GrammarDeadEnd, GrammarViolation
+from warmgate.server.serving.grammar.spec import (
+    ALL_ALLOWED,
+    GrammarDeadEnd,
+    GrammarSpec,
+    GrammarViolation,
+)
 
 
 class RequestGrammar:
     def __init__(self, matcher: xgr.GrammarMatcher, vocab_size: int,
-                 field: str = "sampling.grammar") -> None:
+                 field: str = "sampling.grammar", spec: GrammarSpec | None = None) -> None:
         self.matcher = matcher
+        # What the grammar was compiled from: an engine process rebuilds its matcher from it.
+        self.spec = spec
         self.vocab_size = vocab_size
         self.field = field  # the request field the grammar came in, for its errors
         self.num_accepted = 0
