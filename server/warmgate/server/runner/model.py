@@ -72,7 +72,8 @@ class DecoderLayer(nn.Module):
         self.o_proj = _param(h, self.q_size, **kw)  # [H, Hq D]
         self.post_attention_layernorm = _param(h, **kw)  # [H]
         # A MoE layer's MLP is its routed experts (runner.moe); a dense one's is one SwiGLU.
-        self.moe = MoEBlock(config, device, dtype) if config.is_moe else None
+        self.moe = (MoEBlock(config, device, dtype, row_wise=ops.row_wise) if config.is_moe
+                    else None)
         self.gate_up_proj: nn.Parameter | None = None  # [2I, H]: gate rows, then up rows
         self.down_proj: nn.Parameter | None = None  # [H, I]
         if self.moe is None:
@@ -99,7 +100,7 @@ class DecoderLayer(nn.Module):
         ops = self.ops if ops is None else ops
         num_tokens = hidden.shape[0]
         x, residual = ops.rms_norm(hidden, self.input_layernorm, self.eps, residual)
-        qkv = F.linear(x, self.qkv_proj, self.qkv_bias)  # [T, (Hq + 2Hk) D]
+        qkv = ops.linear(x, self.qkv_proj, self.qkv_bias)  # [T, (Hq + 2Hk) D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -115,15 +116,15 @@ class DecoderLayer(nn.Module):
         """attn: [T, Hq D] -> (hidden [T, H], residual [T, H]): output projection, norm,
         SwiGLU MLP."""
         ops = self.ops if ops is None else ops
-        x = F.linear(attn, self.o_proj)
+        x = ops.linear(attn, self.o_proj)
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         x, residual = ops.rms_norm(x, self.post_attention_layernorm, self.eps, residual)
         if self.moe is not None:
             return self.moe(x), residual
         assert self.gate_up_proj is not None and self.down_proj is not None
-        x = ops.silu_and_mul(F.linear(x, self.gate_up_proj))  # [T, I]
-        x = F.linear(x, self.down_proj)
+        x = ops.silu_and_mul(ops.linear(x, self.gate_up_proj))  # [T, I]
+        x = ops.linear(x, self.down_proj)
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         return x, residual
@@ -181,5 +182,5 @@ class LlamaModel(nn.Module):
         if self.config.is_pooling_model:
             raise RuntimeError("compute_logits: a pooling model has no language-model head")
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        logits = F.linear(hidden, head).float()
+        logits = self.ops.linear(hidden, head).float()
         return logits if self.tp is None else self.tp.gather_logits(logits)

@@ -23,6 +23,7 @@ from warmgate.server.runner.attention import AttentionSpec, create_backend
 from warmgate.server.runner.attention.base import AttentionMetadata
 from warmgate.server.runner.batch import BatchKind
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
+from warmgate.server.runner.deterministic_ops import RowwiseTorchOps
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.loading import allocate_kv, load_model, load_stats
 from warmgate.server.runner.ops import TorchOps
@@ -61,14 +62,18 @@ class _PendingStep:
 
 def default_ops(config: RunnerConfig) -> TorchOps:
     """Triton kernels for norms, activation and rotary on CUDA when a GPU backend is in use;
-    torch everywhere else (the CPU path never imports triton)."""
+    torch everywhere else (the CPU path never imports triton). --deterministic: their
+    batch-invariant forms (runner.deterministic_ops, kernels.invariant_ops)."""
+    deterministic = config.numerics.deterministic
     if config.device.device.startswith("cuda") and config.device.attention_backend != "torch":
+        from warmgate.server.kernels.invariant_ops import BatchInvariantOps
         from warmgate.server.kernels.ops import TritonOps
         from warmgate.server.kernels.triton_key import start_triton_key
 
         start_triton_key()  # Triton's cache key, hashed while the weights load
-        return TritonOps()  # type: ignore[return-value]  # same methods as TorchOps
-    return TorchOps()
+        # Same methods as TorchOps.
+        return BatchInvariantOps() if deterministic else TritonOps()  # type: ignore[return-value]
+    return RowwiseTorchOps() if deterministic else TorchOps()
 
 
 def _require_resolved(config: RunnerConfig) -> None:
@@ -109,7 +114,8 @@ class ModelRunner(RunnerSettings):
             tensor_parallel.on_first_use = lambda name, seconds: self.jit_monitor.record(
                 COMMUNICATOR_SETUP, name=name, seconds=seconds)
         self._choose_forward()
-        self.sampler = Sampler()
+        self.sampler = Sampler(log_softmax=self.ops.log_softmax,
+                               row_wise=self.config.numerics.deterministic)
         # Structured output's bitmask rows: 1 per request, 1 + k with drafts, at most.
         self.token_bitmask = TokenBitmaskBuffer(
             min(self.max_num_reqs * self.decode_query_len, self.max_num_tokens),
@@ -136,7 +142,8 @@ class ModelRunner(RunnerSettings):
             block_size=self.config.cache.block_size, num_blocks=self.kv_cache_config.num_blocks,
             max_blocks_per_req=self.config.max_blocks_per_req, max_num_reqs=self.max_num_reqs,
             max_num_tokens=self.max_num_tokens, dtype=self.dtype, device=self.device,
-            decode_query_len=self.decode_query_len)
+            decode_query_len=self.decode_query_len,
+            deterministic=self.config.numerics.deterministic)
         self.attention_backend = create_backend(self.config.device.attention_backend,
                                                 self.attention_spec)
         self.model.backend = self.attention_backend
@@ -188,7 +195,8 @@ class ModelRunner(RunnerSettings):
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
         self.last_logits, self.last_logits_req_ids = logits, inputs.logits_req_ids
         prompt_lp = prompt_logprobs(hidden, scheduled, inputs.meta.query_start_loc_cpu,
-                                    self.model.compute_logits, self.max_num_reqs)
+                                    self.model.compute_logits, self.max_num_reqs,
+                                    self.ops.log_softmax)
         self._pending = _PendingStep(scheduled=scheduled, logits=logits,
                                      prompt_logprobs=prompt_lp)
         return None

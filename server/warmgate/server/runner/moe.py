@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from warmgate.server.config.runner_config import ModelConfig
+from warmgate.server.runner.deterministic_ops import by_rows
 
 # (hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], weights [T, k] float32, ids [T, k]) -> [T, H]
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
@@ -68,8 +69,11 @@ class MoEBlock(nn.Module):
     """A layer's routed experts: [T, H] -> [T, H]."""
 
     def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype,
-                 experts: ExpertsFn | None = None) -> None:
+                 experts: ExpertsFn | None = None, row_wise: bool = False) -> None:
         super().__init__()
+        # --deterministic on the CPU: routing and experts one token at a time (the torch
+        # reference's GEMM shapes and softmax then never depend on the other tokens).
+        self.row_wise = row_wise
         e, h, inter = config.num_experts, config.hidden_size, config.moe_intermediate_size
         self.top_k = config.num_experts_per_tok
         self.renormalize = config.norm_topk_prob
@@ -84,5 +88,10 @@ class MoEBlock(nn.Module):
             experts_for(device) if experts is None else experts)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.row_wise:
+            return by_rows(self._route_and_run, hidden)
+        return self._route_and_run(hidden)
+
+    def _route_and_run(self, hidden: torch.Tensor) -> torch.Tensor:
         weights, ids = route(F.linear(hidden, self.router), self.top_k, self.renormalize)
         return self.experts(hidden, self.w13, self.w2, weights, ids)

@@ -51,7 +51,11 @@ class TritonAttentionBackend(AttentionBackend):
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hk, D]; kv_cache: [2, num_blocks, block_size, Hk, D]."""
         reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
-        if meta.is_uniform_decode:
+        # --deterministic: the varlen kernel for every batch. Its key tiles are a fixed size
+        # from key 0 for every row, with no split, so a token's attention is the same bits in
+        # a prefill chunk, a decode or a verification, alone or batched (the decode kernel's
+        # other tile shape and its splits would reduce in another order).
+        if meta.is_uniform_decode and not self.spec.deterministic:
             return paged_attention_decode(
                 q, kv_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
                 scale=self.spec.scale, query_len=meta.max_query_len,

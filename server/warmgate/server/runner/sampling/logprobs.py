@@ -6,7 +6,7 @@ vLLM's default logprobs mode; a row's rank is 1 + the number of tokens strictly 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -19,15 +19,20 @@ __all__ = ["MAX_LOGPROBS", "gather_logprobs"]
 
 
 def gather_logprobs(logits: torch.Tensor, rows: Sequence[int], token_ids: Sequence[int],
-                    num_top: Sequence[int]) -> list[TokenLogprobs]:
+                    num_top: Sequence[int],
+                    log_softmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    ) -> list[TokenLogprobs]:
     """For each i: token_ids[i]'s logprob and rank at logits row rows[i], with that row's
-    num_top[i] most likely tokens. One host->device copy and one sync."""
+    num_top[i] most likely tokens. One host->device copy and one sync. log_softmax: [n, V]
+    -> float32 [n, V] (the runner's ops'; None: torch's)."""
     n = len(rows)
     if n == 0:
         return []
     dev = logits.device
     idx = to_device([*rows, *token_ids], torch.long, dev)
-    lp = torch.log_softmax(logits.index_select(0, idx[:n]).float(), dim=-1)  # [n, V]
+    picked = logits.index_select(0, idx[:n])
+    lp = (torch.log_softmax(picked.float(), dim=-1) if log_softmax is None
+          else log_softmax(picked))  # [n, V] float32
     chosen = lp.gather(1, idx[n:, None])  # [n, 1]
     rank = (lp > chosen).sum(dim=-1, keepdim=True) + 1
     parts = [chosen.double(), rank.double()]

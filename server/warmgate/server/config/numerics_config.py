@@ -1,0 +1,44 @@
+"""How the runner computes, where more than one way gives different bits: `--deterministic`.
+
+Off (the default), every op takes the fastest kernel for its shape, so a row's rounding can
+depend on how many other rows share its step. On, every reduction a token's output depends on
+(RMSNorm, the matmuls, attention, log-softmax, the sampler's probabilities) runs in an order
+fixed by the model's widths and the token's own position only (runner.deterministic), so a
+request gets the same tokens and logprobs alone and inside any batch. It changes the math,
+so it lives in the runner config (config_hash, the compile cache key).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from warmgate.server.config.config_error import _require
+from warmgate.server.config.flags import flag
+
+if TYPE_CHECKING:
+    from warmgate.server.config.runner_config import RunnerConfig
+
+
+@dataclass(frozen=True)
+class NumericsConfig:
+    deterministic: bool = field(default=False, metadata=flag(
+        "--deterministic", "batch-invariant kernels everywhere: a request's tokens and "
+        "logprobs do not depend on the other requests in its batch, on how its prompt was "
+        "chunked or on how many drafts were accepted (slower; README 'Deterministic mode')"))
+
+
+def check_deterministic(config: RunnerConfig) -> RunnerConfig:
+    """`config` (resolved), unless --deterministic is on in a combination where it cannot
+    keep its promise."""
+    if not config.numerics.deterministic:
+        return config
+    # Inductor writes its own GEMM and reduction kernels, chosen per token bucket.
+    _require(not config.compilation.compile, "compilation.compile",
+             "--compile does not combine with --deterministic: inductor generates its own "
+             "matmul and reduction kernels per token bucket")
+    # The torch backend's graph-capturable decode path is one batched softmax over the batch.
+    _require(config.device.device == "cpu" or config.device.attention_backend != "torch",
+             "device.attention_backend", "--deterministic on CUDA needs the triton or "
+             "flashinfer attention backend (both then run the Triton varlen kernel)")
+    return config
