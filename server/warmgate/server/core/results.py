@@ -34,6 +34,8 @@ class SkipReason(enum.Enum):
     MAX_MODEL_LEN_TOO_SMALL = "MAX_MODEL_LEN_TOO_SMALL"
     # No tokenizer.json (or no EOS ids): no request can carry a grammar.
     NO_TOKENIZER = "NO_TOKENIZER"
+    # --deterministic is off: the determinism check has nothing to prove.
+    NOT_DETERMINISTIC = "NOT_DETERMINISTIC"
 
 
 @dataclass
