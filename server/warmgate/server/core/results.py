@@ -115,6 +115,8 @@ class WarmupReport:
     model: str = ""
     # The --cache-dir entry (warmgate.server.cache.CacheInfo.to_dict()); None without one.
     compile_cache: dict[str, Any] | None = None
+    # The runner runs --deterministic (batch-invariant kernels).
+    deterministic: bool = False
 
     @property
     def succeeded(self) -> bool:
@@ -136,4 +138,5 @@ class WarmupReport:
             "attention_backend": self.attention_backend,
             "model": self.model,
             "compile_cache": self.compile_cache,
+            "deterministic": self.deterministic,
         }

@@ -285,7 +285,8 @@ def _report(runner: WarmupRunner, phases: list[PhaseResult], seconds: float) -> 
     report = WarmupReport(
         outcome=WarmupOutcome.FAILED if failed else WarmupOutcome.SUCCEEDED, phases=phases,
         total_duration_s=seconds, config_hash=cfg.config_hash(), device=cfg.device.device,
-        attention_backend=cfg.device.attention_backend, model=cfg.model.name)
+        attention_backend=cfg.device.attention_backend, model=cfg.model.name,
+        deterministic=cfg.numerics.deterministic)
     return report  # its summary line is the caller's (the server's report_log)
 
 
