@@ -53,7 +53,7 @@ class TorchOps:
     def linear(self, x: torch.Tensor, weight: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
         """x: [T, K] @ weight [N, K]^T (+ bias [N]) -> [T, N]: every projection and the head."""
-        return F.linear(x, weight, bias)
+        return F.linear(x, weight) if bias is None else F.linear(x, weight, bias)
 
     def log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
         """logits: [R, V] -> float32 log-probabilities [R, V] (the logprobs' normaliser)."""
