@@ -24,6 +24,9 @@ COMMANDS = {
                                              "vs warmgate's --cpu-threads"),
     "tp-broadcast": Command("tp_broadcast.py", "tensor parallel: the cost per decode step of "
                                                "sending the step to the workers"),
+    "determinism": Command("determinism.py", "--deterministic: probes alone vs inside a busy "
+                                             "workload bit for bit, and its cost against the "
+                                             "default mode"),
     "tp-greedy": Command("tp_greedy.py", "tensor parallel: greedy tokens at TP=N against TP=1, "
                                          "prompt by prompt"),
 }
