@@ -18,6 +18,7 @@ from warmgate.server.runner.ops import TorchOps
 from warmgate.server.runner.sampling.seeded import make_generator
 from warmgate.server.runner.sampling.warpers import choose_tokens
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
+from warmgate.server.startup import load_server_config
 
 # SmolLM2-135M's projection and head shapes, and tiny's: (N, K) of weight [N, K].
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576), (128, 64)]
@@ -117,3 +118,15 @@ def test_deterministic_mode_refuses_compile_and_the_torch_backend_on_cuda() -> N
         resolve_runner_config(on_cuda, cuda_available=True)
     assert err.value.field_name == "device.attention_backend"
     assert det.config_hash() != base.config_hash()
+
+
+def test_the_server_refuses_deterministic_with_compile_naming_the_flag(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        load_server_config(["--device", "cpu", "--deterministic", "--compile"], environ={})
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --compile: --compile does not combine with --deterministic" in err
+    assert "Traceback" not in err
+    on = load_server_config(["--device", "cpu"], environ={"WARMGATE_DETERMINISTIC": "1"})
+    assert on.runner.numerics.deterministic

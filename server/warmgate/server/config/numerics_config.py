@@ -38,6 +38,11 @@ def check_deterministic(config: RunnerConfig) -> RunnerConfig:
              "--compile does not combine with --deterministic: inductor generates its own "
              "matmul and reduction kernels per token bucket")
     # The torch backend's graph-capturable decode path is one batched softmax over the batch.
+    # The fused MoE kernel picks its launch per token-count bucket (only the CPU's torch
+    # path runs its experts one token at a time).
+    _require(config.device.device == "cpu" or not config.model.is_moe, "model",
+             "--deterministic on CUDA does not cover Mixture-of-Experts models: the fused "
+             "MoE kernel picks its launch per token count")
     _require(config.device.device == "cpu" or config.device.attention_backend != "torch",
              "device.attention_backend", "--deterministic on CUDA needs the triton or "
              "flashinfer attention backend (both then run the Triton varlen kernel)")
