@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from warmgate.server.config.runner_config import ConfigError, resolve_runner_con
 from warmgate.server.runner.deterministic_ops import RowwiseTorchOps
 from warmgate.server.runner.moe import MoEBlock
 from warmgate.server.runner.ops import TorchOps
+from warmgate.server.runner.sampling import warpers
 from warmgate.server.runner.sampling.seeded import make_generator
 from warmgate.server.runner.sampling.warpers import choose_tokens
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams
@@ -86,7 +88,19 @@ def test_the_rowwise_moe_block_is_batch_invariant() -> None:
     assert rows_that_differ(block, x) == []
 
 
-def test_a_seeded_row_draws_the_same_token_alone_and_beside_other_rows() -> None:
+def test_a_seeded_row_draws_the_same_token_alone_and_beside_other_rows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CPU's softmax, sort and cumsum happen to be row invariant, so the tokens alone
+    # cannot show the batched path's risk (CUDA kernels chosen by the row count): the draw
+    # must also reach `probabilities` one row at a time.
+    rows_seen: list[int] = []
+    real = warpers.probabilities
+
+    def spy(x: torch.Tensor, params: Any) -> torch.Tensor:
+        rows_seen.append(x.shape[0])
+        return real(x, params)
+
+    monkeypatch.setattr(warpers, "probabilities", spy)
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(6, 4096, generator=gen)
     seeded = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, seed=99)
@@ -97,6 +111,7 @@ def test_a_seeded_row_draws_the_same_token_alone_and_beside_other_rows() -> None
                 for i, p in enumerate(params)]
 
     batched = choose_tokens(logits, params, gens(), row_wise=True)
+    assert rows_seen == [1, 1, 1, 1]  # the four drawn rows, each alone
     for i, p in enumerate(params):
         if p.seed is None and not p.is_greedy:
             continue  # unseeded: a fresh draw each time, nothing to compare
