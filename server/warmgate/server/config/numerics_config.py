@@ -11,13 +11,11 @@ so it lives in the runner config (config_hash, the compile cache key).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
+from warmgate.server.config.compilation_config import CompilationConfig
 from warmgate.server.config.config_error import _require
 from warmgate.server.config.flags import flag
-
-if TYPE_CHECKING:
-    from warmgate.server.config.runner_config import RunnerConfig
 
 
 @dataclass(frozen=True)
@@ -28,7 +26,35 @@ class NumericsConfig:
         "chunked or on how many drafts were accepted (slower; README 'Deterministic mode')"))
 
 
-def check_deterministic(config: RunnerConfig) -> RunnerConfig:
+class _Device(Protocol):
+    @property
+    def device(self) -> str: ...
+    @property
+    def attention_backend(self) -> str: ...
+
+
+class _Model(Protocol):
+    @property
+    def is_moe(self) -> bool: ...
+
+
+class _Runner(Protocol):
+    """What the check reads of a RunnerConfig (runner_config imports this module)."""
+
+    @property
+    def numerics(self) -> NumericsConfig: ...
+    @property
+    def compilation(self) -> CompilationConfig: ...
+    @property
+    def device(self) -> _Device: ...
+    @property
+    def model(self) -> _Model: ...
+
+
+R = TypeVar("R", bound=_Runner)
+
+
+def check_deterministic(config: R) -> R:
     """`config` (resolved), unless --deterministic is on in a combination where it cannot
     keep its promise."""
     if not config.numerics.deterministic:

@@ -126,11 +126,12 @@ class ProbeDriver:
             left = self.budget.max_num_tokens
             work: list[tuple[ProbeRequest, int, tuple[int, ...]]] = []
             for req in running:
+                drafts: tuple[int, ...] = ()
                 if req.prefilling:
                     remaining = len(req.prompt_token_ids) - req.num_computed_tokens
                     if req is probe and req.num_computed_tokens == 0:
                         remaining = min(remaining, first_cut)
-                    n, drafts = min(remaining, left), ()
+                    n = min(remaining, left)
                 else:
                     drafts = self._drafts(req)[:max(left - 1, 0)]
                     n = 1 + len(drafts)
