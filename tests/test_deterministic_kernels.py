@@ -132,6 +132,11 @@ def test_deterministic_mode_refuses_compile_and_the_torch_backend_on_cuda() -> N
     with pytest.raises(ConfigError) as err:
         resolve_runner_config(on_cuda, cuda_available=True)
     assert err.value.field_name == "device.attention_backend"
+    sharded = dataclasses.replace(det, parallel=dataclasses.replace(det.parallel,
+                                                                    tensor_parallel_size=2))
+    with pytest.raises(ConfigError) as err:
+        resolve_runner_config(sharded, cuda_available=False)
+    assert err.value.field_name == "parallel.tensor_parallel_size"
     assert det.config_hash() != base.config_hash()
 
 

@@ -38,6 +38,11 @@ class _Model(Protocol):
     def is_moe(self) -> bool: ...
 
 
+class _Parallel(Protocol):
+    @property
+    def tensor_parallel_size(self) -> int: ...
+
+
 class _Runner(Protocol):
     """What the check reads of a RunnerConfig (runner_config imports this module)."""
 
@@ -49,6 +54,8 @@ class _Runner(Protocol):
     def device(self) -> _Device: ...
     @property
     def model(self) -> _Model: ...
+    @property
+    def parallel(self) -> _Parallel: ...
 
 
 R = TypeVar("R", bound=_Runner)
@@ -64,6 +71,10 @@ def check_deterministic(config: R) -> R:
              "--compile does not combine with --deterministic: inductor generates its own "
              "matmul and reduction kernels per token bucket")
     # The torch backend's graph-capturable decode path is one batched softmax over the batch.
+    # An all-reduce's chunking, and so its summation order, follows the message size.
+    _require(config.parallel.tensor_parallel_size == 1, "parallel.tensor_parallel_size",
+             "--deterministic runs on one device: a tensor-parallel all-reduce sums in an "
+             "order that follows the step's token count")
     # The fused MoE kernel picks its launch per token-count bucket (only the CPU's torch
     # path runs its experts one token at a time).
     _require(config.device.device == "cpu" or not config.model.is_moe, "model",
