@@ -49,3 +49,29 @@ def test_deterministic_flashinfer_attention_is_the_triton_varlen_kernel() -> Non
                          max_blocks_per_req=4, max_num_reqs=2, max_num_tokens=16,
                          dtype=torch.float32, device=torch.device(DEVICE), deterministic=True)
     assert isinstance(create_backend("flashinfer", spec), TritonAttentionBackend)
+
+
+def test_a_deterministic_uniform_decode_never_runs_the_decode_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under the interpreter the two kernels happen to agree bit for bit (one split, the same
+    # tile), so only the routing itself can be checked here; on a GPU they differ.
+    from warmgate.server.runner.attention import triton_backend
+
+    def forbidden(*_args: object, **_kwargs: object) -> torch.Tensor:
+        raise AssertionError("the split decode kernel ran under --deterministic")
+
+    monkeypatch.setattr(triton_backend, "paged_attention_decode", forbidden)
+    c = tiny_config(attention_backend="triton", device=DEVICE)
+    c = dataclasses.replace(c, numerics=dataclasses.replace(c.numerics, deterministic=True))
+    runner = ModelRunner(c, ops=BatchInvariantOps())  # type: ignore[arg-type]
+    seen: list[bool] = []
+    real_forward = runner.attention_backend.forward
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        seen.append(args[-1].is_uniform_decode)  # type: ignore[attr-defined]
+        return real_forward(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner.attention_backend, "forward", spy)
+    phase = run_determinism_check(runner, runner.execute_model, runner.sample_tokens)
+    assert phase.status is PhaseStatus.RAN, phase.detail
+    assert any(seen)  # uniform decodes did run
