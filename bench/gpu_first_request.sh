@@ -90,7 +90,7 @@ breakdown)
 breakdown-k3)
   # The random configurations' worst (k=3, 69 seqs, budget 6603, length 12665, a 392-token
   # prompt), split into the serving loop's parts: where a k>0 first request's time goes.
-  for b in flashinfer triton; do
+  for b in ${BREAKDOWN_BACKENDS:-flashinfer triton}; do
     stage "breakdown at k=3: $b"
     timeout 150 python3 bench/warm.py first-request --mode breakdown --gap-s 0.3 --repeats 30 \
       --prompt-len 392 --model "$MODEL" --device cuda --attention-backend $b \

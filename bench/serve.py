@@ -19,6 +19,8 @@ COMMANDS = {
                                          "schedule, prepare, forward, sample, update, respond"),
     "decode-latency": Command("decode_latency.py", "decode step time: CUDA graphs vs eager, "
                                                    "each attention backend vs torch"),
+    "step-kernels": Command("step_kernels.py", "a decode step's GPU time kernel by kernel "
+                                               "(torch.profiler, CUDA graphs on)"),
     "kernels": Command("kernels_gpu.py", "the Triton paged decode attention kernel vs SDPA"),
     "cpu-threads": Command("cpu_threads.py", "serving on a CPU with torch's default threads "
                                              "vs warmgate's --cpu-threads"),

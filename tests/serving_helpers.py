@@ -10,7 +10,7 @@ from tests.runner_helpers import MiniScheduler
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.scheduler_output import SamplingParams, SchedulerOutput
 from warmgate.server.serving.limits import SchedulerLimits
-from warmgate.server.serving.loop import ServingLoop
+from warmgate.server.serving.loop import ServingLoop, StepStats
 from warmgate.server.serving.ngram import NgramIndex
 from warmgate.server.serving.request import ServingRequest, StepEvent
 from warmgate.server.serving.scheduler import Scheduler
@@ -23,12 +23,15 @@ def greedy(max_tokens: int, stop: Sequence[int] = ()) -> SamplingParams:
 class Served:
     """A ServingLoop over `runner` that records every step's SchedulerOutput and event."""
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, *, async_scheduling: bool = False) -> None:
         self.runner = runner
         self.events: list[StepEvent] = []
         self.steps: list[SchedulerOutput] = []
-        self.scheduler = Scheduler(SchedulerLimits.of_config(runner.config))
-        self.loop = ServingLoop(runner, self.scheduler, self.events.extend)
+        self.scheduler = Scheduler(SchedulerLimits.of_config(
+            runner.config, async_scheduling=async_scheduling))
+        self.stats: list[StepStats] = []
+        self.loop = ServingLoop(runner, self.scheduler, self.events.extend,
+                                on_step=self.stats.append)
         original = runner.execute_model
 
         def recording(so: SchedulerOutput) -> Any:

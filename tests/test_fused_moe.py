@@ -7,6 +7,7 @@ On a machine with CUDA the interpreter is not forced and the same checks run on 
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -105,3 +106,43 @@ def test_moe_block_runs_the_kernel_on_cuda_and_both_paths_agree() -> None:
         b.copy_(a)
     x = torch.randn(21, 48, generator=gen).to(device)
     torch.testing.assert_close(kernel(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
+# What would sync with the host on CUDA (a value copied back to decide a shape or a branch):
+# patched to raise while the kernel's host code runs, so a capture-breaking sync is caught
+# on the CPU too. The interpreter itself reads its arguments through numpy, not these.
+_SYNCS = ("item", "tolist", "nonzero", "__bool__", "__int__", "__float__")
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 16, 45])
+def test_fused_moe_never_reads_a_device_value_and_pads_to_a_fixed_size(
+        tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The package re-exports the function under the module's name: fetch the module itself.
+    kernel = importlib.import_module("warmgate.server.kernels.fused_moe")
+    x, w13, w2, weights, ids = _case(tokens, 6, 2, 32, 16, tokens)
+    want = torch_moe(x, w13, w2, weights, ids)
+    sizes: list[tuple[int, int]] = []
+    align = kernel.align_by_expert
+
+    def recording_align(ids: torch.Tensor, num_experts: int, block_m: int
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = align(ids, num_experts, block_m)
+        sizes.append((out[0].numel(), block_m))
+        return out
+
+    monkeypatch.setattr(kernel, "align_by_expert", recording_align)
+
+    def sync(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a host sync inside the MoE forward")
+
+    with monkeypatch.context() as m:
+        for name in _SYNCS:
+            m.setattr(torch.Tensor, name, sync)
+        for name in ("nonzero", "unique", "masked_select"):
+            m.setattr(torch, name, sync)
+        got = fused_moe(x, w13, w2, weights, ids, SMALL)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # The padded rows: the worst case for the token count, whatever the routing picked.
+    (capacity, block_m), = sizes
+    bound = tokens * 2 + 6 * (block_m - 1)
+    assert bound <= capacity < bound + block_m and capacity % block_m == 0

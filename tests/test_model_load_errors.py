@@ -43,7 +43,7 @@ CONFIG_EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "partial rotary": (lambda c: c["rope_parameters"].update(partial_rotary_factor=0.5),
                        "rope_parameters.partial_rotary_factor"),
     "quantized": (lambda c: c.update(quantization_config={"quant_method": "awq"}),
-                  "quantization_config"),
+                  "quantization_config.quant_method"),
     "activation": (lambda c: c.update(hidden_act="gelu"), "hidden_act"),
     "llama attention bias": (lambda c: c.update(attention_bias=True), "attention_bias"),
     "llama mlp bias": (lambda c: c.update(mlp_bias=True), "mlp_bias"),

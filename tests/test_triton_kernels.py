@@ -169,6 +169,8 @@ DECODE_CASES = [
     (torch.bfloat16, 8, 2, 32, 16, 3, 2),
     (torch.bfloat16, 2, 2, 32, 4, 3, 4),
     (torch.float16, 8, 2, 16, 4, 0, 1),
+    # Many splits: most are past every short sequence's end.
+    (torch.bfloat16, 8, 2, 16, 4, 0, 64),
 ]
 
 
@@ -274,12 +276,18 @@ def test_backend_forward(q_lens: list[int], context_lens: list[int], uniform: bo
 def test_choose_num_splits() -> None:
     # A big batch fills the GPU without splitting.
     assert choose_num_splits(64, 8, 4096, 132) == 1
+    assert choose_num_splits(128, 8, 4096, 132) == 1
     # One request with a long context splits as far as allowed, in powers of two.
     assert choose_num_splits(1, 8, 8192, 132) == MAX_SPLITS
-    assert choose_num_splits(1, 8, 1024, 132) == 4  # >= 256 tokens a split
-    for num_reqs in range(1, 65):
-        splits = choose_num_splits(num_reqs, 8, 4096, 132)
+    assert choose_num_splits(1, 8, 512, 132) == 8  # >= one 64-key tile a split
+    assert choose_num_splits(1, 8, 40, 132) == 1
+    for num_reqs in range(1, 129):
+        splits = choose_num_splits(num_reqs, 8, 1 << 17, 132)
         assert splits & (splits - 1) == 0 and 1 <= splits <= MAX_SPLITS
+        # The grid fills 132 SMs at least twice over, unless the cap stops it.
+        assert num_reqs * 8 * splits >= 2 * 132 or splits == MAX_SPLITS, num_reqs
+        # ... and never more than needed: half the splits would not.
+        assert splits == 1 or num_reqs * 8 * splits // 2 < 2 * 132, num_reqs
 
 
 def test_triton_ops_matches_torch_ops_interface() -> None:

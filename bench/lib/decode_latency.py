@@ -1,10 +1,19 @@
-"""Decode step latency on the GPU: CUDA graphs vs eager, and the attention backends side by side.
+"""Decode step latency on the GPU: CUDA graphs vs eager, the attention backends side by side,
+and each step against the HBM roofline of the parameters it reads.
 
-    python bench/serve.py decode-latency [--model llama-3.2-1b]
+    python bench/serve.py decode-latency [--model llama-3.2-1b | qwen3-30b-a3b | mixtral-8x7b]
+        [--layers N] [--backends torch,triton,flashinfer]
 
-For every available backend one runner is built, its requests prefilled, decode steps timed
-eagerly, then graphs captured and the same steps timed again. Prints one table of medians and
-the ratios (graph/eager per backend; each backend against torch at the same size).
+For every backend one runner is built (random weights), its requests prefilled, decode steps
+timed eagerly, then graphs captured and the same steps timed again. A MoE model's fused kernel
+gets its launches first, as the warmup's moe phase gives them (an autotune per token-count
+bucket). Prints one table of medians and the ratios (graph/eager per backend; each backend
+against torch at the same size) and, per batch size, the roofline: the least time a step can
+take reading its ACTIVE parameters (dense, attention and, of a MoE layer, the experts a batch
+of B tokens touches: E * (1 - (1 - k/E)^B) expected distinct of E with top-k) and every
+stream's KV cache from HBM (devtools/roofline.py). `--layers N` builds only the first N decoder
+layers (the roofline counts the same N): the full 48 layers of qwen3-30b-a3b take minutes to
+initialise on the device for each backend, and a decode step is layer after identical layer.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from statistics import median
 
 import torch
 
+from warmgate.server.config.presets import MODEL_PRESETS
 from warmgate.server.config.runner_config import (
     CacheConfig,
     CompilationConfig,
@@ -26,21 +36,40 @@ from warmgate.server.config.runner_config import (
     SchedulerConfig,
     resolve_runner_config,
 )
+from warmgate.server.core.results import PhaseStatus
 from warmgate.server.devtools.batch_driver import BatchDriver, DrivenRequest, Work
+from warmgate.server.devtools.roofline import H200_HBM_BYTES_PER_S, Roofline
 from warmgate.server.runner.attention import backend_available
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.scheduler_output import GREEDY
+from warmgate.server.warmup.moe_phase import run_moe_warmup
 
 SIZES = (1, 8, 64)
 
 
-def build(model: str, backend: str, prompt_len: int, decode_tokens: int) -> ModelRunner:
+def model_config(model: str, max_len: int, layers: int | None) -> ModelConfig:
+    """The preset at max_len, with its first `layers` decoder layers only when given."""
+    overrides = {} if layers is None else {"num_layers": layers}
+    return ModelConfig.from_preset(model, max_model_len=max_len, **overrides)
+
+
+def roofline_ms(model: ModelConfig, sizes: tuple[int, ...], context: float,
+                bytes_per_s: float = H200_HBM_BYTES_PER_S) -> dict[int, float]:
+    """{batch: the roofline step in ms} for decode batches of one token per stream, each
+    stream's KV cache `context` tokens long on average (bf16 weights and cache; an FP8
+    preset's projections at one byte and their scales, devtools.roofline)."""
+    return {n: 1000 * Roofline.of(model, n, context, bytes_per_s=bytes_per_s).step_s
+            for n in sizes}
+
+
+def build(model: str, backend: str, prompt_len: int, decode_tokens: int,
+          layers: int | None = None) -> ModelRunner:
     """A runner with room for max(SIZES) requests of prompt_len + decode_tokens tokens."""
     max_reqs = max(SIZES)
     max_len = prompt_len + decode_tokens + 16
     per_req = -(-max_len // 16)
     cfg = RunnerConfig(
-        model=ModelConfig.from_preset(model, max_model_len=max_len),
+        model=model_config(model, max_len, layers),
         cache=CacheConfig(block_size=16, num_blocks=max_reqs * per_req + 2),
         scheduler=SchedulerConfig(max_num_seqs=max_reqs,
                                   max_num_batched_tokens=max(2048, prompt_len * 8)),
@@ -84,23 +113,51 @@ def median_decode_ms(driver: BatchDriver, reqs: list[DrivenRequest], steps: int,
     return 1000 * median(decode_s(driver, reqs) for _ in range(steps))
 
 
+def format_table(results: dict[str, dict[str, dict[int, float]]], roof: dict[int, float]
+                 ) -> str:
+    """The medians, their ratios and the roofline: a row per backend and batch size; the
+    ratios to torch where torch ran."""
+    lines = [f"{'backend':<11}{'batch':>6}{'eager':>9}{'graph':>9}{'graph/eager':>13}"
+             f"{'eager/torch':>13}{'graph/torch':>13}{'roofline':>10}{'graph/roof':>12}"]
+    torch_r = results.get("torch")
+    for backend, r in results.items():
+        for n in sorted(r["eager"]):
+            e, g = r["eager"][n], r["graph"][n]
+            vs = (f"{e / torch_r['eager'][n]:>13.2f}{g / torch_r['graph'][n]:>13.2f}"
+                  if torch_r is not None else f"{'-':>13}{'-':>13}")
+            lines.append(f"{backend:<11}{n:>6}{e:>9.3f}{g:>9.3f}{g / e:>13.2f}{vs}"
+                         f"{roof[n]:>10.3f}{g / roof[n]:>12.2f}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--model", default="llama-3.2-1b")
+    p.add_argument("--model", default="llama-3.2-1b", choices=sorted(MODEL_PRESETS),
+                   help="a preset (random weights; the MoE presets too)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="build only the first N decoder layers (default: the preset's)")
+    p.add_argument("--backends", default="torch,triton,flashinfer",
+                   help="comma-separated; those not installed are left out")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--json", default=None, help="also write the numbers here")
     args = p.parse_args()
+    if args.layers is not None and args.layers < 1:
+        p.error("--layers must be at least 1")
     if not torch.cuda.is_available():
         print("decode_latency needs a CUDA device", file=sys.stderr)
         return 2
-    backends = [b for b in ("torch", "triton", "flashinfer")
-                if b == "torch" or backend_available(b)]
+    backends = [b for b in args.backends.split(",") if b == "torch" or backend_available(b)]
+    if not backends:
+        p.error(f"--backends {args.backends}: none of them is installed")
     results: dict[str, dict[str, dict[int, float]]] = {}
     for backend in backends:
         # Request 0 decodes in every timed step: eager and graphed, every size, warm-ups too.
         decode_steps = 2 * len(SIZES) * (args.steps + 3)
-        runner = build(args.model, backend, args.prompt_len, decode_steps)
+        runner = build(args.model, backend, args.prompt_len, decode_steps, args.layers)
+        moe = run_moe_warmup(runner)  # a MoE model's launches, as a warmup gives them
+        if moe.status is PhaseStatus.RAN:
+            print(f"{backend}: {moe.detail}", flush=True)
         driver = BatchDriver(runner)
         reqs = prefill(driver, max(SIZES), args.prompt_len, chunk=8)
         eager = {n: median_decode_ms(driver, reqs[:n], args.steps) for n in SIZES}
@@ -110,20 +167,17 @@ def main() -> int:
         del driver, reqs, runner
         torch.cuda.empty_cache()
 
-    print(f"\ndecode step latency, {args.model}, context ~{args.prompt_len} tokens, "
+    config = model_config(args.model, args.prompt_len, args.layers)
+    roof = roofline_ms(config, SIZES, args.prompt_len)
+    layers = f", first {args.layers} layers" if args.layers is not None else ""
+    print(f"\ndecode step latency, {args.model}{layers}, context ~{args.prompt_len} tokens, "
           f"median of {args.steps} steps (ms; execute_model + sample_tokens, synced)")
-    print(f"{'backend':<11}{'batch':>6}{'eager':>9}{'graph':>9}{'graph/eager':>13}"
-          f"{'eager/torch':>13}{'graph/torch':>13}")
-    for backend, r in results.items():
-        for n in SIZES:
-            e, g = r["eager"][n], r["graph"][n]
-            te, tg = results["torch"]["eager"][n], results["torch"]["graph"][n]
-            print(f"{backend:<11}{n:>6}{e:>9.3f}{g:>9.3f}{g / e:>13.2f}{e / te:>13.2f}"
-                  f"{g / tg:>13.2f}")
+    print(format_table(results, roof))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "prompt_len": args.prompt_len, "results": results},
-                      f, indent=2)
+            json.dump({"model": args.model, "layers": args.layers,
+                       "prompt_len": args.prompt_len, "results": results,
+                       "roofline_ms": roof}, f, indent=2)
     return 0
 
 

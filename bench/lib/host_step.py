@@ -17,12 +17,17 @@ Parts (milliseconds per step, each part's median over the timed steps):
   other      the rest of ServingLoop.step
 --baseline REF runs the same measurement on the server and client of git commit REF (in a
 subprocess, back to back, same flags) and prints both, and whether their tokens are equal.
+--overlap measures this tree's loop serially and with --async-scheduling, back to back, and
+prints both and whether their tokens are equal. With overlap, `sample` is the launch of the
+sampling plus the wait for the step before's tokens, and the step's host parts run while the
+device runs the step before (on a GPU the device then idles only for host - device step).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import os
 import statistics
@@ -56,6 +61,15 @@ def instrumented() -> Iterator[None]:
     from warmgate.server.runner import input_batch, model, model_runner
     from warmgate.server.serving import loop, scheduler
 
+    overlap = []
+    with contextlib.suppress(ImportError):  # a --baseline tree from before the overlap
+        from warmgate.server.runner.async_output import AsyncModelOutput, DeviceTokens
+
+        # Not sample_tokens_async itself: on the host path it calls sample_tokens.
+        overlap = [_timed(model_runner, "sample_on_device", "sample"),
+                   _timed(DeviceTokens, "launch", "sample"),
+                   _timed(AsyncModelOutput, "get", "sample")]
+
     runner = model_runner.ModelRunner
     undo = [_timed(scheduler.Scheduler, "schedule", "schedule"),
             _timed(model_runner, "validate_scheduler_output", "prepare"),
@@ -66,6 +80,7 @@ def instrumented() -> Iterator[None]:
             _timed(model.LlamaModel, "compute_logits", "forward"),
             _timed(runner, "sample_tokens", "sample"),
             _timed(scheduler.Scheduler, "update", "update"),
+            *overlap,
             _timed(loop.ServingLoop, "step", "step")]
     try:
         yield
@@ -90,7 +105,7 @@ def respond(events: list[Any], arrival: float) -> None:
     LOG["respond"] = LOG.get("respond", 0.0) + time.perf_counter() - t
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def measure(args: argparse.Namespace, async_scheduling: bool = False) -> dict[str, Any]:
     """Per-part medians (seconds) over the timed steps, the step count and the tokens' hash."""
     import random
 
@@ -111,7 +126,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     config = runner.config  # resolved: the KV blocks it allocated
     k = config.speculative.num_speculative_steps
     arrival = time.perf_counter()
-    scheduler = Scheduler(SchedulerLimits.of_config(config))
+    limits = SchedulerLimits.of_config(config)
+    if async_scheduling:
+        limits = dataclasses.replace(limits, async_scheduling=True)
+    scheduler = Scheduler(limits)
     serving = ServingLoop(runner, scheduler, lambda events: respond(events, arrival))
     rng = random.Random(0)
     vocab = config.model.vocab_size
@@ -135,6 +153,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if len(scheduler.running) != args.streams:
         raise SystemExit(f"{len(scheduler.running)} of {args.streams} streams still running: "
                          "raise --max-model-len, or lower --steps or --prompt-len")
+    # Read the step still in flight (with overlap), so both modes hold the same tokens.
+    serving.run(lambda: True)
     for step in STEPS:
         step["other"] = step["step"] - sum(v for p, v in step.items() if p != "step")
     medians = {p: statistics.median(step.get(p, 0.0) for step in STEPS) for p in PARTS}
@@ -190,6 +210,8 @@ def main(argv: list[str], prog: str | None = None) -> int:
                    help="also measure git commit REF's server (e.g. main), back to back")
     p.add_argument("--rounds", type=int, default=1,
                    help="measurements of each tree, alternated with --baseline")
+    p.add_argument("--overlap", action="store_true",
+                   help="measure the loop serially and with --async-scheduling, alternated")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     # The server's runner flags; a model whose forward is small, and a budget and length
     # that prefill every stream at once and leave room for the timed steps at k=3.
@@ -197,6 +219,8 @@ def main(argv: list[str], prog: str | None = None) -> int:
         "--device": "cpu", "--model": "tiny", "--max-num-seqs": "128",
         "--max-model-len": "1024", "--max-num-batched-tokens": "8192"})
     args = p.parse_args(argv)
+    if args.overlap and args.baseline:
+        p.error("--overlap compares this tree's two modes; --baseline another tree: pick one")
     if args.json:
         import json
 
@@ -212,8 +236,11 @@ def main(argv: list[str], prog: str | None = None) -> int:
         if args.baseline:
             base.append(baseline(args.baseline, rest))
             rows += table(args.baseline[:10], base[-1])
-        now.append(measure(args))
-        rows += table("this tree", now[-1])
+        if args.overlap:
+            base.append(measure(args))
+            rows += table("serial", base[-1])
+        now.append(measure(args, async_scheduling=args.overlap))
+        rows += table("async" if args.overlap else "this tree", now[-1])
     print(f"{args.streams} streams in steady decode, prompt {args.prompt_len}, "
           f"{now[0]['steps']} timed steps, k={args.num_speculative_steps}, "
           f"max_num_seqs {args.max_num_seqs}, model {args.model}, {now[0]['backend']} attention "
@@ -221,11 +248,12 @@ def main(argv: list[str], prog: str | None = None) -> int:
           "parts but forward, summed")
     print(header())
     print("\n".join(rows))
-    if args.baseline:
+    if args.baseline or args.overlap:
         ratio = statistics.median(hostt(n) for n in now) / statistics.median(
             hostt(b) for b in base)
         same = {r["tokens"] for r in now} == {r["tokens"] for r in base}
-        print(f"host time, median over rounds, this tree / {args.baseline}: "
+        what = "async / serial" if args.overlap else f"this tree / {args.baseline}"
+        print(f"host time, median over rounds, {what}: "
               f"{ratio:.2f}; tokens {'equal' if same else 'DIFFER'}")
     return 0
 

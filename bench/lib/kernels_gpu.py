@@ -1,11 +1,16 @@
 """Decode attention on the GPU: the Triton paged kernel against torch SDPA.
 
-    python bench/serve.py kernels [--context 2048]
+    python bench/serve.py kernels [--context 2048] [--capacity 8192]
 
 Every request has `context` cached tokens and one query token (bf16, 32 query heads, 8 KV
 heads, block_size 16). SDPA gets the same K/V twice: already dense (its best case, no paging)
 and gathered from the paged cache on every call (what a torch paged backend pays). Times are
-triton.testing.do_bench medians; GB/s counts the K/V bytes the triton kernel must read.
+triton.testing.do_bench medians (eager calls: at small batches the host's launch time shows);
+GB/s counts the K/V bytes the triton kernel must read.
+
+A second table (decode_splits_gpu.py) times the kernel in a CUDA graph under the old and the
+new split-K rule at batch 1/8/64/128 and context 512/2048, against the H200's HBM bandwidth;
+a third sweeps the kernel's tile configurations at batch 64 and 128.
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ def bench_one(batch: int, head_dim: int, context: int) -> dict[str, float]:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--context", type=int, default=2048, help="cached tokens per request")
+    p.add_argument("--capacity", type=int, default=8192,
+                   help="tokens a request can hold (max_model_len): the split rule's input")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("kernels_gpu benchmarks the Triton kernels on a CUDA device; none is available",
@@ -92,6 +99,11 @@ def main() -> int:
                   f"{r['triton'] / r['sdpa_dense']:>12.2f}"
                   f"{r['triton'] / r['sdpa_gather']:>14.2f}{r['gbps']:>8.0f}")
             torch.cuda.empty_cache()
+    # Imports triton: after the check.
+    from decode_splits_gpu import print_split_comparison, print_tile_sweep
+
+    print_split_comparison(HEAD_DIMS, args.capacity)
+    print_tile_sweep(HEAD_DIMS, args.capacity)
     return 0
 
 

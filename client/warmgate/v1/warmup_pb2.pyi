@@ -118,7 +118,11 @@ class _SkipReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SkipReason
     """The model has no tokenizer (tokenizer.json) or no end-of-sequence ids, so no request can
     carry a grammar (structured output).
     """
-    SKIP_REASON_NOT_DETERMINISTIC: _SkipReason.ValueType  # 16
+    SKIP_REASON_NOT_MOE: _SkipReason.ValueType  # 16
+    """A dense model: no Mixture-of-Experts layers, so no fused MoE kernel to warm."""
+    SKIP_REASON_NOT_FP8: _SkipReason.ValueType  # 17
+    """The weights are not FP8, so no FP8 GEMM to warm."""
+    SKIP_REASON_NOT_DETERMINISTIC: _SkipReason.ValueType  # 18
     """--deterministic is off: the determinism check has nothing to prove."""
 
 class SkipReason(_SkipReason, metaclass=_SkipReasonEnumTypeWrapper):
@@ -158,7 +162,11 @@ SKIP_REASON_NO_TOKENIZER: SkipReason.ValueType  # 15
 """The model has no tokenizer (tokenizer.json) or no end-of-sequence ids, so no request can
 carry a grammar (structured output).
 """
-SKIP_REASON_NOT_DETERMINISTIC: SkipReason.ValueType  # 16
+SKIP_REASON_NOT_MOE: SkipReason.ValueType  # 16
+"""A dense model: no Mixture-of-Experts layers, so no fused MoE kernel to warm."""
+SKIP_REASON_NOT_FP8: SkipReason.ValueType  # 17
+"""The weights are not FP8, so no FP8 GEMM to warm."""
+SKIP_REASON_NOT_DETERMINISTIC: SkipReason.ValueType  # 18
 """--deterministic is off: the determinism check has nothing to prove."""
 Global___SkipReason: _TypeAlias = SkipReason  # noqa: Y015
 

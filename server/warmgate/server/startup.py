@@ -23,7 +23,11 @@ from warmgate.server.config.server_config import (
     runner_config_from_args,
     server_config_from_args,
 )
-from warmgate.server.config.startup_checks import check_attention_backend, check_host_memory
+from warmgate.server.config.startup_checks import (
+    check_attention_backend,
+    check_host_memory,
+    check_moe_kernel,
+)
 from warmgate.server.distributed.startup_check import check_tensor_parallel
 from warmgate.server.host_memory import host_available_bytes
 
@@ -61,6 +65,7 @@ def check_can_warm_up(runner: RunnerConfig, mixed_num_tokens: int | None,
     from warmgate.server.warmup.shapes import check_config_capacity  # imports the runner
 
     check_attention_backend(runner, environ)
+    check_moe_kernel(runner)
     check_tensor_parallel(runner)
     check_config_capacity(runner, mixed_num_tokens)
 

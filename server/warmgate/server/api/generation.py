@@ -117,7 +117,8 @@ class GenerationService(gen_grpc.GenerationServicer):
         self._runner_config = runner_config
         self._config = serving_config
         self._metrics = metrics
-        self._limits = SchedulerLimits.of_config(runner_config)
+        self._limits = SchedulerLimits.of_config(
+            runner_config, async_scheduling=serving_config.async_scheduling)
         self._driver = ServingDriver(
             controller, self._limits,
             on_step=metrics.observe_step if metrics is not None else None,

@@ -34,3 +34,12 @@ class CompilationConfig:
         if self.cuda_graph_sizes is not None:
             _require(all(s >= 1 for s in self.cuda_graph_sizes), "compilation.cuda_graph_sizes",
                      "every size must be >= 1")
+
+
+def default_cuda_graph_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, then every multiple of 8 up to max_num_seqs (vLLM's default pattern)."""
+    sizes = [s for s in (1, 2, 4) if s <= max_num_seqs]
+    sizes += list(range(8, max_num_seqs + 1, 8))
+    if max_num_seqs not in sizes:
+        sizes.append(max_num_seqs)
+    return tuple(sorted(set(sizes)))

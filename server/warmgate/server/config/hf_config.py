@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from warmgate.server.config.config_notes import ConfigNote, note
+from warmgate.server.config.fp8_config import quantized_modules
 from warmgate.server.config.hf_attention import head_dim, num_kv_heads, sliding_window
+from warmgate.server.config.hf_fp8 import (
+    check_ignore_list,
+    fp8_from_hf,
+    fp8_hf_dict,
+)
 from warmgate.server.config.hf_moe import moe_fields, moe_hf_keys
 from warmgate.server.config.hf_rope import rope_from_hf
 from warmgate.server.config.model_load_error import ModelLoadError
@@ -48,7 +54,7 @@ _FIELD_KEYS = {**_HF_KEYS, "num_kv_heads": "num_key_value_heads", "head_dim": "h
                "num_experts": "num_local_experts", "num_experts_per_tok": "num_experts_per_tok",
                "moe_intermediate_size": "moe_intermediate_size",
                "architecture": "architectures", "sliding_window": "sliding_window",
-               "tie_word_embeddings": "tie_word_embeddings"}
+               "tie_word_embeddings": "tie_word_embeddings", "fp8": "quantization_config"}
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
              "intermediate_size")
 # What transformers assumes when config.json leaves a key out (each configuration_*.py).
@@ -100,9 +106,6 @@ def _architecture(hf: dict[str, Any], path: Path) -> str:
 
 def _refuse_unimplemented(hf: dict[str, Any], arch: str, path: Path) -> None:
     """Keys the reference reads for this architecture that would change the math."""
-    if hf.get("quantization_config") is not None:
-        raise ModelLoadError(path, "quantization_config",
-                             "quantized checkpoints are not supported")
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ModelLoadError(path, "hidden_act", f"{act!r}: only 'silu' is implemented")
@@ -178,7 +181,7 @@ def read_model_dir(directory: str | Path, **overrides: Any
                   head_dim=head_dim(hf, arch, path, notes),
                   tie_word_embeddings=_tied(hf, directory, notes),
                   name=directory.name, weights_path=str(directory),
-                  **moe_fields(hf, arch, path))
+                  fp8=fp8_from_hf(hf, path), **moe_fields(hf, arch, path))
     _dtype_notes(hf, notes)
     fields.update(overrides)
     window = sliding_window(hf, arch, path, notes)
@@ -193,6 +196,9 @@ def read_model_dir(directory: str | Path, **overrides: Any
         field_name = exc.field_name.removeprefix("model.")
         raise ModelLoadError(path, _FIELD_KEYS.get(field_name, field_name),
                              exc.message) from None
+    if config.fp8 is not None:
+        check_ignore_list(config.fp8, quantized_modules(config), path,
+                          head=not config.tie_word_embeddings)
     return config, tuple(notes)
 
 
@@ -252,6 +258,8 @@ def hf_config_dict(config: ModelConfig, dtype_name: str) -> dict[str, Any]:
     if config.architecture in ("llama", "qwen3", "qwen3_moe"):
         d["attention_bias"] = False
     d.update(moe_hf_keys(config))
+    if config.fp8 is not None:
+        d["quantization_config"] = fp8_hf_dict(config.fp8)
     if config.architecture in ("qwen2", "qwen3", "qwen3_moe"):
         # Qwen reads sliding_window only when use_sliding_window is set, from layer 0 here.
         d.update(use_sliding_window=config.sliding_window is not None, max_window_layers=0)

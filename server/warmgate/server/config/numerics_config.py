@@ -36,6 +36,8 @@ class _Device(Protocol):
 class _Model(Protocol):
     @property
     def is_moe(self) -> bool: ...
+    @property
+    def fp8(self) -> object | None: ...
 
 
 class _Parallel(Protocol):
@@ -75,6 +77,9 @@ def check_deterministic(config: R) -> R:
     _require(config.parallel.tensor_parallel_size == 1, "parallel.tensor_parallel_size",
              "--deterministic runs on one device: a tensor-parallel all-reduce sums in an "
              "order that follows the step's token count")
+    # The FP8 GEMMs (_scaled_mm, the block kernel) choose their kernels per token count.
+    _require(config.model.fp8 is None, "model", "--deterministic does not cover FP8 "
+             "checkpoints: their GEMMs choose a kernel per token count")
     # The fused MoE kernel picks its launch per token-count bucket (only the CPU's torch
     # path runs its experts one token at a time).
     _require(config.device.device == "cpu" or not config.model.is_moe, "model",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from warmgate.server.config.fp8_config import FP8Config
 from warmgate.server.config.rope_config import RopeConfig
 
 # Llama 3.1/3.2's rope_scaling ({"rope_type": "llama3", ...} in their config.json).
@@ -142,6 +143,13 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         tie_word_embeddings=False,
     ),
 }
+# FP8 versions of the above, in the formats their published FP8 checkpoints use: Llama-3.1-8B
+# as compressed-tensors with one scale per weight tensor (activations quantized per token on
+# the fly), the head left in bf16; Qwen3-30B-A3B-FP8's 128x128 blocks (router, head in bf16).
+MODEL_PRESETS["llama-3.1-8b-fp8"] = {**MODEL_PRESETS["llama-3.1-8b"], "fp8": FP8Config(
+    scheme="tensor", fmt="compressed-tensors", ignore=("lm_head",))}
+MODEL_PRESETS["qwen3-30b-a3b-fp8"] = {**MODEL_PRESETS["qwen3-30b-a3b"], "fp8": FP8Config(
+    scheme="block", fmt="fp8", ignore=())}
 
 
 # Each preset's max_position_embeddings (the same config.json files as above): --max-model-len
@@ -158,6 +166,8 @@ PRESET_MAX_POSITIONS: dict[str, int] = {
     "mistral-7b": 32768,
     "qwen3-30b-a3b": 40960,
     "mixtral-8x7b": 32768,
+    "llama-3.1-8b-fp8": 131072,
+    "qwen3-30b-a3b-fp8": 40960,
 }
 
 

@@ -17,9 +17,10 @@ from typing import Any
 
 from warmgate.server.config import flag_values
 from warmgate.server.config.attention_backends import backend_available
-from warmgate.server.config.compilation_config import CompilationConfig
+from warmgate.server.config.compilation_config import CompilationConfig, default_cuda_graph_sizes
 from warmgate.server.config.config_error import ConfigError, _require
 from warmgate.server.config.flags import flag
+from warmgate.server.config.fp8_config import FP8Config, check_fp8, check_fp8_device
 from warmgate.server.config.numerics_config import NumericsConfig, check_deterministic
 from warmgate.server.config.presets import MODEL_PRESETS, PRESET_MAX_POSITIONS, preset_names
 from warmgate.server.config.rope_config import RopeConfig
@@ -64,6 +65,8 @@ class ModelConfig:
     # Renormalise the top-k routing weights to sum to 1 (Mixtral always does; Qwen3-MoE's
     # norm_topk_prob says).
     norm_topk_prob: bool = False
+    # FP8 decoder projections and their scales (config.fp8_config); None: the served dtype.
+    fp8: FP8Config | None = None
     rope: RopeConfig = field(default_factory=RopeConfig)
     # Attention over the last `sliding_window` tokens only; None means full attention. Only
     # a window that never bites (>= max_model_len) is supported.
@@ -95,6 +98,7 @@ class ModelConfig:
                  f"({self.sliding_window}) must be >= max_model_len ({self.max_model_len})")
         _require(self.rms_norm_eps > 0, "model.rms_norm_eps", "must be > 0")
         self._check_moe()
+        check_fp8(self)
 
     def _check_moe(self) -> None:
         if not self.is_moe:
@@ -225,6 +229,9 @@ class RunnerConfig:
         _require(not self.model.is_moe or self.parallel.tensor_parallel_size == 1,
                  "parallel.tensor_parallel_size", f"{self.model.architecture} (Mixture of "
                  "Experts) runs on one GPU only: tensor parallel MoE is not implemented")
+        _require(self.model.fp8 is None or self.parallel.tensor_parallel_size == 1,
+                 "parallel.tensor_parallel_size", "FP8 weights run on one GPU only: tensor "
+                 "parallel FP8 is not implemented")
 
     @property
     def decode_query_len(self) -> int:
@@ -249,18 +256,10 @@ class RunnerConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def default_cuda_graph_sizes(max_num_seqs: int) -> tuple[int, ...]:
-    """1, 2, 4, 8, then every multiple of 8 up to max_num_seqs (vLLM's default pattern)."""
-    sizes = [s for s in (1, 2, 4) if s <= max_num_seqs]
-    sizes += list(range(8, max_num_seqs + 1, 8))
-    if max_num_seqs not in sizes:
-        sizes.append(max_num_seqs)
-    return tuple(sorted(set(sizes)))
-
-
 def resolve_runner_config(config: RunnerConfig, *, cuda_available: bool | None = None,
                           flashinfer_available: bool | None = None,
-                          triton_available: bool | None = None) -> RunnerConfig:
+                          triton_available: bool | None = None,
+                          cuda_capability: tuple[int, int] | None = None) -> RunnerConfig:
     """Resolve every "auto" into a concrete value. The only place that probes the machine."""
     if cuda_available is None:
         import torch
@@ -273,6 +272,8 @@ def resolve_runner_config(config: RunnerConfig, *, cuda_available: bool | None =
     if device.startswith("cuda") and not cuda_available:
         raise ConfigError("device.device", f"{device!r} was asked for but CUDA is not available")
     on_cuda = device.startswith("cuda")
+    if on_cuda and config.model.fp8 is not None:
+        check_fp8_device(config.model.name, device, cuda_capability)
     dtype = dev.dtype if dev.dtype != "auto" else ("bfloat16" if on_cuda else "float32")
     backend = dev.attention_backend
     if backend == "auto":
@@ -293,8 +294,7 @@ def resolve_runner_config(config: RunnerConfig, *, cuda_available: bool | None =
     if sizes is None:
         sizes = default_cuda_graph_sizes(config.scheduler.max_num_seqs)
     return check_deterministic(dataclasses.replace(
-        config,
+        config, cache=dataclasses.replace(config.cache, num_blocks=num_blocks),
         device=dataclasses.replace(dev, device=device, dtype=dtype, attention_backend=backend),
-        cache=dataclasses.replace(config.cache, num_blocks=num_blocks),
         compilation=dataclasses.replace(config.compilation, cuda_graph_sizes=tuple(sizes)),
     ))

@@ -53,6 +53,11 @@ class ServingConfig:
     grammar_cache_mib: int = field(default=512, metadata=flag(
         "--grammar-cache-mib", "resident memory compiled grammars may hold, least recently "
         "used dropped first"))
+    async_scheduling: bool = field(default=True, metadata=flag(
+        "--async-scheduling", "overlap the host's work with the device: build and launch step "
+        "N+1 while step N runs and only then wait for N's sampled tokens; a step that needs "
+        "them first (grammar, drafts, penalties, a possible preemption) runs serially, counted "
+        "in warmgate_serial_steps_total"))
     grammar_json_whitespace: bool = field(default=False, metadata=flag(
         "--grammar-json-whitespace", "let JSON-schema output put free whitespace (up to 20 "
         "characters: newlines, indentation) between elements; off: compact one-line JSON"))

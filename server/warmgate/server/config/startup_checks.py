@@ -1,5 +1,6 @@
-"""The start-up checks config can make alone: an attention backend that cannot run here, and
-on a CPU a max_model_len whose caches the host memory cannot hold.
+"""The start-up checks config can make alone: an attention backend that cannot run here, a MoE
+expert shape the fused kernel cannot take on CUDA, and on a CPU a max_model_len whose caches
+the host memory cannot hold.
 
 Each raises ConfigError naming the setting, which load_server_config (warmgate.server.startup,
 beside the checks that need the runner or the warmup plan) turns into one line naming the
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from warmgate.server.config.attention_backends import backend_available
+from warmgate.server.config.moe_kernel import check_moe_kernel_shape
 from warmgate.server.config.runner_config import ConfigError, RunnerConfig
 
 # Backends whose kernels run only on a GPU. Triton's interpreter (TRITON_INTERPRET=1) runs
@@ -32,6 +34,12 @@ def check_attention_backend(runner: RunnerConfig, environ: Mapping[str, str]) ->
     if not backend_available(backend):
         raise ConfigError("device.attention_backend",
                           f"{backend} was asked for but its Python package is not installed")
+
+
+def check_moe_kernel(runner: RunnerConfig) -> None:
+    """On CUDA, where the fused MoE kernel runs, the model's expert shape fits it."""
+    if runner.device.device.startswith("cuda"):
+        check_moe_kernel_shape(runner.model)
 
 
 # Bytes per element of each --dtype the runner serves in (resolved: never "auto").

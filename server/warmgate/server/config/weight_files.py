@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from warmgate.server.config.fp8_config import quantized_modules
 from warmgate.server.config.hf_config import (
     ModelLoadError,
     max_position_embeddings,
@@ -29,7 +30,7 @@ __all__ = ["MATCH_FIELDS", "TensorEntry", "check_config_matches", "expected_tens
 MATCH_FIELDS = ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads",
                 "num_kv_heads", "head_dim", "intermediate_size", "tie_word_embeddings", "rope",
                 "rms_norm_eps", "sliding_window", "num_experts", "num_experts_per_tok",
-                "moe_intermediate_size", "norm_topk_prob")
+                "moe_intermediate_size", "norm_topk_prob", "fp8")
 
 # Tensors some checkpoints carry that are not parameters of the reference model either.
 _NON_PARAMETER_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -64,7 +65,47 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             out.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
     if not config.is_pooling_model and not config.tie_word_embeddings:
         out["lm_head.weight"] = (config.vocab_size, h)
+    if config.fp8 is not None:
+        out.update(_fp8_scale_shapes(config, out))
     return out
+
+
+def _fp8_scale_shapes(config: ModelConfig, weights: dict[str, tuple[int, ...]]
+                      ) -> dict[str, tuple[int, ...]]:
+    """Each FP8 projection's scale (and static input scale) beside its `.weight`."""
+    fp8 = config.fp8
+    assert fp8 is not None
+    out: dict[str, tuple[int, ...]] = {}
+    for module in quantized_modules(config):
+        rows, cols = weights[module + ".weight"]
+        out[f"{module}.{fp8.scale_suffix}"] = fp8.scale_shape(rows, cols)
+        if fp8.static_input:
+            out[module + ".input_scale"] = fp8.scale_shape(1, 1)
+    return out
+
+
+def _per_tensor_scale(name: str, entry: TensorEntry, config: ModelConfig) -> bool:
+    """Per-tensor scales are [] (ModelOpt) or [1] (compressed-tensors) in real files."""
+    return (config.fp8 is not None and entry.shape in ((), (1,))
+            and name.endswith((".input_scale", ".weight_scale"))
+            and (config.fp8.scheme == "tensor" or name.endswith(".input_scale")))
+
+
+def _fp8_dtype_problem(name: str, entry: TensorEntry, config: ModelConfig,
+                       expected: dict[str, tuple[int, ...]]) -> str | None:
+    """An FP8 projection must hold float8_e4m3fn bytes, anything else must not: an FP8
+    tensor without its scale would be read as if it were the weight's value."""
+    is_fp8 = entry.dtype.startswith("F8_")
+    wants_fp8 = (config.fp8 is not None and name.endswith(".weight")
+                 and f"{name[:-len('.weight')]}.{config.fp8.scale_suffix}"
+                 in expected)
+    if wants_fp8 and entry.dtype != "F8_E4M3":
+        return (f"dtype {entry.dtype}: quantization_config makes it an FP8 projection, "
+                "stored as F8_E4M3")
+    if is_fp8 and not wants_fp8:
+        return (f"dtype {entry.dtype}, but only the decoder projections of a checkpoint with an "
+                "FP8 quantization_config are FP8 (this one has no scale to read it with)")
+    return None
 
 
 def _moe_shapes(config: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
@@ -104,9 +145,12 @@ def index_weight_files(directory: str | Path, config: ModelConfig) -> dict[str, 
                 raise ModelLoadError(f, name, "the file holds a tensor the config says does "
                                      f"not exist for {config.architecture} (e.g. a bias or "
                                      "norm it does not have)")
-            if entry.shape != expected[name]:
+            if entry.shape != expected[name] and not _per_tensor_scale(name, entry, config):
                 raise ModelLoadError(f, name, f"shape {entry.shape}, the model expects "
                                      f"{expected[name]}")
+            problem = _fp8_dtype_problem(name, entry, config, expected)
+            if problem is not None:
+                raise ModelLoadError(f, name, problem)
     missing = [name for name in expected if name not in where]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

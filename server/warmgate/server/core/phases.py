@@ -10,6 +10,8 @@ from __future__ import annotations
 LOAD = "load"
 FLASHINFER = "flashinfer"
 COMPILE = "compile"
+# The fused MoE kernel: a launch per token-count bucket (autotuned on CUDA) and its compiles.
+MOE = "moe"
 PREFILL = "kernels.prefill"
 DECODE = "kernels.decode"
 SAMPLER = "kernels.sampler"
@@ -21,8 +23,9 @@ DETERMINISM = "determinism"
 
 # A whole plan (WarmupKernels, start-up), in order: the phases that vary only what runs
 # after the forward (the sampler, the grammar's bitmask) come after the CUDA graphs
-# (warmup/plan.py says why); the determinism check last, over every path warmed.
-PLAN_PHASES = (LOAD, FLASHINFER, COMPILE, PREFILL, DECODE, MIXED, CUDA_GRAPHS, SAMPLER,
+# (warmup/plan.py says why); moe before any phase runs a forward, so none autotunes; the
+# determinism check last, over every path warmed.
+PLAN_PHASES = (LOAD, FLASHINFER, MOE, COMPILE, PREFILL, DECODE, MIXED, CUDA_GRAPHS, SAMPLER,
                STRUCTURED, DETERMINISM)
 # Only a tensor-parallel runner (warmgate.server.distributed) runs this one, right after load
 # (every collective at every size class, on every rank); a TP=1 plan is PLAN_PHASES.

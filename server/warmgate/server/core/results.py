@@ -34,6 +34,10 @@ class SkipReason(enum.Enum):
     MAX_MODEL_LEN_TOO_SMALL = "MAX_MODEL_LEN_TOO_SMALL"
     # No tokenizer.json (or no EOS ids): no request can carry a grammar.
     NO_TOKENIZER = "NO_TOKENIZER"
+    # A dense model: no Mixture-of-Experts layers, no fused MoE kernel to warm.
+    NOT_MOE = "NOT_MOE"
+    # The weights are not FP8: no FP8 GEMM to warm.
+    NOT_FP8 = "NOT_FP8"
     # --deterministic is off: the determinism check has nothing to prove.
     NOT_DETERMINISTIC = "NOT_DETERMINISTIC"
 

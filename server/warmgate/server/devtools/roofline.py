@@ -64,11 +64,41 @@ def active_params(model: ModelConfig, tokens: int = 1) -> float:
     return num_params(model) - model.num_layers * idle * expert_params(model)
 
 
+def fp8_projections(model: ModelConfig, tokens: int = 1) -> list[tuple[int, int, float]]:
+    """(rows, cols, how many a step reads per layer) of each projection an FP8 model stores
+    in FP8 (runner.model): q/k/v, o, and the MLP's gate/up and down (a MoE layer's: those of
+    the experts the step touches); [] for a model without FP8 weights."""
+    if model.fp8 is None:
+        return []
+    h, hd, inter = model.hidden_size, model.head_dim, model.moe_intermediate_size
+    attention = [((model.num_heads + 2 * model.num_kv_heads) * hd, h, 1.0),
+                 (h, model.num_heads * hd, 1.0)]
+    if model.is_moe:
+        touched = experts_touched(model, tokens)
+        return [*attention, (2 * inter, h, touched), (h, inter, touched)]
+    return [*attention, (2 * model.intermediate_size, h, 1.0),
+            (h, model.intermediate_size, 1.0)]
+
+
+def _scale_bytes(model: ModelConfig, rows: int, cols: int) -> int:
+    """float32 scales of one FP8 weight: one per 128x128 block, or one per row."""
+    assert model.fp8 is not None
+    if model.fp8.scheme == "block":
+        return 4 * -(-rows // 128) * -(-cols // 128)
+    return 4 * rows
+
+
 def weight_bytes_per_step(model: ModelConfig, dtype_bytes: int = 2, tokens: int = 1) -> float:
     """Weight bytes a decode step of `tokens` tokens reads: every active parameter but an
-    untied embedding table (looked up by row)."""
+    untied embedding table (looked up by row), in the served dtype, but the FP8 projections
+    at one byte each plus their float32 scales."""
     unread = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
-    return (active_params(model, tokens) - unread) * dtype_bytes
+    served = active_params(model, tokens) - unread
+    fp8 = 0.0
+    for rows, cols, count in fp8_projections(model, tokens):
+        served -= model.num_layers * count * rows * cols
+        fp8 += model.num_layers * count * (rows * cols + _scale_bytes(model, rows, cols))
+    return served * dtype_bytes + fp8
 
 
 def kv_bytes_per_token(model: ModelConfig, dtype_bytes: int = 2) -> int:

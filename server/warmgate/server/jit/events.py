@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Event kinds. The first four are compilers; a CUDA-graph miss compiles nothing but is the
-# same kind of first-use surprise (a uniform decode that found no captured graph ran eagerly).
+# Event kinds. The first four are compilers (autotune, below, runs one); a CUDA-graph miss
+# compiles nothing but is the same kind of first-use surprise (a uniform decode that found no
+# captured graph ran eagerly).
 TRITON = "triton"
 FLASHINFER = "flashinfer"
 DYNAMO = "dynamo"
@@ -16,7 +17,11 @@ CUDA_GRAPH_MISS = "cuda_graph_miss"
 # (or gloo) sets up that communicator's channels and buffers; the distributed warmup phase
 # makes every one the model uses, so one after ready is a set-up a request paid for.
 COMMUNICATOR_SETUP = "communicator_setup"
-COMPILE_KINDS = (TRITON, FLASHINFER, DYNAMO, INDUCTOR)
+# The fused MoE kernel timing its candidate launches for a token-count bucket (and compiling
+# each): the warmup's moe phase does it for every bucket a forward can reach, so one after ready
+# is a request paying for it. Counted and exported like a compile.
+AUTOTUNE = "autotune"
+COMPILE_KINDS = (TRITON, FLASHINFER, DYNAMO, INDUCTOR, AUTOTUNE)
 KINDS = (*COMPILE_KINDS, CUDA_GRAPH_MISS, COMMUNICATOR_SETUP)
 # Kinds whose builds persist in an on-disk cache, so a first use is a hit or a miss.
 CACHED_KINDS = (TRITON, FLASHINFER, INDUCTOR)

@@ -11,6 +11,7 @@ from warmgate.server.kernels.decode_attention import choose_num_splits, paged_at
 from warmgate.server.kernels.fused_moe import fused_moe
 from warmgate.server.kernels.kv_cache import reshape_and_cache
 from warmgate.server.kernels.rms_norm import rms_norm
+from warmgate.server.kernels.rope_cache import rope_and_cache
 from warmgate.server.kernels.rotary import rotary_embedding
 from warmgate.server.kernels.varlen_attention import paged_attention_varlen
 
@@ -21,6 +22,7 @@ __all__ = [
     "paged_attention_varlen",
     "reshape_and_cache",
     "rms_norm",
+    "rope_and_cache",
     "rotary_embedding",
     "silu_and_mul",
 ]

@@ -20,24 +20,40 @@ import triton.language as tl
 from warmgate.server.kernels._attention_tile import LOG2E, M_INIT, attend_range
 from warmgate.server.kernels._launch import ieee_dots, pow2, prepare_paged_attention, upcast_dots
 
-# Fewer tokens than this per split and the merge costs more than the parallelism gains.
-MIN_TOKENS_PER_SPLIT = 256
+# A split holds at least one GPU key tile (BLOCK_N = 64): a thinner one would be empty by
+# construction, since the kernel rounds each split up to whole tiles.
+MIN_TOKENS_PER_SPLIT = 64
+# Measured on the H200 (bench/results/h200-decode-kernel.txt): at batch 1 the merge of 64
+# splits cost more than their parallelism gave (1.04-1.31x slower than 16).
 MAX_SPLITS = 16
+# Programs per SM the split grid aims for: a decode program is latency-bound (a chain of
+# dependent loads: seq_len, page, K, V), so at least two per SM keep the memory system busy.
+PROGRAMS_PER_SM = 2
 
 
 def choose_num_splits(num_reqs: int, num_kv_heads: int, max_context_len: int,
                       num_sms: int) -> int:
-    """Splits that bring the grid to ~2 programs per SM, from values fixed per captured graph.
+    """Splits that bring the grid to at least PROGRAMS_PER_SM programs per SM, from values
+    fixed per captured graph.
 
     max_context_len must be the capacity (max_blocks_per_req * block_size), never this step's
-    longest sequence: a captured graph replays with other lengths. The result is a power of
-    two so only a handful of values ever occur.
+    longest sequence: a captured graph replays with other lengths. A shorter sequence leaves
+    the trailing splits empty; they load nothing and the merge skips them. The result is a
+    power of two (rounded up, so the grid reaches the target, up to MAX_SPLITS) so only a
+    handful of values ever occur.
     """
     programs = max(num_reqs * num_kv_heads, 1)
-    wanted = triton.cdiv(2 * num_sms, programs)
+    wanted = triton.next_power_of_2(triton.cdiv(PROGRAMS_PER_SM * num_sms, programs))
     useful = max(max_context_len // MIN_TOKENS_PER_SPLIT, 1)
-    splits = min(wanted, useful, MAX_SPLITS)
-    return 1 << (splits.bit_length() - 1)  # round down to a power of two
+    useful = 1 << (useful.bit_length() - 1)  # round down to a power of two
+    return min(wanted, useful, MAX_SPLITS)
+
+
+@triton.jit
+def _split_chunk(seq_len, num_splits, BLOCK_N: tl.constexpr):
+    """Keys per split: an equal share of seq_len rounded up to whole tiles (at least one, so
+    the number of splits holding keys, cdiv(seq_len, chunk), is defined for seq_len 0)."""
+    return tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N), 1) * BLOCK_N
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -65,19 +81,23 @@ def _decode_kernel(
     head = kv_head * GROUP + offs_m % GROUP
     row_mask = draft < q_len
     q_pos = seq_len - q_len + draft  # [BLOCK_M]
+    if SPLIT:
+        chunk = _split_chunk(seq_len, num_splits, BLOCK_N)
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, seq_len)
+        # A split past the end of its sequence loads no query, runs no tile and writes
+        # nothing: the merge reads only the splits before cdiv(seq_len, chunk). (Masks, not
+        # an early return: the kernel stays one structured block.)
+        row_mask = row_mask & ((offs_m * 0 + lo) < hi)
+    else:
+        lo = 0
+        hi = seq_len
+
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     token = (q_start + draft).to(tl.int64)  # [BLOCK_M]
     q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
-
-    if SPLIT:
-        chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-        lo = split * chunk
-        hi = tl.minimum(lo + chunk, seq_len)
-    else:
-        lo = 0
-        hi = seq_len
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -88,7 +108,7 @@ def _decode_kernel(
         lo, hi, kv_head, offs_d, d_mask, stride_cb, stride_cs, stride_ch, qk_scale,
         BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE, UPCAST=UPCAST, IEEE=IEEE)
 
-    # Rows that saw no key (an empty split, a padding request) produce 0, never NaN.
+    # Rows that saw no key (a padding request) produce 0, never NaN.
     seen = l_i > 0.0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
     out_mask = row_mask[:, None] & d_mask[None, :]
@@ -105,14 +125,17 @@ def _decode_kernel(
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _merge_splits_kernel(
-    part_out_ptr, part_lse_ptr, query_start_loc_ptr, out_ptr,
+    part_out_ptr, part_lse_ptr, query_start_loc_ptr, seq_lens_ptr, out_ptr,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
     num_splits,
     GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
+    # Only the splits that held keys wrote partials (the decode kernel's empty ones return).
+    seq_len = tl.load(seq_lens_ptr + req)
+    num_active = tl.cdiv(seq_len, _split_chunk(seq_len, num_splits, BLOCK_N))
     q_start = tl.load(query_start_loc_ptr + req)
     q_len = tl.minimum(tl.load(query_start_loc_ptr + req + 1) - q_start, Q_LEN)
     offs_m = tl.arange(0, BLOCK_M)
@@ -125,15 +148,15 @@ def _merge_splits_kernel(
     lse_off = token * stride_lt + head  # [BLOCK_M]
 
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for s in range(num_splits):
+    for s in range(num_active):
         lse = tl.load(part_lse_ptr + s * stride_ls + lse_off, mask=row_mask, other=float("-inf"))
         m = tl.maximum(m, lse)
-    # All splits empty (a padding request): every weight is exp2(-inf) = 0 and the output 0.
+    # No split held keys (a padding request): no weight at all, and the output is 0.
     m = tl.where(m == float("-inf"), 0.0, m)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     denom = tl.zeros([BLOCK_M], dtype=tl.float32)
     src = token[:, None] * stride_pt + head[:, None] * stride_ph + offs_d[None, :]
-    for s in range(num_splits):
+    for s in range(num_active):
         lse = tl.load(part_lse_ptr + s * stride_ls + lse_off, mask=row_mask, other=float("-inf"))
         w = tl.exp2(lse - m)  # [BLOCK_M]
         o = tl.load(part_out_ptr + s * stride_ps + src, mask=mask, other=0.0)
@@ -146,14 +169,15 @@ def _merge_splits_kernel(
 
 def _decode_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages). Decode is bandwidth-bound: 64-key tiles pipelined
-    3 deep keep ~96 KiB of K/V in flight per program at head_dim 128 in bf16; float32 halves
-    the depth to stay inside shared memory. The interpreter gets 16-key tiles so small test
-    contexts still cross tile and split boundaries."""
+    2 deep (3 deep measured 0.77-0.98x as fast at batch 64/128 on the H200 at head_dim 128:
+    bench/results/h200-decode-kernel.txt); float32 tiles are halved to stay inside shared
+    memory. The interpreter gets 16-key tiles so small test contexts still cross tile and split
+    boundaries."""
     if not on_gpu:
         return 16, 4, 1
     if dtype == torch.float32 or head_dim > 128:
         return 32, 4, 2
-    return 64, 4, 3
+    return 64, 4, 2
 
 
 def _split_partials(num_splits: int, q: torch.Tensor,
@@ -218,9 +242,9 @@ def paged_attention_decode(
     )
     if split:
         _merge_splits_kernel[(num_reqs, num_kv_heads)](
-            part_out, part_lse, query_start_loc, out,
+            part_out, part_lse, query_start_loc, seq_lens, out,
             part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-            num_splits, num_warps=4, **common,
+            num_splits, BLOCK_N=block_n, num_warps=4, **common,
         )
     return out

@@ -10,50 +10,30 @@ weight; the k rows of a token are then summed. Everything is fixed-shape and hos
 (the padding is sized for the worst case, tiles past the real end return at once), so a
 forward with it can be captured in a CUDA graph.
 
-The launch configuration (BLOCK_M/N/K, warps, stages) depends on the token count: few tokens
-leave most of an expert's tile empty (small BLOCK_M), many fill large tiles. It is picked per
-token-count bucket from LAUNCH_TABLE, a fixed table, so serving never autotunes and the
-kernels a forward can launch are exactly one per bucket and GEMM (what a warmup must compile).
+The launch configuration (BLOCK_M/N/K, warps, stages) depends on the token count; the caller
+passes the one its token-count bucket holds (runner.moe_launches: a table fitted to the expert
+shape, or a warmup autotune's winner kept in the compile cache), so serving never autotunes
+and the kernels a forward can launch are exactly one per bucket and GEMM (what a warmup must
+compile). Without one, the table's is used.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 import torch
 import triton
 import triton.language as tl
 
-from warmgate.server.kernels._launch import ieee_dots, upcast_dots
-
-
-@dataclass(frozen=True)
-class MoELaunch:
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-
-
-# (most tokens in the bucket, its launch). Small batches (decode) route few rows to each
-# expert, so a small BLOCK_M wastes little padding; prefill-sized batches fill big tiles.
-LAUNCH_TABLE: tuple[tuple[int, MoELaunch], ...] = (
-    (32, MoELaunch(16, 64, 64, 4, 3)),
-    (256, MoELaunch(32, 64, 64, 4, 3)),
-    (2048, MoELaunch(64, 128, 64, 8, 3)),
-    (2**62, MoELaunch(128, 128, 64, 8, 3)),
+from warmgate.server.config.fp8_config import FP8_BLOCK
+from warmgate.server.config.moe_kernel import (  # noqa: F401 (re-exported)
+    LAUNCH_TABLE,
+    MoELaunch,
+    launch_for,
+    token_buckets,
 )
-
-
-def launch_for(num_tokens: int) -> MoELaunch:
-    """The launch of the smallest bucket that holds num_tokens."""
-    return next(launch for most, launch in LAUNCH_TABLE if num_tokens <= most)
-
-
-def token_buckets() -> tuple[int, ...]:
-    """The bucket bounds (a warmup runs one token count per bucket it can meet)."""
-    return tuple(most for most, _ in LAUNCH_TABLE)
+from warmgate.server.kernels._launch import ieee_dots, upcast_dots
+from warmgate.server.kernels.fp8_block_gemm import quantize_groups
 
 
 def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int
@@ -88,17 +68,24 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int
 @triton.jit(do_not_specialize=["num_rows"])
 def _grouped_gemm_kernel(
     a_ptr, b_ptr, c_ptr, weights_ptr, sorted_rows_ptr, tile_experts_ptr, num_padded_ptr,
+    a_scale_ptr, b_scale_ptr,
     N, K, num_rows,
     stride_am, stride_be, stride_bn, stride_cm,
+    stride_asm, stride_bse, stride_bsn,
     TOP_K: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, BLOCK_SCALED: tl.constexpr,
+    GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """One BLOCK_M x BLOCK_N tile of c = a[rows] @ b[expert]^T for one expert's rows.
 
     GATED: a's row is the token (row // TOP_K), b holds N gate rows then N up rows, and the
     tile stored is silu(gate) * up. Otherwise a's row is the row itself. MUL_WEIGHT scales
-    each row by its routing weight. Rows are stored at their own index in c."""
+    each row by its routing weight. Rows are stored at their own index in c.
+    BLOCK_SCALED: a and b are FP8, a with one scale per row and GROUP-wide group of K
+    (a_scale [rows of a, K / GROUP]), b with one per GROUP x GROUP block (b_scale
+    [E, N' / GROUP, K / GROUP]); every K tile lies in one group, so each tile's partial
+    product is scaled as it is accumulated."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_pid_n
@@ -117,6 +104,9 @@ def _grouped_gemm_kernel(
     b_ptrs = b_ptr + expert * stride_be + offs_n[None, :] * stride_bn + offs_k[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if BLOCK_SCALED:
+        a_scale_ptrs = a_scale_ptr + a_rows.to(tl.int64) * stride_asm
+        b_scale_ptrs = b_scale_ptr + expert * stride_bse + (offs_n // GROUP) * stride_bsn
     for k0 in range(0, tl.cdiv(K, BLOCK_K)):
         k_mask = offs_k < K - k0 * BLOCK_K
         a = tl.load(a_ptrs, mask=valid[:, None] & k_mask[None, :], other=0.0)
@@ -124,19 +114,28 @@ def _grouped_gemm_kernel(
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        if IEEE:
-            acc += tl.dot(a, b, input_precision="ieee")
+        if IEEE:  # noqa: SIM108 (the static branch the other tl.dot calls use)
+            part = tl.dot(a, b, input_precision="ieee")
         else:
-            acc += tl.dot(a, b)
+            part = tl.dot(a, b)
+        if BLOCK_SCALED:
+            group = (k0 * BLOCK_K) // GROUP
+            a_s = tl.load(a_scale_ptrs + group, mask=valid, other=0.0)[:, None]
+            part = part * a_s * tl.load(b_scale_ptrs + group, mask=n_mask, other=0.0)[None, :]
+        acc += part
         if GATED:
             up = tl.load(b_ptrs + N * stride_bn, mask=k_mask[:, None] & n_mask[None, :],
                          other=0.0)
             if UPCAST:
                 up = up.to(tl.float32)
-            if IEEE:
-                acc_up += tl.dot(a, up, input_precision="ieee")
+            if IEEE:  # noqa: SIM108 (as above)
+                part = tl.dot(a, up, input_precision="ieee")
             else:
-                acc_up += tl.dot(a, up)
+                part = tl.dot(a, up)
+            if BLOCK_SCALED:
+                part = part * a_s * tl.load(b_scale_ptrs + (N // GROUP) * stride_bsn + group,
+                                            mask=n_mask, other=0.0)[None, :]
+            acc_up += part
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     if GATED:
@@ -149,26 +148,37 @@ def _grouped_gemm_kernel(
 
 def _grouped_gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, weights: torch.Tensor,
                   aligned: tuple[torch.Tensor, torch.Tensor, torch.Tensor], top_k: int,
-                  gated: bool, launch: MoELaunch) -> None:
+                  gated: bool, launch: MoELaunch,
+                  scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """scales: (a's per-row-and-group scales, b's block scales) when a and b are FP8."""
     sorted_rows, tile_experts, num_padded = aligned
     n = c.shape[1]
     grid = (tile_experts.shape[0] * triton.cdiv(n, launch.block_n),)
+    a_scale, b_scale = scales if scales is not None else (weights, weights)  # unread
+    scaled = scales is not None
     _grouped_gemm_kernel[grid](
-        a, b, c, weights, sorted_rows, tile_experts, num_padded,
+        a, b, c, weights, sorted_rows, tile_experts, num_padded, a_scale, b_scale,
         n, a.shape[1], c.shape[0],
         a.stride(0), b.stride(0), b.stride(1), c.stride(0),
+        a_scale.stride(0) if scaled else 0, b_scale.stride(0) if scaled else 0,
+        b_scale.stride(1) if scaled else 0,
         TOP_K=top_k, GATED=gated, MUL_WEIGHT=not gated,
-        UPCAST=upcast_dots(a), IEEE=ieee_dots(a.dtype),
+        UPCAST=upcast_dots(a), IEEE=ieee_dots(a.dtype), BLOCK_SCALED=scaled,
+        GROUP=FP8_BLOCK,
         BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
         num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               weights: torch.Tensor, ids: torch.Tensor,
-              launch: MoELaunch | None = None) -> torch.Tensor:
+              launch: MoELaunch | None = None, *, w13_scale: torch.Tensor | None = None,
+              w2_scale: torch.Tensor | None = None) -> torch.Tensor:
     """hidden [T, H], w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], weights [T, k]
     (float32), ids [T, k] -> [T, H]: sum over k of weight * down(silu(gate) * up), each row
-    through its own expert. `launch` overrides the table's (tests cross tile edges with it)."""
+    through its own expert. `launch` overrides the table's (tests cross tile edges with it).
+    With w13_scale [E, 2I/128, ceil(H/128)] and w2_scale [E, ceil(H/128), ceil(I/128)] the
+    experts are block-scaled FP8 and each GEMM's input is quantized per token and 128-group
+    first (kernels.fp8_block_gemm.quantize_groups)."""
     num_tokens, top_k = ids.shape
     num_experts, hidden_size, inter = w2.shape
     if w13.shape != (num_experts, 2 * inter, hidden_size) or hidden.shape[1] != hidden_size:
@@ -182,8 +192,18 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     aligned = align_by_expert(ids, num_experts, launch.block_m)
     rows = num_tokens * top_k
     act = torch.empty(rows, inter, dtype=hidden.dtype, device=hidden.device)  # [T k, I]
-    _grouped_gemm(hidden, w13, act, weights, aligned, top_k, True, launch)
     out = torch.empty(rows, hidden_size, dtype=hidden.dtype, device=hidden.device)
-    _grouped_gemm(act, w2, out, weights, aligned, top_k, False, launch)
+    if w13_scale is not None and w2_scale is not None:
+        if launch.block_k not in (32, 64, FP8_BLOCK):  # inside one scale group; FP8 dots
+            launch = dataclasses.replace(launch, block_k=FP8_BLOCK)  # take K >= 32
+        hq, h_scale = quantize_groups(hidden)
+        _grouped_gemm(hq, w13, act, weights, aligned, top_k, True, launch,
+                      (h_scale, w13_scale.contiguous()))
+        aq, a_scale = quantize_groups(act)
+        _grouped_gemm(aq, w2, out, weights, aligned, top_k, False, launch,
+                      (a_scale, w2_scale.contiguous()))
+    else:
+        _grouped_gemm(hidden, w13, act, weights, aligned, top_k, True, launch)
+        _grouped_gemm(act, w2, out, weights, aligned, top_k, False, launch)
     # k rows per token, summed in float32 as the reference's accumulation would be.
     return out.view(num_tokens, top_k, hidden_size).float().sum(dim=1).to(hidden.dtype)

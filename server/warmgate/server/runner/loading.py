@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from warmgate.server.config.runner_config import RunnerConfig
+from warmgate.server.runner.fp8_weights import describe
 from warmgate.server.runner.kv_cache import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -80,6 +81,8 @@ def load_model(config: RunnerConfig, ops: TorchOps, device: torch.device,
     if mc.weights_path is not None:
         num_bytes = load_weights(mc.weights_path, model)
     else:
+        if mc.fp8 is not None:
+            logger.info("model %s: random %s", mc.name, describe(mc.fp8))
         init_random_weights(model, mc.seed)
         num_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     _sync(device)

@@ -19,19 +19,25 @@ import torch
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.jit import BatchShape, JitMonitor
 from warmgate.server.jit.events import COMMUNICATOR_SETUP, CUDA_GRAPH_MISS
+from warmgate.server.runner.async_output import AsyncModelOutput, DeviceTokens
 from warmgate.server.runner.attention import AttentionSpec, create_backend
 from warmgate.server.runner.attention.base import AttentionMetadata
 from warmgate.server.runner.batch import BatchKind
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
-from warmgate.server.runner.deterministic_ops import RowwiseTorchOps
+from warmgate.server.runner.default_ops import default_ops
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.loading import allocate_kv, load_model, load_stats
+from warmgate.server.runner.moe_tuning import attach_moe_tuning
 from warmgate.server.runner.ops import TorchOps
 from warmgate.server.runner.pooling import pool_last_tokens
 from warmgate.server.runner.request_state import ScheduledRequest
 from warmgate.server.runner.runner_settings import RunnerSettings
 from warmgate.server.runner.sampling import Sampler
-from warmgate.server.runner.sampling.step import sample_step
+from warmgate.server.runner.sampling.step import (
+    host_sampling_reason,
+    sample_on_device,
+    sample_step,
+)
 from warmgate.server.runner.sampling.step_logprobs import PromptLogprobs, prompt_logprobs
 from warmgate.server.runner.scheduler_output import (
     GREEDY,
@@ -58,22 +64,6 @@ class _PendingStep:
     scheduled: list[ScheduledRequest]
     logits: torch.Tensor  # [num_logits_rows, V] float32
     prompt_logprobs: dict[str, PromptLogprobs]
-
-
-def default_ops(config: RunnerConfig) -> TorchOps:
-    """Triton kernels for norms, activation and rotary on CUDA when a GPU backend is in use;
-    torch everywhere else (the CPU path never imports triton). --deterministic: their
-    batch-invariant forms (runner.deterministic_ops, kernels.invariant_ops)."""
-    deterministic = config.numerics.deterministic
-    if config.device.device.startswith("cuda") and config.device.attention_backend != "torch":
-        from warmgate.server.kernels.invariant_ops import BatchInvariantOps
-        from warmgate.server.kernels.ops import TritonOps
-        from warmgate.server.kernels.triton_key import start_triton_key
-
-        start_triton_key()  # Triton's cache key, hashed while the weights load
-        # Same methods as TorchOps.
-        return BatchInvariantOps() if deterministic else TritonOps()  # type: ignore[return-value]
-    return RowwiseTorchOps() if deterministic else TorchOps()
 
 
 def _require_resolved(config: RunnerConfig) -> None:
@@ -106,6 +96,7 @@ class ModelRunner(RunnerSettings):
                             on_built=None if on_model_built is None
                             else lambda model: self._model_built(model, on_model_built))
         self.model = loaded.model
+        attach_moe_tuning(self.model, self.jit_monitor, self.max_num_tokens)
         kv = allocate_kv(config, self.device, self.dtype, self.model.layers[0].num_kv_heads)
         self.kv_caches, self.kv_cache_config = kv.kv_caches, kv.kv_cache_config
         self.jit_monitor.install_pending()
@@ -121,6 +112,7 @@ class ModelRunner(RunnerSettings):
             min(self.max_num_reqs * self.decode_query_len, self.max_num_tokens),
             config.model.vocab_size, self.device)
         self.input_batch = self._create_input_batch()
+        self.device_tokens = DeviceTokens(self.max_num_reqs, self.device, self.ops.log_softmax)
         self.limits = self._step_limits()
         self.load_stats = load_stats(config, loaded, kv)
         # For tests and warmup checks: the last execute_model's logits (grammar-masked in place).
@@ -188,6 +180,7 @@ class ModelRunner(RunnerSettings):
         if not scheduled:
             return ModelRunnerOutput([], [], [], []) if self.is_pooling_model else None
         inputs = self.input_batch.prepare_inputs(scheduled)
+        self.device_tokens.fill_inputs(inputs, self.input_batch)
         self.jit_monitor.current_batch = self._batch_shape(inputs)
         hidden = self._run_model(inputs.input_ids, inputs.positions, inputs.meta)  # [T, H]
         if self.is_pooling_model:
@@ -213,6 +206,28 @@ class ModelRunner(RunnerSettings):
             [s for s in pending.scheduled if s.num_logits_rows], grammar_output)
         return sample_step(self.sampler, pending.logits, pending.scheduled,
                            pending.prompt_logprobs, bitmask)
+
+    @torch.inference_mode()
+    def sample_tokens_async(self, grammar_output: GrammarOutput | None
+                            ) -> AsyncModelOutput | None:
+        """sample_tokens for overlapped scheduling: the tokens stay on the device (the next
+        execute_model reads them there) until the output's get(); a step whose sampling must
+        read them on the host (drafts, logprobs; every step under tensor parallel, whose
+        workers get the tokens with the next call) comes back complete, with the reason."""
+        pending = self._pending
+        if pending is None:
+            return None
+        reason = ("tensor_parallel" if self.tensor_parallel is not None
+                  else host_sampling_reason(pending.scheduled))
+        if reason is not None:
+            out = self.sample_tokens(grammar_output)
+            return None if out is None else AsyncModelOutput(out, reason)
+        self._pending = None
+        bitmask = self.token_bitmask.layout(
+            [s for s in pending.scheduled if s.num_logits_rows], grammar_output)
+        tokens = sample_on_device(self.sampler, pending.logits, pending.scheduled, bitmask)
+        return self.device_tokens.launch(tokens, pending.scheduled, ModelRunnerOutput(
+            [], [], prompt_logprobs=pending.prompt_logprobs), pending.logits)
 
     def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor,
                    meta: AttentionMetadata) -> torch.Tensor:

@@ -11,7 +11,8 @@ and from the checkpoints' per-expert tensors.
 The torch path (`torch_moe`) is the CPU reference: a loop over the experts that were hit,
 which syncs with the host, so on CUDA the fused Triton kernel (kernels.fused_moe) runs
 instead. The expert computation is kept out of torch.compile (a graph break): its loop is
-data-dependent, and the Triton kernel brings its own launch configuration.
+data-dependent, and the Triton kernel's launch is picked per token-count bucket on the host
+(runner.moe_launches.MoELaunches, one per model: every layer has the same expert shape).
 """
 
 from __future__ import annotations
@@ -22,12 +23,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from warmgate.server.config.moe_kernel import ExpertShape, MoELaunch, check_moe_kernel_shape
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.runner.deterministic_ops import by_rows
+from warmgate.server.runner.fp8_linear import FP8_DTYPE, dequantize, scale_shape
+from warmgate.server.runner.moe_launches import MoELaunches
 
-# (hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], weights [T, k] float32, ids [T, k]) -> [T, H]
-ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-                     torch.Tensor]
+# (hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], weights [T, k] float32, ids [T, k], the
+# kernel's launch) -> [T, H]; FP8 experts also take w13_scale= and w2_scale= (their 128x128
+# block scales).
+ExpertsFn = Callable[..., torch.Tensor]
+
+
+def expert_shape(config: ModelConfig) -> ExpertShape:
+    return ExpertShape(config.num_experts, config.num_experts_per_tok, config.hidden_size,
+                       config.moe_intermediate_size)
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool
@@ -41,16 +51,24 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool
 
 
 def torch_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-              weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The reference: each hit expert's SwiGLU over its tokens, weighted and summed."""
+              weights: torch.Tensor, ids: torch.Tensor,
+              launch: MoELaunch | None = None, *, w13_scale: torch.Tensor | None = None,
+              w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference: each hit expert's SwiGLU over its tokens, weighted and summed (it has
+    no tiles: `launch` is the kernel's and is not read; FP8 experts with their weights
+    dequantized, one expert at a time)."""
     # One row per (token, slot), summed at the end: a token meets each expert at most once.
     out = hidden.new_zeros(*ids.shape, hidden.shape[1])  # [T, k, H]
     inter = w2.shape[2]
     for expert in torch.unique(ids).tolist():
         token_idx, slot = torch.where(ids == expert)
-        gate_up = F.linear(hidden[token_idx], w13[expert])  # [n, 2I]
+        up_w, down_w = w13[expert], w2[expert]
+        if w13_scale is not None and w2_scale is not None:
+            up_w = dequantize(up_w, w13_scale[expert]).to(hidden.dtype)
+            down_w = dequantize(down_w, w2_scale[expert]).to(hidden.dtype)
+        gate_up = F.linear(hidden[token_idx], up_w)  # [n, 2I]
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = F.linear(act, w2[expert]) * weights[token_idx, slot, None]
+        y = F.linear(act, down_w) * weights[token_idx, slot, None]
         out[token_idx, slot] = y.to(out.dtype)
     return out.sum(dim=1)
 
@@ -69,7 +87,10 @@ class MoEBlock(nn.Module):
     """A layer's routed experts: [T, H] -> [T, H]."""
 
     def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype,
-                 experts: ExpertsFn | None = None, row_wise: bool = False) -> None:
+                 experts: ExpertsFn | None = None, launches: MoELaunches | None = None,
+                 row_wise: bool = False) -> None:
+        if experts is None and device.type == "cuda":  # the kernel will run: fail the load,
+            check_moe_kernel_shape(config)  # before any allocation, naming the field
         super().__init__()
         # --deterministic on the CPU: routing and experts one token at a time (the torch
         # reference's GEMM shapes and softmax then never depend on the other tokens).
@@ -79,13 +100,34 @@ class MoEBlock(nn.Module):
         self.renormalize = config.norm_topk_prob
         kw = dict(device=device, dtype=dtype)
         self.router = nn.Parameter(torch.empty(e, h, **kw), requires_grad=False)  # [E, H]
+        # FP8 experts (block scales only, config.fp8_config): float8_e4m3fn weights and
+        # float32 [E, rows / 128, cols / 128] scales; the router stays in the served dtype.
+        fp8 = config.fp8
+        wk = kw if fp8 is None else dict(device=device, dtype=FP8_DTYPE)
         # [E, 2I, H]: each expert's gate rows, then its up rows
-        self.w13 = nn.Parameter(torch.empty(e, 2 * inter, h, **kw), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(e, h, inter, **kw), requires_grad=False)  # [E, H, I]
+        self.w13 = nn.Parameter(torch.empty(e, 2 * inter, h, **wk), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(e, h, inter, **wk), requires_grad=False)  # [E, H, I]
+        self.w13_scale: nn.Parameter | None = None
+        self.w2_scale: nn.Parameter | None = None
+        if fp8 is not None:
+            sk = dict(device=device, dtype=torch.float32)
+            self.w13_scale = nn.Parameter(torch.empty(e, *scale_shape(fp8, 2 * inter, h), **sk),
+                                          requires_grad=False)
+            self.w2_scale = nn.Parameter(torch.empty(e, *scale_shape(fp8, h, inter), **sk),
+                                         requires_grad=False)
+        self.launches = MoELaunches(expert_shape(config)) if launches is None else launches
+        self._experts_fn = experts_for(device) if experts is None else experts
         # A graph break under torch.compile: the reference's loop is data-dependent, and the
-        # kernel picks its own launch per token-count bucket.
-        self.experts: ExpertsFn = torch.compiler.disable(
-            experts_for(device) if experts is None else experts)
+        # launch is looked up on the host per token-count bucket (state dynamo must not guard).
+        self.experts = torch.compiler.disable(self._run_experts)
+
+    def _run_experts(self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+                     ) -> torch.Tensor:
+        launch = self.launches.launch(hidden.shape[0])
+        if self.w13_scale is None:
+            return self._experts_fn(hidden, self.w13, self.w2, weights, ids, launch)
+        return self._experts_fn(hidden, self.w13, self.w2, weights, ids, launch,
+                                w13_scale=self.w13_scale, w2_scale=self.w2_scale)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.row_wise:
@@ -94,4 +136,4 @@ class MoEBlock(nn.Module):
 
     def _route_and_run(self, hidden: torch.Tensor) -> torch.Tensor:
         weights, ids = route(F.linear(hidden, self.router), self.top_k, self.renormalize)
-        return self.experts(hidden, self.w13, self.w2, weights, ids)
+        return self.experts(hidden, weights, ids)

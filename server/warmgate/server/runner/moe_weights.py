@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from warmgate.server.config.fp8_config import FP8Config
 from warmgate.server.config.hf_moe import moe_weight_names
+from warmgate.server.runner.fp8_linear import fill_fp8
 from warmgate.server.runner.moe import MoEBlock
 
 
@@ -26,10 +28,16 @@ def moe_hf_views(moe: MoEBlock, architecture: str, layer: int) -> dict[str, torc
 
 
 @torch.no_grad()
-def init_moe(moe: MoEBlock, gen: torch.Generator, residual_scale: float) -> None:
+def init_moe(moe: MoEBlock, gen: torch.Generator, residual_scale: float,
+             fp8: FP8Config | None = None) -> None:
     """The router and the experts at fan_in^-0.5 (down further by residual_scale, as a dense
-    layer's), so the routing is not degenerate and the stream does not grow with depth."""
+    layer's), so the routing is not degenerate and the stream does not grow with depth. FP8
+    experts get the same draws, quantized."""
     h, inter = moe.w13.shape[2], moe.w2.shape[2]
     moe.router.normal_(0.0, h ** -0.5, generator=gen)
-    moe.w13.normal_(0.0, h ** -0.5, generator=gen)
-    moe.w2.normal_(0.0, inter ** -0.5 * residual_scale, generator=gen)
+    for weight, scale, std in ((moe.w13, moe.w13_scale, h ** -0.5),
+                               (moe.w2, moe.w2_scale, inter ** -0.5 * residual_scale)):
+        if fp8 is None or scale is None:
+            weight.normal_(0.0, std, generator=gen)
+        else:
+            fill_fp8(weight, scale, fp8, lambda t, std=std: t.normal_(0.0, std, generator=gen))

@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 from warmgate.server.runner.scheduler_output import SamplingParams
 
+# An output token sampled on the device and not read back yet (runner/async_output.py). Never
+# a token id: one reaching the embedding or a penalty's scatter fails loudly.
+PLACEHOLDER = -1
+
 
 @dataclass
 class RequestState:
@@ -19,6 +23,9 @@ class RequestState:
     num_computed_tokens: int
     # Tokens this runner sampled (accepted drafts included), appended in order.
     output_token_ids: list[int] = field(default_factory=list)
+    # Its row of the last step's tokens left on the device (runner/async_output.py), read
+    # while its newest output is still PLACEHOLDER.
+    device_row: int = -1
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import save_file
 
+from warmgate.server.config.fp8_config import FP8_E4M3_MAX, FP8Config
 from warmgate.server.config.hf_config import (
     ModelLoadError,
     hf_config_dict,
@@ -29,6 +30,8 @@ from warmgate.server.config.weight_files import (
     index_weight_files,
     read_header,
 )
+from warmgate.server.runner.fp8_linear import fill_fp8
+from warmgate.server.runner.fp8_weights import describe, fp8_load_targets, fp8_scale_views
 from warmgate.server.runner.model import LlamaModel
 from warmgate.server.runner.moe_weights import init_moe, moe_hf_views
 from warmgate.server.runner.weight_stream import stream_into
@@ -46,10 +49,15 @@ __all__ = ["MATCH_FIELDS", "ModelLoadError", "WeightsError", "check_config_match
 
 
 def _normal(gen: torch.Generator, std: float, param: torch.Tensor, full_shape: tuple[int, ...],
-            parts: list[tuple[str, int, torch.Tensor]], tp: TensorParallel | None) -> None:
+            parts: list[tuple[str, int, torch.Tensor]], tp: TensorParallel | None,
+            fp8: tuple[FP8Config, torch.Tensor | None] | None = None) -> None:
     """Fill param from gen. Under tensor parallel every rank draws the full-size tensor (the
     same numbers TP=1 draws) and keeps its shard of each HF-named part (name, full rows along
-    dim 0, the local view it lands in), so a sharded model equals the unsharded one."""
+    dim 0, the local view it lands in), so a sharded model equals the unsharded one. An FP8
+    param (fp8: its config and scale) gets the same draws quantized (never sharded)."""
+    if fp8 is not None and fp8[1] is not None:
+        fill_fp8(param, fp8[1], fp8[0], lambda t: t.normal_(0.0, std, generator=gen))
+        return
     if tp is None:
         param.normal_(0.0, std, generator=gen)
         return
@@ -58,6 +66,19 @@ def _normal(gen: torch.Generator, std: float, param: torch.Tensor, full_shape: t
     pieces = full.split([rows for _, rows, _ in parts])
     for (name, _, view), piece in zip(parts, pieces, strict=True):
         tp.copy_take(name, piece, view)
+
+
+def _fp8(fp8: FP8Config | None, layer: torch.nn.Module, name: str
+         ) -> tuple[FP8Config, torch.Tensor | None] | None:
+    """(the model's FP8Config, the projection's scale), None for a served-dtype model. A
+    static input scale gets 16 / 448: the activations (normalised, near unit scale) up to
+    16 in magnitude keep their values."""
+    if fp8 is None:
+        return None
+    input_scale = getattr(layer, name + "_input_scale")
+    if input_scale is not None:
+        input_scale.fill_(16.0 / FP8_E4M3_MAX)
+    return fp8, getattr(layer, name + "_scale")
 
 
 @torch.no_grad()
@@ -87,7 +108,8 @@ def init_random_weights(model: LlamaModel, seed: int) -> None:
         qkv = zip(("q", "k", "v"), (q_full, kv_full, kv_full),
                   layer.qkv_proj.split([layer.q_size, layer.kv_size, layer.kv_size]), strict=True)
         _normal(gen, h ** -0.5, layer.qkv_proj, (q_full + 2 * kv_full, h),
-                [(f"{p}self_attn.{n}_proj.weight", rows, view) for n, rows, view in qkv], tp)
+                [(f"{p}self_attn.{n}_proj.weight", rows, view) for n, rows, view in qkv], tp,
+                _fp8(cfg.fp8, layer, "qkv_proj"))
         if layer.qkv_bias is not None:
             biases = zip(("q", "k", "v"), (q_full, kv_full, kv_full),
                          layer.qkv_bias.split([layer.q_size, layer.kv_size, layer.kv_size]),
@@ -99,17 +121,19 @@ def init_random_weights(model: LlamaModel, seed: int) -> None:
             if norm is not None:
                 norm.fill_(1.0)
         _normal(gen, q_full ** -0.5 * residual_scale, layer.o_proj, (h, q_full),
-                [(p + "self_attn.o_proj.weight", h, layer.o_proj)], tp)
+                [(p + "self_attn.o_proj.weight", h, layer.o_proj)], tp,
+                _fp8(cfg.fp8, layer, "o_proj"))
         if layer.moe is not None:
-            init_moe(layer.moe, gen, residual_scale)
+            init_moe(layer.moe, gen, residual_scale, cfg.fp8)
             continue
         assert layer.gate_up_proj is not None and layer.down_proj is not None
         gate, up = layer.gate_up_proj.split(layer.gate_up_proj.shape[0] // 2)
         _normal(gen, h ** -0.5, layer.gate_up_proj, (2 * inter, h),
                 [(p + "mlp.gate_proj.weight", inter, gate), (p + "mlp.up_proj.weight", inter, up)],
-                tp)
+                tp, _fp8(cfg.fp8, layer, "gate_up_proj"))
         _normal(gen, inter ** -0.5 * residual_scale, layer.down_proj, (h, inter),
-                [(p + "mlp.down_proj.weight", h, layer.down_proj)], tp)
+                [(p + "mlp.down_proj.weight", h, layer.down_proj)], tp,
+                _fp8(cfg.fp8, layer, "down_proj"))
     model.norm.fill_(1.0)
     if model.lm_head is not None:
         _normal(gen, h ** -0.5, model.lm_head, (v, h), [("lm_head.weight", v, model.lm_head)],
@@ -163,7 +187,7 @@ def save_weights(model: LlamaModel, config: ModelConfig, directory: str | Path,
     # (Mixtral-8x7B, 93 GB in bf16) would not fit in host memory all at once.
     plan: list[list[tuple[str, torch.Tensor]]] = [[]]
     size = 0
-    for name, t in _hf_tensors(model).items():
+    for name, t in {**_hf_tensors(model), **fp8_scale_views(model)}.items():
         nbytes = t.numel() * t.element_size()
         if max_shard_bytes is not None and plan[-1] and size + nbytes > max_shard_bytes:
             plan.append([])
@@ -208,16 +232,24 @@ def load_weights(directory: str | Path, model: LlamaModel) -> int:
                 rope.rope_type, rope.theta, rope.factor, cfg.sliding_window,
                 cfg.max_model_len, cfg.tie_word_embeddings,
                 str(model.dtype).removeprefix("torch."))
+    if cfg.fp8 is not None:
+        logger.info("model %s: %s", directory, describe(cfg.fp8))
     start = time.perf_counter()
     where = index_weight_files(directory, model.config)  # names and shapes checked
     headers = {f: read_header(f) for f in set(where.values())}
     # Each target is a view into its fused parameter, so landing the bytes there is the fusion.
+    # FP8 scales land in place, or (per-tensor and input scales) in temporaries spread or
+    # reduced into the fused scales by fp8_finish once read.
+    fp8_targets, fp8_finish = fp8_load_targets(
+        model, {n: headers[f][n] for n, f in where.items() if n.endswith("_scale")
+                or n.endswith("_scale_inv")})
     copies = [(where[name], headers[where[name]][name], target)
-              for name, target in _hf_tensors(model).items()]
+              for name, target in {**_hf_tensors(model), **fp8_targets}.items()]
     column_blocks: list[tuple[Path, str, torch.Tensor]] = []
     if model.tp is not None:  # this rank's rows only; its column blocks by safetensors slice
         copies, column_blocks = model.tp.shard_copies(copies)
     stats = stream_into(copies, model.device)
+    fp8_finish()
     if column_blocks:
         model.tp.read_column_blocks(column_blocks)
     seconds = time.perf_counter() - start

@@ -61,6 +61,10 @@ class ServingRequest:
     # with the first tokens; a recompute after preemption reads positions already held.
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
+    # Tokens a launched step samples that the host has not read yet (overlapped scheduling,
+    # serving/overlap.py): counted in the stream's length so the next step is scheduled
+    # past them, not in output_token_ids until they arrive.
+    num_pending_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.drafter is not None:
@@ -68,8 +72,9 @@ class ServingRequest:
 
     @property
     def num_tokens(self) -> int:
-        """Prompt plus generated tokens: the stream whose KV the request needs."""
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        """Prompt plus generated tokens (pending ones too): the stream whose KV the request
+        needs."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:

@@ -37,9 +37,10 @@ from warmgate.server.serving.request import (
 from warmgate.server.serving.step_output import (
     ScheduledWork,
     StepPlan,
-    advance_computed,
     blocks_needed,
     build_scheduler_output,
+    ends_on_pending,
+    settle_step,
 )
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if ends_on_pending(req, self.limits.max_model_len):
+                i += 1  # its last token is in flight; the update finishes it
+                continue
             drafts = self._drafts(req, budget)
             n = (1 + len(drafts) if req.num_uncomputed_tokens == 1
                  else min(req.num_uncomputed_tokens, budget))
@@ -150,7 +154,7 @@ class Scheduler:
             if out is not None and req.req_id in out.prompt_logprobs:
                 req.add_prompt_logprobs(out.prompt_logprobs[req.req_id])
             tokens = produced.get(req.req_id, [])
-            advance_computed(req, w.num_tokens, len(w.draft_token_ids), tokens)
+            settle_step(req, w, tokens, plan.advanced)
             if not tokens:  # a prefill chunk short of the end of the stream
                 continue
             accepted = len(tokens) - 1
@@ -257,7 +261,7 @@ class Scheduler:
                 reason = FinishReason.STOP
             elif req.num_tokens_left <= 0:
                 reason = FinishReason.LENGTH
-            elif req.num_tokens >= self.limits.max_model_len:
+            elif req.num_tokens - req.num_pending_tokens >= self.limits.max_model_len:
                 reason = FinishReason.MAX_MODEL_LEN
             if reason is not None:
                 break

@@ -52,6 +52,9 @@ class StepPlan:
     work: list[ScheduledWork] = field(default_factory=list)
     # Requests the step could not take at all (their streams end with the error).
     errors: list[StepEvent] = field(default_factory=list)
+    # Set by advance_launched: the requests were advanced when the step was launched, before
+    # its tokens were read (overlapped scheduling).
+    advanced: bool = False
 
     @property
     def is_empty(self) -> bool:
@@ -103,3 +106,38 @@ def advance_computed(req: TrackedRequest, num_tokens: int, num_drafts: int,
         req.num_computed_tokens += num_tokens
     else:
         req.num_computed_tokens += num_tokens - num_drafts + len(sampled) - 1
+
+
+def samples(w: ScheduledWork) -> bool:
+    """Whether the step reaches the end of the request's stream (a mid-prompt chunk samples
+    nothing); read before the request is advanced by it."""
+    return w.num_tokens - len(w.draft_token_ids) == w.req.num_uncomputed_tokens
+
+
+def advance_launched(plan: StepPlan) -> None:
+    """Advance a launched step's requests before its tokens are read, so the next step can be
+    scheduled while it runs: a step without drafts computes all it was given whatever it
+    samples, and a request that samples gets one pending token (settled by settle_step)."""
+    if any(w.draft_token_ids for w in plan.work):
+        raise ValueError("a step with drafts is advanced by its accepted tokens, on the host")
+    for w in plan.work:
+        pending = samples(w)
+        w.req.num_computed_tokens += w.num_tokens
+        w.req.num_pending_tokens += pending
+    plan.advanced = True
+
+
+def settle_step(req: ServingRequest, w: ScheduledWork, sampled: Sequence[int],
+                advanced: bool) -> None:
+    """Count what a step computed for req, once its tokens are on the host."""
+    if advanced:
+        req.num_pending_tokens -= min(len(sampled), req.num_pending_tokens)
+    else:
+        advance_computed(req, w.num_tokens, len(w.draft_token_ids), sampled)
+
+
+def ends_on_pending(req: ServingRequest, max_model_len: int) -> bool:
+    """Whether the request's pending token finishes it whatever its value (max_tokens or the
+    context reached): scheduling it again would only compute a token to throw away."""
+    return req.num_pending_tokens > 0 and (
+        req.num_tokens_left - req.num_pending_tokens <= 0 or req.num_tokens >= max_model_len)

@@ -50,7 +50,7 @@ RPC_METHODS = (
     "/grpc.health.v1.Health/Check",
     "/grpc.health.v1.Health/Watch",
 )
-COMPILE_KINDS = ("triton", "flashinfer", "inductor", "dynamo", OTHER)
+COMPILE_KINDS = ("triton", "flashinfer", "inductor", "dynamo", "autotune", OTHER)
 # "entry": the --cache-dir entry as a whole (hit: READY found; miss or rebuilt: filled now).
 CACHES = ("triton", "flashinfer", "inductor", "entry", OTHER)
 # A first-use JIT takes tens of seconds per phase and a cold plan for a large model many

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from warmgate.server.runner.sampling_features import SAMPLING_FEATURES, sampling_features
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.serving.loop import Occupancy, StepStats
+from warmgate.server.serving.overlap import SERIAL_REASONS
 from warmgate.server.serving.request import FinishReason, Usage
 
 FINISH_REASONS = (*(r.value for r in FinishReason), "cancelled", "error")
@@ -65,6 +66,14 @@ class ServingMetrics:
             registry=r)
         for outcome in GRAMMAR_COMPILE_OUTCOMES:
             self.grammar_compile.labels(outcome=outcome)
+        self.serial_steps = Counter(
+            "warmgate_serial_steps_total", "Steps that did not overlap with the step before "
+            "them under --async-scheduling, by reason: the next batch needed the last one's "
+            "tokens on the host (grammar, spec_decode, penalties, preemption) or the step was "
+            "sampled on the host (spec_decode, prompt logprobs, tensor_parallel).", ["reason"],
+            registry=r)
+        for reason in SERIAL_REASONS:
+            self.serial_steps.labels(reason=reason)
         self.running = Gauge("warmgate_requests_running", "Requests holding KV blocks.",
                              registry=r)
         self.waiting = Gauge("warmgate_requests_waiting", "Requests queued for a slot.",
@@ -76,6 +85,8 @@ class ServingMetrics:
     def observe_step(self, stats: StepStats) -> None:
         """Called on the worker thread; prometheus_client is thread-safe."""
         self.step_duration.observe(stats.seconds)
+        if stats.serial_reason is not None:
+            self.serial_steps.labels(reason=stats.serial_reason).inc()
         self.observe_occupancy(Occupancy(stats.num_running, stats.num_waiting,
                                          stats.num_blocks_used, stats.num_blocks_usable))
 

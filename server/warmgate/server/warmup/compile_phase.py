@@ -144,7 +144,8 @@ def _runs_shape_sweeps(model_runner: WarmupRunner) -> bool:
 def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None,
            defer_to: list[GemmSweepThread] | None = None,
            plan: GemmPlan | None = None) -> int:
-    """Dense GEMMs at every token count a forward can run outside a CUDA graph and
+    """Dense GEMMs (and a MoE layer: moe_phase.sweep_moe_tokens) at every token count a
+    forward can run outside a CUDA graph and
     (generative models) the sampler at every row count; the sampler, with the compile cache's
     kernel map, only at the sizes that launch every kernel. The GEMMs run on a thread of their
     own beside the sampler rows (gemm_background.py), except while those learn their map;
@@ -156,10 +157,12 @@ def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None,
     from warmgate.server.cache.shape_sweeps import kernel_map_dir
     from warmgate.server.warmup.gemm_background import GemmSweepThread  # torch, CUDA only
     from warmgate.server.warmup.gemm_shapes import gemm_plan, sweep_gemm_shapes
+    from warmgate.server.warmup.moe_phase import sweep_moe_tokens
     from warmgate.server.warmup.sampler_rows import sampler_rows_learn, sweep_sampler_rows
 
     kernel_dir = kernel_map_dir()
     plan = gemm_plan(model_runner) if plan is None else plan
+    moe_calls = sweep_moe_tokens(model_runner)
     started = list(defer_to or [])
     if model_runner.is_pooling_model or sampler_rows_learn(model_runner, kernel_dir):
         if started:  # ended before the sampler rows: the map must not see its GEMMs
@@ -171,7 +174,7 @@ def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None,
             calls = sweep_gemm_shapes(model_runner, tracker, plan=plan)
         if not model_runner.is_pooling_model:
             calls += sweep_sampler_rows(model_runner, kernel_dir=kernel_dir)
-        return calls
+        return calls + moe_calls
     gemms = started[0] if started else GemmSweepThread(model_runner, plan)
     try:
         calls = sweep_sampler_rows(model_runner, kernel_dir=kernel_dir)
@@ -185,7 +188,7 @@ def _sweep(model_runner: WarmupRunner, tracker: PhaseProgress | None = None,
     else:
         calls += gemms.result()
     _steps(tracker, len(plan))  # a step per weight, as the sweep on this thread reports them
-    return calls
+    return calls + moe_calls
 
 
 def _steps(tracker: PhaseProgress | None, count: int) -> None:

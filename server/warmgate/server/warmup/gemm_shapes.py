@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from warmgate.server.core.progress import PhaseProgress
+from warmgate.server.warmup.fp8_gemms import sweep_fp8_gemms
 from warmgate.server.warmup.runner_contract import WarmupRunner
 from warmgate.server.warmup.size_sweeps import SizeSweep
 
@@ -44,7 +45,8 @@ def layer_weights(model: Any) -> list[torch.Tensor]:
         moe = getattr(layer, "moe", None)
         weights = [getattr(layer, n) for n in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")]
         for w in [*weights, None if moe is None else moe.router]:
-            if w is not None:
+            # FP8 projections are not F.linear: warmup/fp8_gemms.py sweeps them.
+            if w is not None and w.dtype != torch.float8_e4m3fn:
                 seen.setdefault((tuple(w.shape), w.dtype), w)
     return list(seen.values())
 
@@ -107,6 +109,7 @@ def sweep_gemm_shapes(model_runner: WarmupRunner, tracker: PhaseProgress | None 
             count += len(ms)
         if tracker is not None:
             tracker.step()
+    count += sweep_fp8_gemms(model_runner)
     logger.info("shape sweeps: dense GEMMs: %d in %.3f s%s, Ms per weight %s (layer weights "
                 "at the token counts a forward can run outside a CUDA graph, the head at every "
                 "logits row count)", count, time.perf_counter() - start,

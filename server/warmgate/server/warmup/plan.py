@@ -1,10 +1,11 @@
 """The warmup plan: every warmup phase (docs/architecture.md), in order, each RAN, SKIPPED or
 FAILED.
 
-Order: load, flashinfer, compile, kernels.prefill, kernels.decode, mixed, cuda_graphs,
+Order: load, flashinfer, moe, compile, kernels.prefill, kernels.decode, mixed, cuda_graphs,
 kernels.sampler, structured. FlashInfer's JIT runs before the kernel warmups (as vLLM runs
 its FlashInfer autotune before `warmup_kernels`) so its compile cost shows in its own phase
-rather than inside prefill; torch.compile's buckets likewise. The dense GEMMs run on a thread
+rather than inside prefill; the fused MoE kernel's launches (moe) and torch.compile's buckets
+likewise. The dense GEMMs run on a thread
 of their own, from the model's construction (a start-up's plan) or the compile phase on, beside
 the phases, and the plan waits for them before the capture (warmup/gemm_background.py).
 
@@ -36,6 +37,7 @@ from warmgate.server.core.phases import (
     FLASHINFER,
     LOAD,
     MIXED,
+    MOE,
     PLAN_PHASES,
     PREFILL,
     SAMPLER,
@@ -64,6 +66,7 @@ from warmgate.server.warmup.gemm_background import (
 )
 from warmgate.server.warmup.kernels import warmup_forward_kernels
 from warmgate.server.warmup.mixed import run_mixed_prefill_decode_warmup
+from warmgate.server.warmup.moe_phase import run_moe_warmup
 from warmgate.server.warmup.phase_runner import PlanProgress, Step, run_phases
 from warmgate.server.warmup.runner_contract import WarmupRunner
 from warmgate.server.warmup.sampler_phase import warmup_sampler
@@ -233,6 +236,7 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
 
     steps: list[Step] = [
         ((FLASHINFER,), lambda _: [_flashinfer_phase(runner)]),
+        ((MOE,), lambda report: [run_moe_warmup(runner, progress=report)]),
         ((COMPILE,), compile_buckets),
         ((PREFILL, DECODE), kernels),
         ((MIXED,), mixed),

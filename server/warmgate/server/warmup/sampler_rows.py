@@ -69,11 +69,15 @@ def sampler_sweeps(model_runner: WarmupRunner) -> list[SizeSweep]:
     k = model_runner.num_speculative_steps
     max_reqs = model_runner.max_num_reqs
     rows = max_reqs * (1 + k)
+    dtype = model_runner.model.dtype
+    # In the names: a map learned on float32 logits does not describe bf16 ones.
+    dt = str(dtype).removeprefix("torch.")
     held: list[torch.Tensor] = []  # the logits, made at the first call: building is free
 
     def logits() -> torch.Tensor:
         if not held:
-            held.append(torch.randn(rows, vocab, device=device, dtype=torch.float32))
+            # The model's dtype: what compute_logits hands the sampler when serving.
+            held.append(torch.randn(rows, vocab, device=device, dtype=dtype))
         return held[0]
 
     sampler = model_runner.sampler
@@ -82,7 +86,7 @@ def sampler_sweeps(model_runner: WarmupRunner) -> list[SizeSweep]:
         def call(n: int) -> object:
             params = _batch(variant, n)
             return sampler.sample(logits()[:n], params, _streams(params), [_HISTORY] * n)
-        return SizeSweep(f"sample:{_variant_name(variant)}:v{vocab}:n1..{max_reqs}",
+        return SizeSweep(f"sample:{_variant_name(variant)}:v{vocab}:{dt}:n1..{max_reqs}",
                          max_reqs, call, device)
 
     def verify(variant: tuple[SamplingParams, ...]) -> SizeSweep:
@@ -90,11 +94,11 @@ def sampler_sweeps(model_runner: WarmupRunner) -> list[SizeSweep]:
             params = _batch(variant, n)
             return sampler.verify(logits()[:n * (1 + k)], [[0] * k for _ in range(n)], params,
                                   _streams(params), [_HISTORY] * n)
-        return SizeSweep(f"verify:{_variant_name(variant)}:k{k}:v{vocab}:n1..{max_reqs}",
+        return SizeSweep(f"verify:{_variant_name(variant)}:k{k}:v{vocab}:{dt}:n1..{max_reqs}",
                          max_reqs, call, device)
 
     def logprobs(top: int) -> SizeSweep:
-        return SizeSweep(f"logprobs:top{top}:v{vocab}:m1..{rows}", rows,
+        return SizeSweep(f"logprobs:top{top}:v{vocab}:{dt}:m1..{rows}", rows,
                          lambda m: gather_logprobs(logits(), range(m), [0] * m, [top] * m,
                                                    sampler.log_softmax),
                          device)

@@ -65,6 +65,14 @@ class AttentionMetadata:
     for_cuda_graph: bool = False
 
 
+@dataclass(frozen=True)
+class RopeInput:
+    """What a backend that applies the rotary embedding itself needs (fuses_rope)."""
+
+    positions: torch.Tensor  # [num_tokens] int64
+    cos_sin_cache: torch.Tensor  # [max_pos, head_dim] float32, cos then sin
+
+
 class AttentionBackend(abc.ABC):
     """One instance per runner; it serves every layer.
 
@@ -77,6 +85,9 @@ class AttentionBackend(abc.ABC):
     # host ints: then a ragged batch (prefill, mixed) can replay a graph captured for its token
     # bucket (runner.cuda_graphs). Host loops over requests or a host-side plan cannot.
     supports_ragged_graphs: ClassVar[bool] = False
+    # Whether forward takes q and k unrotated with a RopeInput and rotates them while writing
+    # the cache (one kernel instead of rotary + cache write). The model asks before it rotates.
+    fuses_rope: ClassVar[bool] = False
 
     def __init__(self, spec: AttentionSpec) -> None:
         self.spec = spec
@@ -86,11 +97,13 @@ class AttentionBackend(abc.ABC):
 
     @abc.abstractmethod
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: torch.Tensor, meta: AttentionMetadata,
+                rope: RopeInput | None = None) -> torch.Tensor:
         """Write k, v into kv_cache at meta.slot_mapping, then attend causally over the cache.
 
         q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim].
-        Returns [num_tokens, num_heads, head_dim].
+        With `rope` (only ever passed when fuses_rope), q and k are unrotated and the backend
+        rotates both by rope.positions first. Returns [num_tokens, num_heads, head_dim].
         """
 
     def jit_warmup(self) -> dict[str, object] | None:

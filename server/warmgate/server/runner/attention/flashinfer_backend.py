@@ -27,11 +27,13 @@ from typing import Any
 
 import torch
 
+from warmgate.server.kernels.rope_cache import rope_and_cache
 from warmgate.server.kernels.varlen_attention import paged_attention_varlen
 from warmgate.server.runner.attention.base import (
     AttentionBackend,
     AttentionMetadata,
     AttentionSpec,
+    RopeInput,
 )
 from warmgate.server.runner.attention.concurrency import run_concurrently
 
@@ -75,6 +77,7 @@ def paged_layout(meta: AttentionMetadata, block_size: int, device: torch.device)
 class FlashInferAttentionBackend(AttentionBackend):
     name = "flashinfer"
     supports_ragged_graphs = True
+    fuses_rope = True
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
@@ -129,11 +132,19 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._active = wrapper
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        k_cache, v_cache = kv_cache[0], kv_cache[1]
-        flat = (-1, self.spec.num_kv_heads, self.spec.head_dim)
-        k_cache.view(flat).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-        v_cache.view(flat).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+                kv_cache: torch.Tensor, meta: AttentionMetadata,
+                rope: RopeInput | None = None) -> torch.Tensor:
+        k_cache, v_cache = kv_cache[0], kv_cache[1]  # NHD [num_blocks, block_size, Hk, D]
+        if rope is None:
+            flat = (-1, self.spec.num_kv_heads, self.spec.head_dim)
+            k_cache.view(flat).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+            v_cache.view(flat).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+        else:
+            # One Triton kernel rotates q (into a dense tensor: run() wants it contiguous) and
+            # k and writes k and v into the NHD cache, where the index_copy pair plus the
+            # model's rotary kernel were three launches and two extra passes.
+            q = rope_and_cache(q, k, v, rope.positions, rope.cos_sin_cache, k_cache, v_cache,
+                               meta.slot_mapping, layout="NHD")
         if self._active is None:
             raise RuntimeError("FlashInfer backend used before plan(); the runner must plan "
                                "each batch")

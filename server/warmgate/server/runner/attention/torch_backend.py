@@ -14,7 +14,11 @@ from typing import ClassVar
 import torch
 
 from warmgate.server.config.runner_config import cdiv
-from warmgate.server.runner.attention.base import AttentionBackend, AttentionMetadata
+from warmgate.server.runner.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    RopeInput,
+)
 
 # A finite fill keeps a row with no visible key (a padded request) finite instead of NaN.
 _MASKED = torch.finfo(torch.float32).min
@@ -24,7 +28,10 @@ class TorchAttentionBackend(AttentionBackend):
     name: ClassVar[str] = "torch"
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: torch.Tensor, meta: AttentionMetadata,
+                rope: RopeInput | None = None) -> torch.Tensor:
+        if rope is not None:  # fuses_rope is False: the model rotates q and k itself
+            raise ValueError("the torch attention backend does not apply the rotary embedding")
         self._write_kv(k, v, kv_cache, meta.slot_mapping)
         if meta.is_uniform_decode and not self.spec.deterministic:
             return self._uniform_decode(q, kv_cache, meta)

@@ -1,8 +1,8 @@
 """The `triton` attention backend: our own paged-attention kernels.
 
-forward = reshape_and_cache, then the decode kernel for uniform decode batches (the CUDA-graph
-path: no host syncs, launch shapes from Python ints fixed per captured graph) or the varlen
-kernel for everything else.
+forward = the cache write (with the rotary embedding fused in: kernels.rope_cache), then the
+decode kernel for uniform decode batches (the CUDA-graph path: no host syncs, launch shapes
+from Python ints fixed per captured graph) or the varlen kernel for everything else.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import torch
 
 from warmgate.server.kernels.decode_attention import choose_num_splits, paged_attention_decode
 from warmgate.server.kernels.kv_cache import reshape_and_cache
+from warmgate.server.kernels.rope_cache import rope_and_cache
 from warmgate.server.kernels.varlen_attention import paged_attention_varlen
 from warmgate.server.runner.attention.base import (
     AttentionBackend,
     AttentionMetadata,
     AttentionSpec,
+    RopeInput,
 )
 
 logger = logging.getLogger(__name__)
@@ -26,6 +28,7 @@ logger = logging.getLogger(__name__)
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     supports_ragged_graphs = True
+    fuses_rope = True
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
@@ -48,9 +51,14 @@ class TritonAttentionBackend(AttentionBackend):
         return self._splits[num_reqs]
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: torch.Tensor, meta: AttentionMetadata,
+                rope: RopeInput | None = None) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hk, D]; kv_cache: [2, num_blocks, block_size, Hk, D]."""
-        reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
+        if rope is None:
+            reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
+        else:
+            q = rope_and_cache(q, k, v, rope.positions, rope.cos_sin_cache, kv_cache[0],
+                               kv_cache[1], meta.slot_mapping)
         # --deterministic: the varlen kernel for every batch. Its key tiles are a fixed size
         # from key 0 for every row, with no split, so a token's attention is the same bits in
         # a prefill chunk, a decode or a verification, alone or batched (the decode kernel's

@@ -17,6 +17,7 @@ def apply_token_bitmask(logits: torch.Tensor, token_bitmask: torch.Tensor | None
         return logits
     import xgrammar  # only constrained steps need it; the warmup imports it before ready
 
-    masked = logits.clone()
+    # The float32 copy the sampler computes with (the logits may be the model's bf16).
+    masked = logits.to(torch.float32, copy=True)
     xgrammar.apply_token_bitmask_inplace(masked, token_bitmask, vocab_size=logits.shape[-1])
     return masked

@@ -28,19 +28,33 @@ def gather_logprobs(logits: torch.Tensor, rows: Sequence[int], token_ids: Sequen
     n = len(rows)
     if n == 0:
         return []
-    dev = logits.device
-    idx = to_device([*rows, *token_ids], torch.long, dev)
-    picked = logits.index_select(0, idx[:n])
+    idx = to_device([*rows, *token_ids], torch.long, logits.device)
+    table = logprob_table(logits, idx[:n], idx[n:], max(num_top), log_softmax)
+    return read_logprob_table(table.tolist(), token_ids, num_top)  # the one sync
+
+
+def logprob_table(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor,
+                  k: int, log_softmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                  ) -> torch.Tensor:
+    """On the device: per row rows[i] of logits, token_ids[i]'s logprob and rank, then the k
+    most likely logprobs and ids ([n, 2 + 2k] float64; ids < 2**53 are exact). log_softmax:
+    [n, V] -> float32 [n, V] (the runner's ops'; None: torch's)."""
+    picked = logits.index_select(0, rows)
     lp = (torch.log_softmax(picked.float(), dim=-1) if log_softmax is None
           else log_softmax(picked))  # [n, V] float32
-    chosen = lp.gather(1, idx[n:, None])  # [n, 1]
+    chosen = lp.gather(1, token_ids[:, None])  # [n, 1]
     rank = (lp > chosen).sum(dim=-1, keepdim=True) + 1
     parts = [chosen.double(), rank.double()]
-    k = max(num_top)
     if k:
         top_v, top_i = lp.topk(min(k, lp.shape[-1]), dim=-1)
-        parts += [top_v.double(), top_i.double()]  # ids < 2**53 are exact in float64
-    host = torch.cat(parts, dim=1).tolist()  # the one sync
+        parts += [top_v.double(), top_i.double()]
+    return torch.cat(parts, dim=1)
+
+
+def read_logprob_table(host: list[list[float]], token_ids: Sequence[int],
+                       num_top: Sequence[int]) -> list[TokenLogprobs]:
+    """logprob_table's rows, on the host, as TokenLogprobs (row i keeps num_top[i] tops)."""
+    k = max(num_top, default=0)
     out = []
     for i, row in enumerate(host):
         m = num_top[i]

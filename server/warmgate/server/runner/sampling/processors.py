@@ -142,7 +142,7 @@ def apply_logits_processors(logits: torch.Tensor, rows: SamplingRows,
         which = [i for i in range(len(rows)) if proc.applies(rows, i)]
         if not which:
             continue
-        if out is logits:
-            out = logits.clone()
+        if out is logits:  # processors compute in float32, whatever the logits' dtype
+            out = logits.to(torch.float32, copy=True)
         proc.apply(out, rows, which)
     return out

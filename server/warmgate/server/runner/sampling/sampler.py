@@ -36,9 +36,10 @@ class Sampler:
                streams: Sequence[SeededStream | None],
                histories: Sequence[TokenHistory] | None = None,
                token_bitmask: torch.Tensor | None = None) -> torch.Tensor:
-        """logits: [N, V] float32 (left unchanged); params, streams, histories (None: no
-        tokens yet): one per row -> tokens [N] int64; token_bitmask: structured output's
-        rows (see apply_token_bitmask), or None."""
+        """logits: [N, V] float32 or the model's dtype, left unchanged (the greedy argmax reads
+        them as they are, everything else computes in float32); params, streams, histories
+        (None: no tokens yet): one per row -> tokens [N] int64; token_bitmask: structured
+        output's rows (see apply_token_bitmask), or None."""
         x = apply_token_bitmask(logits, token_bitmask)
         if any(p.uses_logits_processors for p in params):
             x = apply_logits_processors(x, SamplingRows.of(params, histories,

@@ -1,0 +1,154 @@
+"""The Triton decode kernel under the old and the new split-K rule, side by side, in a CUDA
+graph (the way the server runs it: no launch overhead in the figure).
+
+Each captured graph runs the kernel once per "layer": every layer reads its own pages of one
+shared cache, so the K/V bytes cross HBM (the whole working set is many times the L2) as a
+model's layers would. GB/s counts the K/V bytes a call must read; % HBM is that against the
+H200's 4.8 TB/s. Used by `python bench/serve.py kernels` (kernels_gpu.py).
+
+A third table sweeps the kernel's tile configuration (BLOCK_N, num_warps, num_stages; the
+server's is decode_attention._decode_config) at the batches that run unsplit, so one device
+run shows whether another tile reads the cache faster.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from warmgate.server.devtools.roofline import H200_HBM_BYTES_PER_S
+from warmgate.server.kernels import choose_num_splits, decode_attention, paged_attention_decode
+
+NUM_HEADS, NUM_KV_HEADS, BLOCK_SIZE = 32, 8, 16
+BATCHES = (1, 8, 64, 128)
+CONTEXTS = (512, 2048)
+# The working set a graph's calls read, at least: several times the H200's 50 MB L2.
+MIN_WORKING_SET = 512 << 20
+MAX_LAYERS = 512
+REPLAYS = 20
+# (BLOCK_N, num_warps, num_stages); the first is the server's for bf16 at head_dim <= 128.
+TILE_CONFIGS = ((64, 4, 3), (32, 4, 3), (64, 4, 2), (64, 8, 3), (128, 8, 2), (32, 2, 4),
+                (16, 4, 4))
+TILE_BATCHES = (64, 128)
+
+
+def old_num_splits(num_reqs: int, num_kv_heads: int, max_context_len: int,
+                   num_sms: int) -> int:
+    """The rule the server used before: ~2 programs per SM rounded DOWN to a power of two,
+    at most 16 splits, each of >= 256 tokens of the capacity."""
+    programs = max(num_reqs * num_kv_heads, 1)
+    wanted = triton.cdiv(2 * num_sms, programs)
+    useful = max(max_context_len // 256, 1)
+    splits = min(wanted, useful, 16)
+    return 1 << (splits.bit_length() - 1)
+
+
+@dataclass
+class SplitTiming:
+    splits: int
+    us: float  # median per call
+    gbps: float
+
+    @property
+    def hbm_pct(self) -> float:
+        return 100.0 * self.gbps * 1e9 / H200_HBM_BYTES_PER_S
+
+
+def _time_splits(batch: int, context: int, head_dim: int, splits: int) -> SplitTiming:
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    blocks_per_req = -(-context // BLOCK_SIZE)
+    kv_bytes = 2 * batch * context * NUM_KV_HEADS * head_dim * 2  # per call
+    layers = max(2, min(MAX_LAYERS, -(-MIN_WORKING_SET // kv_bytes)))
+    num_blocks = 1 + layers * batch * blocks_per_req
+    kv_cache = torch.empty(2, num_blocks, BLOCK_SIZE, NUM_KV_HEADS, head_dim, device=dev,
+                           dtype=dtype).normal_()
+    # Shuffled pages, as a long-running server's would be; each layer its own.
+    pages = (torch.randperm(num_blocks - 1, device=dev).to(torch.int32) + 1)
+    tables = pages.view(layers, batch, blocks_per_req)  # [L, B, blocks_per_req]
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
+    qsl = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+    q = torch.randn(batch, NUM_HEADS, head_dim, device=dev, dtype=dtype)  # [B, Hq, D]
+    out = torch.empty_like(q)
+    scale = head_dim ** -0.5
+
+    def run_all() -> None:
+        for layer in range(layers):
+            paged_attention_decode(q, kv_cache, tables[layer], seq_lens, qsl, scale=scale,
+                                   query_len=1, num_splits=splits, out=out)
+
+    run_all()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_all()
+    graph.replay()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) * 1e3 / layers)  # us
+    us = statistics.median(per_call)
+    return SplitTiming(splits=splits, us=us, gbps=kv_bytes / (us * 1e-6) / 1e9)
+
+
+def print_split_comparison(head_dims: tuple[int, ...], capacity: int) -> None:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"\ndecode attention split-K: old rule vs new (choose_num_splits), CUDA graph, "
+          f"{NUM_HEADS}/{NUM_KV_HEADS} heads, bf16, capacity {capacity} tokens, {sms} SMs; "
+          f"us per call, GB/s and % of {H200_HBM_BYTES_PER_S / 1e12:g} TB/s HBM")
+    print(f"{'D':>4}{'batch':>6}{'ctx':>6} | {'splits':>6}{'us':>9}{'GB/s':>7}{'%HBM':>6} | "
+          f"{'splits':>6}{'us':>9}{'GB/s':>7}{'%HBM':>6} | {'new/old':>7}")
+    for head_dim in head_dims:
+        for context in CONTEXTS:
+            for batch in BATCHES:
+                old = _time_splits(batch, context, head_dim,
+                                   old_num_splits(batch, NUM_KV_HEADS, capacity, sms))
+                new_splits = choose_num_splits(batch, NUM_KV_HEADS, capacity, sms)
+                new = (old if new_splits == old.splits
+                       else _time_splits(batch, context, head_dim, new_splits))
+                print(f"{head_dim:>4}{batch:>6}{context:>6} | {old.splits:>6}{old.us:>9.2f}"
+                      f"{old.gbps:>7.0f}{old.hbm_pct:>6.1f} | {new.splits:>6}{new.us:>9.2f}"
+                      f"{new.gbps:>7.0f}{new.hbm_pct:>6.1f} | {new.us / old.us:>7.2f}")
+                torch.cuda.empty_cache()  # the next shape's cache may be gigabytes
+
+
+@contextmanager
+def _tile_config(config: tuple[int, int, int]) -> Iterator[None]:
+    """Run the decode kernel with `config` instead of the server's tile choice."""
+    real = decode_attention._decode_config
+    decode_attention._decode_config = lambda head_dim, dtype, on_gpu: config
+    try:
+        yield
+    finally:
+        decode_attention._decode_config = real
+
+
+def print_tile_sweep(head_dims: tuple[int, ...], capacity: int) -> None:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print("\ndecode attention tile configurations (BLOCK_N/num_warps/num_stages), CUDA graph, "
+          "split by the new rule; % of HBM per configuration, first = the server's")
+    names = "".join(f"{'/'.join(map(str, c)):>10}" for c in TILE_CONFIGS)
+    print(f"{'D':>4}{'batch':>6}{'ctx':>6}{names}")
+    for head_dim in head_dims:
+        for context in CONTEXTS:
+            for batch in TILE_BATCHES:
+                splits = choose_num_splits(batch, NUM_KV_HEADS, capacity, sms)
+                cells = []
+                for config in TILE_CONFIGS:
+                    try:
+                        with _tile_config(config):
+                            t = _time_splits(batch, context, head_dim, splits)
+                        cells.append(f"{t.hbm_pct:>10.1f}")
+                    except Exception as exc:  # e.g. OutOfResources: that tile does not fit
+                        cells.append(f"{type(exc).__name__[:9]:>10}")
+                    torch.cuda.empty_cache()
+                print(f"{head_dim:>4}{batch:>6}{context:>6}{''.join(cells)}")

@@ -1,0 +1,89 @@
+"""Where a decode step's GPU time goes, kernel by kernel, with CUDA graphs on.
+
+    python bench/serve.py step-kernels --model llama-3.1-8b --backend flashinfer
+
+One runner per backend is built with random weights, its requests prefilled to
+--prompt-len tokens and graphs captured; then decode steps run under torch.profiler at each
+batch size. Prints, per batch size: the step's wall time, the GPU time the kernels add up to,
+their count, the HBM roofline of the step, and the kernels that take the most time per step
+(grouped by name), so a kernel fusion or a launch-bound tail shows as numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+
+import torch
+from decode_latency import build, decode_s, prefill
+from torch.profiler import ProfilerActivity, profile
+
+from warmgate.server.config.runner_config import ModelConfig
+from warmgate.server.devtools.batch_driver import BatchDriver
+from warmgate.server.devtools.roofline import Roofline
+
+
+def kernel_times(prof: profile, steps: int) -> tuple[dict[str, float], int]:
+    """Per kernel name: device microseconds per step; and kernels launched per step."""
+    per_name: dict[str, float] = defaultdict(float)
+    count = 0
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        per_name[event.name[:90]] += event.device_time_total / steps
+        count += 1
+    return dict(per_name), count // steps
+
+
+def profile_batch(driver: BatchDriver, reqs: list, steps: int, top: int) -> str:
+    for _ in range(3):
+        decode_s(driver, reqs)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            decode_s(driver, reqs)
+    wall_ms = 1000 * (time.perf_counter() - start) / steps
+    times, launches = kernel_times(prof, steps)
+    total_us = sum(times.values())
+    lines = [f"  batch {len(reqs)}: wall {wall_ms:.3f} ms/step under the profiler, kernels "
+             f"{total_us / 1000:.3f} ms/step, {launches} kernels/step"]
+    for name, us in sorted(times.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"    {us:9.1f} us {100 * us / total_us:5.1f}%  {name}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="llama-3.2-1b")
+    p.add_argument("--backends", default="triton,flashinfer")
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--batches", default="1,64")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--top", type=int, default=14)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("step-kernels needs a CUDA device", file=sys.stderr)
+        return 2
+    batches = [int(b) for b in args.batches.split(",")]
+    mc = ModelConfig.from_preset(args.model)
+    for backend in args.backends.split(","):
+        runner = build(args.model, backend, args.prompt_len, 4 * len(batches) * args.steps + 64)
+        driver = BatchDriver(runner)
+        reqs = prefill(driver, max(batches), args.prompt_len, chunk=8)
+        runner.capture_cuda_graphs()
+        print(f"\n{args.model} {backend}, context ~{args.prompt_len}, CUDA graphs, "
+              f"{args.steps} profiled steps per batch")
+        for b in batches:
+            roof = 1000 * Roofline.of(mc, b, args.prompt_len).step_s
+            print(f"  (HBM roofline at batch {b}: {roof:.3f} ms)")
+            print(profile_batch(driver, reqs[:b], args.steps, args.top), flush=True)
+        del driver, reqs, runner
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""bench/serve.py decode-latency, the parts a CPU can check: the MoE presets and --layers,
+the roofline of the active parameters per batch size, and the table it prints."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bench_harness import load_script, run_bench
+from warmgate.server.config.runner_config import ModelConfig
+from warmgate.server.devtools.roofline import (
+    Roofline,
+    expert_params,
+    experts_touched,
+    num_params,
+)
+
+
+@pytest.mark.parametrize(("preset", "batch", "expected"), [
+    # E * (1 - (1 - k/E)^B): one token reads its k experts exactly; Mixtral's 2 of 8 at two
+    # tokens 8 * (1 - 0.75^2) = 3.5; Qwen3's 8 of 128 at 64 tokens nearly all 128.
+    ("qwen3-30b-a3b", 1, 8.0), ("mixtral-8x7b", 1, 2.0), ("mixtral-8x7b", 2, 3.5),
+    ("qwen3-30b-a3b", 64, 128 * (1 - (15 / 16) ** 64)), ("llama-3.1-8b", 64, 1.0)])
+def test_the_experts_a_decode_batch_touches(preset: str, batch: int, expected: float) -> None:
+    assert experts_touched(ModelConfig.from_preset(preset), batch) == pytest.approx(expected)
+
+
+def test_the_roofline_per_batch_counts_the_touched_experts_of_the_layers_built() -> None:
+    bench = load_script("bench/lib/decode_latency.py")
+    full = bench.model_config("qwen3-30b-a3b", 512, None)
+    four = bench.model_config("qwen3-30b-a3b", 512, 4)
+    assert (full.num_layers, four.num_layers, four.num_experts) == (48, 4, 128)
+    roof = bench.roofline_ms(four, (1, 64), 512, bytes_per_s=1e12)
+    assert roof[1] == pytest.approx(1000 * Roofline.of(four, 1, 512, bytes_per_s=1e12).step_s)
+    # Batch 64 reads 64 streams' KV and (128 - 8) * (1 - ...) more experts per layer than 1.
+    kv = 63 * 512 * 2 * 4 * 4 * 128 * 2
+    experts = 4 * (experts_touched(four, 64) - 8) * expert_params(four) * 2
+    assert roof[64] - roof[1] == pytest.approx(1000 * (kv + experts) / 1e12)
+    assert num_params(four) < num_params(full)
+
+
+def test_the_table_puts_each_step_against_its_roofline() -> None:
+    bench = load_script("bench/lib/decode_latency.py")
+    results = {"torch": {"eager": {1: 4.0, 64: 8.0}, "graph": {1: 2.0, 64: 6.0}},
+               "triton": {"eager": {1: 3.0, 64: 8.0}, "graph": {1: 1.0, 64: 3.0}}}
+    rows = bench.format_table(results, {1: 0.5, 64: 2.0}).splitlines()
+    assert rows[0].split()[-2:] == ["roofline", "graph/roof"]
+    assert rows[3].split() == ["triton", "1", "3.000", "1.000", "0.33", "0.75", "0.50",
+                               "0.500", "2.00"]
+    # Without torch among the backends the ratios to it are left out, the rest stays.
+    alone = bench.format_table({"triton": results["triton"]}, {1: 0.5, 64: 2.0}).splitlines()
+    assert alone[2].split() == ["triton", "64", "8.000", "3.000", "0.38", "-", "-", "2.000",
+                                "1.50"]
+
+
+def test_the_command_takes_the_moe_presets_and_refuses_a_bad_layer_count() -> None:
+    ok = run_bench("bench/serve.py decode-latency",
+                   ["--model", "qwen3-30b-a3b", "--layers", "2", "--help"])
+    assert ok.returncode == 0 and "--layers" in ok.stdout
+    bad = run_bench("bench/serve.py decode-latency", ["--model", "nope"])
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+    none = run_bench("bench/serve.py decode-latency", ["--model", "mixtral-8x7b", "--layers", "0"])
+    assert none.returncode == 2 and "--layers must be at least 1" in none.stderr
