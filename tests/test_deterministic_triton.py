@@ -23,7 +23,7 @@ from tests.runner_helpers import tiny_config
 from warmgate.server.core.results import PhaseStatus
 from warmgate.server.kernels.batch_invariant import _matmul_kernel
 from warmgate.server.kernels.invariant_ops import BatchInvariantOps
-from warmgate.server.runner.attention import AttentionSpec, create_backend
+from warmgate.server.runner.attention import AttentionMetadata, AttentionSpec, create_backend
 from warmgate.server.runner.attention.triton_backend import TritonAttentionBackend
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.warmup.determinism import run_determinism_check
@@ -68,7 +68,8 @@ def test_a_deterministic_uniform_decode_never_runs_the_decode_kernel(
     real_forward = runner.attention_backend.forward
 
     def spy(*args: object, **kwargs: object) -> torch.Tensor:
-        seen.append(args[-1].is_uniform_decode)  # type: ignore[attr-defined]
+        meta = next(a for a in [*args, *kwargs.values()] if isinstance(a, AttentionMetadata))
+        seen.append(meta.is_uniform_decode)
         return real_forward(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(runner.attention_backend, "forward", spy)
