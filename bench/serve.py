@@ -29,6 +29,9 @@ COMMANDS = {
     "engine-transport": Command("engine_transport.py", "the engine process: a step's events "
                                                        "and a submit round trip, pipe vs "
                                                        "multiprocessing.connection vs others"),
+    "determinism": Command("determinism.py", "--deterministic: probes alone vs inside a busy "
+                                             "workload bit for bit, and its cost against the "
+                                             "default mode"),
     "tp-greedy": Command("tp_greedy.py", "tensor parallel: greedy tokens at TP=N against TP=1, "
                                          "prompt by prompt"),
 }

@@ -51,8 +51,8 @@ def test_the_graphs_are_captured_between_the_forward_warmups_and_the_sampler(
     assert after[0] == "_warmup_greedy" and after[-1] == "_warmup_features_mixed"
     assert {"_warmup_seeded", "_warmup_mixed", "_warmup_logprobs"} <= set(after)
     assert not {"_warmup", "mixed phase"} & set(after)
-    assert [p.name for p in report.phases][-3:] == ["cuda_graphs", "kernels.sampler",
-                                                   "structured"]
+    assert [p.name for p in report.phases][-4:] == ["cuda_graphs", "kernels.sampler",
+                                                   "structured", "determinism"]
 
 
 def test_a_failing_sampler_keeps_the_graphs_and_fails_the_plan(

@@ -44,7 +44,8 @@ def report_table(report: pb.WarmupReport) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True))
              + "  " + row[4] for row in rows]
     flags = [name for name, on in (("joined in-flight run", report.joined_in_flight),
-                                   ("stored report", report.from_stored)) if on]
+                                   ("stored report", report.from_stored),
+                                   ("deterministic", report.deterministic)) if on]
     lines.append(f"outcome {enum_name(pb.WarmupOutcome, report.outcome, 'WARMUP_OUTCOME_')} "
                  f"in {_total(report)}  model={report.model} "
                  f"device={report.device} attention={report.attention_backend} "
@@ -92,7 +93,8 @@ def status_text(status: pb.WarmupStatus) -> str:
     settled = status.state in SETTLED and status.HasField("last_report")
     lines = [status_line(status, elapsed=not settled),
              f"model={status.model} device={status.device} "
-             f"attention={status.attention_backend} config={status.config_hash}"]
+             f"attention={status.attention_backend} config={status.config_hash}"
+             + ("  deterministic" if status.deterministic else "")]
     if status.HasField("compile_cache"):
         c = status.compile_cache
         lines.append(f"compile cache: {c.state} key={c.key[:16]} dir={c.directory} "

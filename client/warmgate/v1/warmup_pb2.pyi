@@ -122,6 +122,8 @@ class _SkipReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SkipReason
     """A dense model: no Mixture-of-Experts layers, so no fused MoE kernel to warm."""
     SKIP_REASON_NOT_FP8: _SkipReason.ValueType  # 17
     """The weights are not FP8, so no FP8 GEMM to warm."""
+    SKIP_REASON_NOT_DETERMINISTIC: _SkipReason.ValueType  # 18
+    """--deterministic is off: the determinism check has nothing to prove."""
 
 class SkipReason(_SkipReason, metaclass=_SkipReasonEnumTypeWrapper):
     """Why a phase skipped. Mirrors warmgate.server.core.results.SkipReason."""
@@ -164,6 +166,8 @@ SKIP_REASON_NOT_MOE: SkipReason.ValueType  # 16
 """A dense model: no Mixture-of-Experts layers, so no fused MoE kernel to warm."""
 SKIP_REASON_NOT_FP8: SkipReason.ValueType  # 17
 """The weights are not FP8, so no FP8 GEMM to warm."""
+SKIP_REASON_NOT_DETERMINISTIC: SkipReason.ValueType  # 18
+"""--deterministic is off: the determinism check has nothing to prove."""
 Global___SkipReason: _TypeAlias = SkipReason  # noqa: Y015
 
 class _WarmupState:
@@ -430,6 +434,7 @@ class WarmupReport(_message.Message):
     ATTENTION_BACKEND_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     COMPILE_CACHE_FIELD_NUMBER: _builtins.int
+    DETERMINISTIC_FIELD_NUMBER: _builtins.int
     outcome: Global___WarmupOutcome.ValueType
     """SUCCEEDED unless a phase failed."""
     config_hash: _builtins.str
@@ -444,6 +449,10 @@ class WarmupReport(_message.Message):
     """The attention backend in use: torch, triton or flashinfer."""
     model: _builtins.str
     """The model preset name or weights directory."""
+    deterministic: _builtins.bool
+    """The runner runs --deterministic: batch-invariant kernels, so a request's tokens and
+    logprobs do not depend on its batch (the determinism phase checked it before ready).
+    """
     @_builtins.property
     def phases(self) -> _containers.RepeatedCompositeFieldContainer[Global___PhaseResult]:
         """Every phase, in the order it ran."""
@@ -469,10 +478,11 @@ class WarmupReport(_message.Message):
         attention_backend: _builtins.str = ...,
         model: _builtins.str = ...,
         compile_cache: Global___CompileCache | None = ...,
+        deterministic: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["compile_cache", b"compile_cache", "total_duration", b"total_duration"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention_backend", b"attention_backend", "compile_cache", b"compile_cache", "config_hash", b"config_hash", "device", b"device", "from_stored", b"from_stored", "joined_in_flight", b"joined_in_flight", "model", b"model", "outcome", b"outcome", "phases", b"phases", "total_duration", b"total_duration"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention_backend", b"attention_backend", "compile_cache", b"compile_cache", "config_hash", b"config_hash", "deterministic", b"deterministic", "device", b"device", "from_stored", b"from_stored", "joined_in_flight", b"joined_in_flight", "model", b"model", "outcome", b"outcome", "phases", b"phases", "total_duration", b"total_duration"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -561,6 +571,7 @@ class WarmupStatus(_message.Message):
     SERVER_PID_FIELD_NUMBER: _builtins.int
     CUDA_GRAPH_MISSES_AFTER_READY_FIELD_NUMBER: _builtins.int
     NOT_SERVING_REASON_FIELD_NUMBER: _builtins.int
+    DETERMINISTIC_FIELD_NUMBER: _builtins.int
     state: Global___WarmupState.ValueType
     """Where the configured warmup stands."""
     current_phase: _builtins.str
@@ -597,6 +608,8 @@ class WarmupStatus(_message.Message):
     """Why health is NOT_SERVING now, in a sentence (loading, warming up, a forced re-warmup or
     a mixed warmup in progress, failed, shutting down); empty while SERVING.
     """
+    deterministic: _builtins.bool
+    """The server runs --deterministic (see WarmupReport.deterministic)."""
     @_builtins.property
     def elapsed(self) -> _duration_pb2.Duration:
         """Time since the current run started; when idle, the last run's duration."""
@@ -637,10 +650,11 @@ class WarmupStatus(_message.Message):
         server_pid: _builtins.int = ...,
         cuda_graph_misses_after_ready: _builtins.int = ...,
         not_serving_reason: _builtins.str = ...,
+        deterministic: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["compile_cache", b"compile_cache", "elapsed", b"elapsed", "estimated_remaining", b"estimated_remaining", "last_report", b"last_report"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention_backend", b"attention_backend", "compile_cache", b"compile_cache", "config_hash", b"config_hash", "cuda_graph_misses_after_ready", b"cuda_graph_misses_after_ready", "current_phase", b"current_phase", "device", b"device", "elapsed", b"elapsed", "estimated_remaining", b"estimated_remaining", "failure_reason", b"failure_reason", "last_report", b"last_report", "model", b"model", "not_serving_reason", b"not_serving_reason", "num_phases", b"num_phases", "phase_index", b"phase_index", "server_pid", b"server_pid", "state", b"state", "steps_done", b"steps_done", "steps_total", b"steps_total", "work_in_flight", b"work_in_flight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention_backend", b"attention_backend", "compile_cache", b"compile_cache", "config_hash", b"config_hash", "cuda_graph_misses_after_ready", b"cuda_graph_misses_after_ready", "current_phase", b"current_phase", "deterministic", b"deterministic", "device", b"device", "elapsed", b"elapsed", "estimated_remaining", b"estimated_remaining", "failure_reason", b"failure_reason", "last_report", b"last_report", "model", b"model", "not_serving_reason", b"not_serving_reason", "num_phases", b"num_phases", "phase_index", b"phase_index", "server_pid", b"server_pid", "state", b"state", "steps_done", b"steps_done", "steps_total", b"steps_total", "work_in_flight", b"work_in_flight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -111,7 +111,8 @@ class RunningServer:
 
 def identity_of(config: RunnerConfig) -> Identity:
     return Identity(config_hash=config.config_hash(), model=config.model.name,
-                    device=config.device.device, attention_backend=config.device.attention_backend)
+                    device=config.device.device, attention_backend=config.device.attention_backend,
+                    deterministic=config.numerics.deterministic)
 
 
 def _bind(server: grpc.aio.Server, host: str, port: int, security: ServerSecurity | None
@@ -162,7 +163,8 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     """
     # Before anything binds: an unusable tokenizer or chat template fails the start-up.
     text = text if text is not None else load_model_text(config.runner.model, config.serving)
-    metrics = Metrics(config.runner.parallel.tensor_parallel_size)
+    metrics = Metrics(config.runner.parallel.tensor_parallel_size,
+                      deterministic=config.runner.numerics.deterministic)
     health = WarmgateHealth()
     engine = engine if engine is not None else _default_engine(config)
     # Fakes in tests have none; the real engine's counts every compile of its runner.

@@ -92,7 +92,8 @@ def report_to_proto(report: WarmupReport, *, joined_in_flight: bool = False,
         outcome=_OUTCOMES[report.outcome], phases=[phase_to_proto(p) for p in report.phases],
         total_duration=duration(report.total_duration_s), config_hash=report.config_hash,
         joined_in_flight=joined_in_flight, from_stored=from_stored, device=report.device,
-        attention_backend=report.attention_backend, model=report.model)
+        attention_backend=report.attention_backend, model=report.model,
+        deterministic=report.deterministic)
     if report.compile_cache:
         out.compile_cache.CopyFrom(compile_cache_to_proto(report.compile_cache))
     return out
@@ -111,7 +112,7 @@ def status_to_proto(s: StatusSnapshot) -> pb.WarmupStatus:
         config_hash=s.identity.config_hash, model=s.identity.model, device=s.identity.device,
         attention_backend=s.identity.attention_backend, work_in_flight=s.work_in_flight,
         server_pid=os.getpid(), cuda_graph_misses_after_ready=s.cuda_graph_misses_after_ready,
-        not_serving_reason=s.not_serving_reason)
+        not_serving_reason=s.not_serving_reason, deterministic=s.identity.deterministic)
     if s.estimated_remaining_s is not None:
         out.estimated_remaining.CopyFrom(duration(s.estimated_remaining_s))
     if s.last_report is not None:

@@ -21,6 +21,7 @@ from warmgate.server.config.compilation_config import CompilationConfig, default
 from warmgate.server.config.config_error import ConfigError, _require
 from warmgate.server.config.flags import flag
 from warmgate.server.config.fp8_config import FP8Config, check_fp8, check_fp8_device
+from warmgate.server.config.numerics_config import NumericsConfig, check_deterministic
 from warmgate.server.config.presets import MODEL_PRESETS, PRESET_MAX_POSITIONS, preset_names
 from warmgate.server.config.rope_config import RopeConfig
 
@@ -222,6 +223,7 @@ class RunnerConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     compilation: CompilationConfig = field(default_factory=CompilationConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    numerics: NumericsConfig = field(default_factory=NumericsConfig)
 
     def __post_init__(self) -> None:
         _require(not self.model.is_moe or self.parallel.tensor_parallel_size == 1,
@@ -291,9 +293,8 @@ def resolve_runner_config(config: RunnerConfig, *, cuda_available: bool | None =
     sizes = config.compilation.cuda_graph_sizes
     if sizes is None:
         sizes = default_cuda_graph_sizes(config.scheduler.max_num_seqs)
-    return dataclasses.replace(
-        config,
+    return check_deterministic(dataclasses.replace(
+        config, cache=dataclasses.replace(config.cache, num_blocks=num_blocks),
         device=dataclasses.replace(dev, device=device, dtype=dtype, attention_backend=backend),
-        cache=dataclasses.replace(config.cache, num_blocks=num_blocks),
         compilation=dataclasses.replace(config.compilation, cuda_graph_sizes=tuple(sizes)),
-    )
+    ))

@@ -36,6 +36,8 @@ class Identity:
     model: str
     device: str
     attention_backend: str
+    # --deterministic (batch-invariant kernels).
+    deterministic: bool = False
 
 
 @dataclass(frozen=True)

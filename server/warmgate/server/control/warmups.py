@@ -177,7 +177,8 @@ class WarmupRuns:
         log_phase(phase)  # the plan never saw this failure
         i = self._identity
         return WarmupReport(WarmupOutcome.FAILED, [phase], 0.0, i.config_hash, device=i.device,
-                            attention_backend=i.attention_backend, model=i.model)
+                            attention_backend=i.attention_backend, model=i.model,
+                            deterministic=i.deterministic)
 
     def _observe(self, report: WarmupReport) -> None:
         log_report(report)

@@ -18,12 +18,15 @@ SAMPLER = "kernels.sampler"
 STRUCTURED = "structured"
 MIXED = "mixed"
 CUDA_GRAPHS = "cuda_graphs"
+# --deterministic only: a probe alone and inside a mixed batch must give the same bits.
+DETERMINISM = "determinism"
 
 # A whole plan (WarmupKernels, start-up), in order: the phases that vary only what runs
 # after the forward (the sampler, the grammar's bitmask) come after the CUDA graphs
-# (warmup/plan.py says why); moe before any phase runs a forward, so none autotunes.
+# (warmup/plan.py says why); moe before any phase runs a forward, so none autotunes; the
+# determinism check last, over every path warmed.
 PLAN_PHASES = (LOAD, FLASHINFER, MOE, COMPILE, PREFILL, DECODE, MIXED, CUDA_GRAPHS, SAMPLER,
-               STRUCTURED)
+               STRUCTURED, DETERMINISM)
 # Only a tensor-parallel runner (warmgate.server.distributed) runs this one, right after load
 # (every collective at every size class, on every rank); a TP=1 plan is PLAN_PHASES.
 DISTRIBUTED = "distributed"

@@ -38,6 +38,8 @@ class SkipReason(enum.Enum):
     NOT_MOE = "NOT_MOE"
     # The weights are not FP8: no FP8 GEMM to warm.
     NOT_FP8 = "NOT_FP8"
+    # --deterministic is off: the determinism check has nothing to prove.
+    NOT_DETERMINISTIC = "NOT_DETERMINISTIC"
 
 
 @dataclass
@@ -117,6 +119,8 @@ class WarmupReport:
     model: str = ""
     # The --cache-dir entry (warmgate.server.cache.CacheInfo.to_dict()); None without one.
     compile_cache: dict[str, Any] | None = None
+    # The runner runs --deterministic (batch-invariant kernels).
+    deterministic: bool = False
 
     @property
     def succeeded(self) -> bool:
@@ -138,4 +142,5 @@ class WarmupReport:
             "attention_backend": self.attention_backend,
             "model": self.model,
             "compile_cache": self.compile_cache,
+            "deterministic": self.deterministic,
         }

@@ -9,7 +9,7 @@ only, never of the row count, and no reduction is split across programs:
 - `log_softmax`: one program per row, the vocabulary walked in fixed-size chunks;
 - `rms_norm`: kernels/rms_norm.py already is one program per row reducing the whole row in one
   block, so it is re-exported here rather than duplicated (tests pin that property).
-Not wired into the runner yet: `--deterministic` will select these paths.
+`--deterministic` selects them on CUDA (kernels/invariant_ops.py).
 """
 
 from __future__ import annotations

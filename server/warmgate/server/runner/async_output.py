@@ -13,7 +13,7 @@ place of the placeholders. On the CPU the same code runs; the copy has simply ha
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -85,8 +85,11 @@ class DeviceTokens:
     """The last launched step's sampled tokens on the device, and the pinned host buffers
     they are copied into (two: step N's is read after step N+1's copy was queued)."""
 
-    def __init__(self, max_num_reqs: int, device: torch.device) -> None:
+    def __init__(self, max_num_reqs: int, device: torch.device,
+                 log_softmax: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """log_softmax: the logprobs' normaliser (the runner's ops'; None: torch's)."""
         self.device = device
+        self._log_softmax = log_softmax
         pin = device.type == "cuda"
         self._host = [torch.zeros(max_num_reqs, dtype=torch.int64, pin_memory=pin)
                       for _ in range(2)]
@@ -117,7 +120,7 @@ class DeviceTokens:
         if wanted:  # gathered for the device's tokens, read with them
             rows = to_device([i for i, _ in wanted], torch.long, tokens.device)
             on_device = logprob_table(logits, rows, tokens.index_select(0, rows),
-                                      max(n for _, n in wanted))
+                                      max(n for _, n in wanted), self._log_softmax)
             table = torch.empty(on_device.shape, dtype=on_device.dtype,
                                 pin_memory=self.device.type == "cuda")
             table.copy_(on_device, non_blocking=True)

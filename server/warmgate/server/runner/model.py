@@ -65,6 +65,15 @@ def _projection(layer: nn.Module, name: str, rows: int, cols: int, fp8: FP8Confi
     setattr(layer, name + "_input_scale", input_scale)
 
 
+def _linear(ops: TorchOps, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+            input_scale: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A projection: FP8 through runner.fp8_linear, a served-dtype weight through the ops'
+    linear (batch invariant under --deterministic)."""
+    if scale is None:
+        return ops.linear(x, weight, bias)
+    return fp8_linear(x, weight, scale, input_scale, bias)
+
+
 def _per_head_rms_norm(ops: TorchOps, x: torch.Tensor, weight: torch.Tensor,
                        eps: float) -> torch.Tensor:
     """x: [T, heads, D] -> RMSNorm over D of every head, same shape."""
@@ -115,7 +124,8 @@ class DecoderLayer(nn.Module):
         _projection(self, "o_proj", h, self.q_size, fp8, device, dtype)
         self.post_attention_layernorm = _param(h, **kw)  # [H]
         # A MoE layer's MLP is its routed experts (runner.moe); a dense one's is one SwiGLU.
-        self.moe = (MoEBlock(config, device, dtype, launches=moe_launches) if config.is_moe
+        self.moe = (MoEBlock(config, device, dtype, launches=moe_launches, row_wise=ops.row_wise)
+                    if config.is_moe
                     else None)
         self.gate_up_proj: nn.Parameter | None = None  # [2I, H]: gate rows, then up rows
         self.down_proj: nn.Parameter | None = None  # [H, I]
@@ -151,8 +161,8 @@ class DecoderLayer(nn.Module):
         ops = self.ops if ops is None else ops
         num_tokens = hidden.shape[0]
         x, residual = ops.rms_norm(hidden, self.input_layernorm, self.eps, residual)
-        qkv = fp8_linear(x, self.qkv_proj, self.qkv_proj_scale, self.qkv_proj_input_scale,
-                         self.qkv_bias)  # [T, (Hq + 2Hk) D]
+        qkv = _linear(ops, x, self.qkv_proj, self.qkv_proj_scale, self.qkv_proj_input_scale,
+                      self.qkv_bias)  # [T, (Hq + 2Hk) D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -169,16 +179,16 @@ class DecoderLayer(nn.Module):
         """attn: [T, Hq D] -> (hidden [T, H], residual [T, H]): output projection, norm,
         SwiGLU MLP."""
         ops = self.ops if ops is None else ops
-        x = fp8_linear(attn, self.o_proj, self.o_proj_scale, self.o_proj_input_scale)
+        x = _linear(ops, attn, self.o_proj, self.o_proj_scale, self.o_proj_input_scale)
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         x, residual = ops.rms_norm(x, self.post_attention_layernorm, self.eps, residual)
         if self.moe is not None:
             return self.moe(x), residual
         assert self.gate_up_proj is not None and self.down_proj is not None
-        x = ops.silu_and_mul(fp8_linear(x, self.gate_up_proj, self.gate_up_proj_scale,
-                                        self.gate_up_proj_input_scale))  # [T, I]
-        x = fp8_linear(x, self.down_proj, self.down_proj_scale, self.down_proj_input_scale)
+        x = ops.silu_and_mul(_linear(ops, x, self.gate_up_proj, self.gate_up_proj_scale,
+                                     self.gate_up_proj_input_scale))  # [T, I]
+        x = _linear(ops, x, self.down_proj, self.down_proj_scale, self.down_proj_input_scale)
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         return x, residual
@@ -248,5 +258,5 @@ class LlamaModel(nn.Module):
         if self.config.is_pooling_model:
             raise RuntimeError("compute_logits: a pooling model has no language-model head")
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        logits = F.linear(hidden, head)
+        logits = self.ops.linear(hidden, head)
         return logits if self.tp is None else self.tp.gather_logits(logits)

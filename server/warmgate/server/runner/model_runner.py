@@ -24,6 +24,7 @@ from warmgate.server.runner.attention import AttentionSpec, create_backend
 from warmgate.server.runner.attention.base import AttentionMetadata
 from warmgate.server.runner.batch import BatchKind
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
+from warmgate.server.runner.default_ops import default_ops
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.loading import allocate_kv, load_model, load_stats
 from warmgate.server.runner.moe_tuning import attach_moe_tuning
@@ -65,18 +66,6 @@ class _PendingStep:
     prompt_logprobs: dict[str, PromptLogprobs]
 
 
-def default_ops(config: RunnerConfig) -> TorchOps:
-    """Triton kernels for norms, activation and rotary on CUDA when a GPU backend is in use;
-    torch everywhere else (the CPU path never imports triton)."""
-    if config.device.device.startswith("cuda") and config.device.attention_backend != "torch":
-        from warmgate.server.kernels.ops import TritonOps
-        from warmgate.server.kernels.triton_key import start_triton_key
-
-        start_triton_key()  # Triton's cache key, hashed while the weights load
-        return TritonOps()  # type: ignore[return-value]  # same methods as TorchOps
-    return TorchOps()
-
-
 def _require_resolved(config: RunnerConfig) -> None:
     if not config.is_resolved:
         raise ValueError("ModelRunner needs a resolved config (no 'auto' left in device, "
@@ -116,13 +105,14 @@ class ModelRunner(RunnerSettings):
             tensor_parallel.on_first_use = lambda name, seconds: self.jit_monitor.record(
                 COMMUNICATOR_SETUP, name=name, seconds=seconds)
         self._choose_forward()
-        self.sampler = Sampler()
+        self.sampler = Sampler(log_softmax=self.ops.log_softmax,
+                               row_wise=self.config.numerics.deterministic)
         # Structured output's bitmask rows: 1 per request, 1 + k with drafts, at most.
         self.token_bitmask = TokenBitmaskBuffer(
             min(self.max_num_reqs * self.decode_query_len, self.max_num_tokens),
             config.model.vocab_size, self.device)
         self.input_batch = self._create_input_batch()
-        self.device_tokens = DeviceTokens(self.max_num_reqs, self.device)
+        self.device_tokens = DeviceTokens(self.max_num_reqs, self.device, self.ops.log_softmax)
         self.limits = self._step_limits()
         self.load_stats = load_stats(config, loaded, kv)
         # For tests and warmup checks: the last execute_model's logits (grammar-masked in place).
@@ -144,7 +134,8 @@ class ModelRunner(RunnerSettings):
             block_size=self.config.cache.block_size, num_blocks=self.kv_cache_config.num_blocks,
             max_blocks_per_req=self.config.max_blocks_per_req, max_num_reqs=self.max_num_reqs,
             max_num_tokens=self.max_num_tokens, dtype=self.dtype, device=self.device,
-            decode_query_len=self.decode_query_len)
+            decode_query_len=self.decode_query_len,
+            deterministic=self.config.numerics.deterministic)
         self.attention_backend = create_backend(self.config.device.attention_backend,
                                                 self.attention_spec)
         self.model.backend = self.attention_backend
@@ -197,7 +188,8 @@ class ModelRunner(RunnerSettings):
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
         self.last_logits, self.last_logits_req_ids = logits, inputs.logits_req_ids
         prompt_lp = prompt_logprobs(hidden, scheduled, inputs.meta.query_start_loc_cpu,
-                                    self.model.compute_logits, self.max_num_reqs)
+                                    self.model.compute_logits, self.max_num_reqs,
+                                    self.ops.log_softmax)
         self._pending = _PendingStep(scheduled=scheduled, logits=logits,
                                      prompt_logprobs=prompt_lp)
         return None

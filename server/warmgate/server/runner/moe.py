@@ -25,6 +25,7 @@ from torch import nn
 
 from warmgate.server.config.moe_kernel import ExpertShape, MoELaunch, check_moe_kernel_shape
 from warmgate.server.config.runner_config import ModelConfig
+from warmgate.server.runner.deterministic_ops import by_rows
 from warmgate.server.runner.fp8_linear import FP8_DTYPE, dequantize, scale_shape
 from warmgate.server.runner.moe_launches import MoELaunches
 
@@ -86,11 +87,14 @@ class MoEBlock(nn.Module):
     """A layer's routed experts: [T, H] -> [T, H]."""
 
     def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype,
-                 experts: ExpertsFn | None = None, launches: MoELaunches | None = None
-                 ) -> None:
+                 experts: ExpertsFn | None = None, launches: MoELaunches | None = None,
+                 row_wise: bool = False) -> None:
         if experts is None and device.type == "cuda":  # the kernel will run: fail the load,
             check_moe_kernel_shape(config)  # before any allocation, naming the field
         super().__init__()
+        # --deterministic on the CPU: routing and experts one token at a time (the torch
+        # reference's GEMM shapes and softmax then never depend on the other tokens).
+        self.row_wise = row_wise
         e, h, inter = config.num_experts, config.hidden_size, config.moe_intermediate_size
         self.top_k = config.num_experts_per_tok
         self.renormalize = config.norm_topk_prob
@@ -126,5 +130,10 @@ class MoEBlock(nn.Module):
                                 w13_scale=self.w13_scale, w2_scale=self.w2_scale)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.row_wise:
+            return by_rows(self._route_and_run, hidden)
+        return self._route_and_run(hidden)
+
+    def _route_and_run(self, hidden: torch.Tensor) -> torch.Tensor:
         weights, ids = route(F.linear(hidden, self.router), self.top_k, self.renormalize)
         return self.experts(hidden, weights, ids)

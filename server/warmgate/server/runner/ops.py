@@ -32,6 +32,8 @@ class TorchOps:
     """Reference implementations in plain torch; correct on CPU and CUDA."""
 
     name = "torch"
+    # Whether every reduction runs one token row at a time (--deterministic on the CPU).
+    row_wise = False
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,6 +49,15 @@ class TorchOps:
         variance = xf.pow(2).mean(dim=-1, keepdim=True)
         normed = (xf * torch.rsqrt(variance + eps)).to(x.dtype)
         return normed * weight, x
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [T, K] @ weight [N, K]^T (+ bias [N]) -> [T, N]: every projection and the head."""
+        return F.linear(x, weight) if bias is None else F.linear(x, weight, bias)
+
+    def log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits: [R, V] -> float32 log-probabilities [R, V] (the logprobs' normaliser)."""
+        return torch.log_softmax(logits.float(), dim=-1)
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, 2I] holding gate then up -> [T, I] = silu(gate) * up."""

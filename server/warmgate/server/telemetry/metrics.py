@@ -66,7 +66,7 @@ def _label(value: str, allowed: Iterable[str]) -> str:
 
 
 class Metrics:
-    def __init__(self, tensor_parallel_size: int = 1) -> None:
+    def __init__(self, tensor_parallel_size: int = 1, deterministic: bool = False) -> None:
         self._ranks = tuple(str(r) for r in range(max(1, tensor_parallel_size)))
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -113,7 +113,7 @@ class Metrics:
         self.rpc_duration = Histogram("warmgate_rpc_duration_seconds", "RPC handling time.",
                                       ["method"], buckets=RPC_BUCKETS, registry=r)
         # The Generate path's series, on the same registry.
-        self.serving = ServingMetrics(r)
+        self.serving = ServingMetrics(r, deterministic)
         self.set_state("pending")
         self.ready.set(0)
         self._initialise_label_sets()

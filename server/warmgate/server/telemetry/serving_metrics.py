@@ -26,8 +26,12 @@ STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 
 
 class ServingMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, deterministic: bool = False) -> None:
         r = registry
+        self.deterministic = deterministic
+        self.deterministic_requests = Counter(
+            "warmgate_deterministic_requests_total", "Generate requests ended while the server "
+            "runs --deterministic (batch-invariant kernels; 0 without it).", registry=r)
         self.requests = Counter("warmgate_generate_requests_total",
                                 "Generate requests ended, by finish reason.",
                                 ["finish_reason"], registry=r)
@@ -105,6 +109,8 @@ class ServingMetrics:
                        arrival_s: float) -> None:
         self.requests.labels(finish_reason=reason if reason in FINISH_REASONS
                              else "error").inc()
+        if self.deterministic:
+            self.deterministic_requests.inc()
         self.generated.inc(completion_tokens)
         self.drafts.inc(usage.num_draft_tokens)
         self.accepted.inc(usage.num_accepted_draft_tokens)

@@ -11,13 +11,16 @@ outside a captured graph (runner/eager_tokens.py: padded eager batches, graphs),
 replay chooses nothing. The four
 projections of a decoder layer repeat in every layer, so one sweep per distinct weight covers
 every layer; the vocabulary head runs eagerly on every step, at 1..max logits rows. On CUDA
-only: the CPU's GEMMs keep no per-shape state.
+only: the CPU's GEMMs keep no per-shape state. Each GEMM is the model's own (its ops'
+`linear`): under --deterministic the batch-invariant Triton matmul, which compiles here, once
+per weight shape (the row count is not a specialisation), instead of cuBLAS choosing.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -69,17 +72,20 @@ def gemm_key(weight: torch.Tensor, max_m: int) -> str:
     return f"{n}x{k}:{str(weight.dtype).removeprefix('torch.')}:m1..{max_m}"
 
 
-def gemm_sweep(weight: torch.Tensor, max_m: int) -> SizeSweep:
-    """F.linear of `weight` at M = 1..max_m tokens, on one zero input sliced to M. The input
-    exists from the sweep's first call to its call at max_m (every run of a sweep ends there):
-    the plan's sweeps are built at once, and inputs held for all of them would add up."""
+def gemm_sweep(weight: torch.Tensor, max_m: int,
+               linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear,
+               ) -> SizeSweep:
+    """linear (the model's) of `weight` at M = 1..max_m tokens, on one zero input sliced to
+    M. The input exists from the sweep's first call to its call at max_m (every run of a
+    sweep ends there): the plan's sweeps are built at once, and inputs held for all of them
+    would add up."""
     held: list[torch.Tensor] = []
 
     def call(m: int) -> torch.Tensor:
         if not held:
             held.append(torch.zeros(max_m, weight.shape[1], device=weight.device,
                                     dtype=weight.dtype))
-        out = F.linear(held[0][:m], weight)
+        out = linear(held[0][:m], weight)
         if m == max_m:
             held.clear()
         return out
@@ -97,7 +103,7 @@ def sweep_gemm_shapes(model_runner: WarmupRunner, tracker: PhaseProgress | None 
     count = 0
     for weight, ms in plan:
         if ms:
-            call = gemm_sweep(weight, ms[-1]).call
+            call = gemm_sweep(weight, ms[-1], model_runner.model.ops.linear).call
             for m in ms:
                 call(m)
             count += len(ms)

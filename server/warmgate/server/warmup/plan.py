@@ -32,6 +32,7 @@ from warmgate.server.core.phases import (
     COMPILE,
     CUDA_GRAPHS,
     DECODE,
+    DETERMINISM,
     DISTRIBUTED,
     FLASHINFER,
     LOAD,
@@ -54,6 +55,7 @@ from warmgate.server.core.results import (
 from warmgate.server.jit import JitMonitor
 from warmgate.server.telemetry.report_log import log_phase
 from warmgate.server.warmup.compile_phase import run_compile_warmup
+from warmgate.server.warmup.determinism import run_determinism_check
 from warmgate.server.warmup.gemm_background import (
     GemmSweepThread,
     abandon_gemm_sweeps,
@@ -124,7 +126,7 @@ def load_runner(config: RunnerConfig, *, jit_monitor: JitMonitor | None = None
 
 
 def _flashinfer_phase(runner: WarmupRunner) -> PhaseResult:
-    backend = runner.config.device.attention_backend
+    backend = runner.attention_backend.name  # --deterministic runs flashinfer's as triton
     if backend != "flashinfer":
         return PhaseResult.skipped(FLASHINFER, SkipReason.BACKEND_NOT_SELECTED,
                                    f"attention backend is {backend}, not flashinfer")
@@ -242,6 +244,8 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
         ((SAMPLER,), sampler),
         ((STRUCTURED,), lambda report: [run_structured_warmup(
             runner, runner.execute_model, runner.sample_tokens, progress=report)]),
+        ((DETERMINISM,), lambda _: [run_determinism_check(
+            runner, runner.execute_model, runner.sample_tokens)]),
     ]
     names: tuple[str, ...] = PHASES
     if getattr(runner, "tensor_parallel", None) is not None:
@@ -285,7 +289,8 @@ def _report(runner: WarmupRunner, phases: list[PhaseResult], seconds: float) -> 
     report = WarmupReport(
         outcome=WarmupOutcome.FAILED if failed else WarmupOutcome.SUCCEEDED, phases=phases,
         total_duration_s=seconds, config_hash=cfg.config_hash(), device=cfg.device.device,
-        attention_backend=cfg.device.attention_backend, model=cfg.model.name)
+        attention_backend=cfg.device.attention_backend, model=cfg.model.name,
+        deterministic=cfg.numerics.deterministic)
     return report  # its summary line is the caller's (the server's report_log)
 
 

@@ -99,7 +99,8 @@ def sampler_sweeps(model_runner: WarmupRunner) -> list[SizeSweep]:
 
     def logprobs(top: int) -> SizeSweep:
         return SizeSweep(f"logprobs:top{top}:v{vocab}:{dt}:m1..{rows}", rows,
-                         lambda m: gather_logprobs(logits(), range(m), [0] * m, [top] * m),
+                         lambda m: gather_logprobs(logits(), range(m), [0] * m, [top] * m,
+                                                   sampler.log_softmax),
                          device)
 
     sweeps = [sample(v) for v in VARIANTS]

@@ -7,6 +7,7 @@ The names, modules and libraries are config.attention_backends' table; `import f
 from __future__ import annotations
 
 import importlib
+import logging
 
 from warmgate.server.config.attention_backends import (
     ATTENTION_BACKENDS,
@@ -19,6 +20,8 @@ from warmgate.server.runner.attention.base import (
     AttentionSpec,
 )
 
+logger = logging.getLogger(__name__)
+
 
 def get_backend_class(name: str) -> type[AttentionBackend]:
     if name not in ATTENTION_BACKENDS:
@@ -30,6 +33,12 @@ def get_backend_class(name: str) -> type[AttentionBackend]:
 
 
 def create_backend(name: str, spec: AttentionSpec) -> AttentionBackend:
+    """The backend `name`; --deterministic routes flashinfer through our Triton kernels (its
+    decode and prefill wrappers reduce in different orders, and split the KV by batch)."""
+    if spec.deterministic and name == "flashinfer":
+        logger.info("deterministic: flashinfer attention runs the Triton varlen kernel "
+                    "(one fixed key-tile order for every query row)")
+        name = "triton"
     return get_backend_class(name)(spec)
 
 

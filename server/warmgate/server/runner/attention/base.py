@@ -24,6 +24,9 @@ class AttentionSpec:
     device: torch.device
     # 1 + num_speculative_steps: the query length of every request in a uniform decode.
     decode_query_len: int = 1
+    # --deterministic: every query row reduces over its keys in one fixed order, whatever
+    # the batch and however its request's tokens were split into steps.
+    deterministic: bool = False
 
     @property
     def scale(self) -> float:

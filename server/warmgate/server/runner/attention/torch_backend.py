@@ -33,7 +33,7 @@ class TorchAttentionBackend(AttentionBackend):
         if rope is not None:  # fuses_rope is False: the model rotates q and k itself
             raise ValueError("the torch attention backend does not apply the rotary embedding")
         self._write_kv(k, v, kv_cache, meta.slot_mapping)
-        if meta.is_uniform_decode:
+        if meta.is_uniform_decode and not self.spec.deterministic:
             return self._uniform_decode(q, kv_cache, meta)
         return self._varlen(q, kv_cache, meta)
 
@@ -82,26 +82,38 @@ class TorchAttentionBackend(AttentionBackend):
     def _varlen(self, q: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         spec = self.spec
-        group = spec.num_heads // spec.num_kv_heads
         starts = meta.query_start_loc_cpu.tolist()
         seq_lens = meta.seq_lens_cpu.tolist()
         out = q.new_zeros(q.shape)
         for i in range(meta.num_reqs):
             start, end, seq_len = starts[i], starts[i + 1], seq_lens[i]
             n = end - start
-            if n == 0:
-                continue
-            blocks = meta.block_table[i, :cdiv(seq_len, spec.block_size)]
-            keys = kv_cache[0][blocks].reshape(-1, spec.num_kv_heads, spec.head_dim)[:seq_len]
-            values = kv_cache[1][blocks].reshape(-1, spec.num_kv_heads,
-                                                 spec.head_dim)[:seq_len]
-            qi = q[start:end].reshape(n, spec.num_kv_heads, group, spec.head_dim).float()
-            scores = torch.einsum("qhgd,khd->hgqk", qi, keys.float()) * spec.scale
-            q_pos = torch.arange(seq_len - n, seq_len, device=q.device)  # [n]
-            k_pos = torch.arange(seq_len, device=q.device)  # [seq_len]
-            visible = k_pos[None, :] <= q_pos[:, None]  # [n, seq_len]
-            scores = scores.masked_fill(~visible, _MASKED)
-            probs = torch.softmax(scores, dim=-1)
-            oi = torch.einsum("hgqk,khd->qhgd", probs, values.float())
-            out[start:end] = oi.reshape(n, spec.num_heads, spec.head_dim).to(q.dtype)
+            # --deterministic: each query token alone over exactly its own keys, so its
+            # GEMM and softmax shapes depend on its position only (runner.deterministic_ops).
+            pieces = ([(start + j, start + j + 1, seq_len - n + j + 1) for j in range(n)]
+                      if spec.deterministic else [(start, end, seq_len)] if n else [])
+            for piece in pieces:
+                self._attend(q, out, kv_cache, meta.block_table[i], *piece)
         return out
+
+    def _attend(self, q: torch.Tensor, out: torch.Tensor, kv_cache: torch.Tensor,
+                table_row: torch.Tensor, start: int, end: int, seq_len: int) -> None:
+        """Query tokens start:end, the last ones of a sequence of seq_len, into out."""
+        spec = self.spec
+        group = spec.num_heads // spec.num_kv_heads
+        n = end - start
+        blocks = table_row[:cdiv(seq_len, spec.block_size)]
+        keys = kv_cache[0][blocks].reshape(-1, spec.num_kv_heads, spec.head_dim)[:seq_len]
+        values = kv_cache[1][blocks].reshape(-1, spec.num_kv_heads,
+                                             spec.head_dim)[:seq_len]
+        qi = q[start:end].reshape(n, spec.num_kv_heads, group, spec.head_dim).float()
+        scores = torch.einsum("qhgd,khd->hgqk", qi, keys.float()) * spec.scale
+        q_pos = torch.arange(seq_len - n, seq_len, device=q.device)  # [n]
+        k_pos = torch.arange(seq_len, device=q.device)  # [seq_len]
+        visible = k_pos[None, :] <= q_pos[:, None]  # [n, seq_len]
+        scores = scores.masked_fill(~visible, _MASKED)
+        # As rows of a 2-D tensor: torch's CPU softmax over the last dim of a 4-D one takes a
+        # slow path (3 ms for 200 elements).
+        probs = torch.softmax(scores.reshape(-1, seq_len), dim=-1).view(scores.shape)
+        oi = torch.einsum("hgqk,khd->qhgd", probs, values.float())
+        out[start:end] = oi.reshape(n, spec.num_heads, spec.head_dim).to(q.dtype)

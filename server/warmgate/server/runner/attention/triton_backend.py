@@ -59,7 +59,11 @@ class TritonAttentionBackend(AttentionBackend):
         else:
             q = rope_and_cache(q, k, v, rope.positions, rope.cos_sin_cache, kv_cache[0],
                                kv_cache[1], meta.slot_mapping)
-        if meta.is_uniform_decode:
+        # --deterministic: the varlen kernel for every batch. Its key tiles are a fixed size
+        # from key 0 for every row, with no split, so a token's attention is the same bits in
+        # a prefill chunk, a decode or a verification, alone or batched (the decode kernel's
+        # other tile shape and its splits would reduce in another order).
+        if meta.is_uniform_decode and not self.spec.deterministic:
             return paged_attention_decode(
                 q, kv_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
                 scale=self.spec.scale, query_len=meta.max_query_len,

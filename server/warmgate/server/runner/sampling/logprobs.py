@@ -6,7 +6,7 @@ vLLM's default logprobs mode; a row's rank is 1 + the number of tokens strictly 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -19,22 +19,29 @@ __all__ = ["MAX_LOGPROBS", "gather_logprobs"]
 
 
 def gather_logprobs(logits: torch.Tensor, rows: Sequence[int], token_ids: Sequence[int],
-                    num_top: Sequence[int]) -> list[TokenLogprobs]:
+                    num_top: Sequence[int],
+                    log_softmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    ) -> list[TokenLogprobs]:
     """For each i: token_ids[i]'s logprob and rank at logits row rows[i], with that row's
-    num_top[i] most likely tokens. One host->device copy and one sync."""
+    num_top[i] most likely tokens. One host->device copy and one sync. log_softmax: [n, V]
+    -> float32 [n, V] (the runner's ops'; None: torch's)."""
     n = len(rows)
     if n == 0:
         return []
     idx = to_device([*rows, *token_ids], torch.long, logits.device)
-    table = logprob_table(logits, idx[:n], idx[n:], max(num_top))
+    table = logprob_table(logits, idx[:n], idx[n:], max(num_top), log_softmax)
     return read_logprob_table(table.tolist(), token_ids, num_top)  # the one sync
 
 
 def logprob_table(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor,
-                  k: int) -> torch.Tensor:
+                  k: int, log_softmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                  ) -> torch.Tensor:
     """On the device: per row rows[i] of logits, token_ids[i]'s logprob and rank, then the k
-    most likely logprobs and ids ([n, 2 + 2k] float64; ids < 2**53 are exact)."""
-    lp = torch.log_softmax(logits.index_select(0, rows).float(), dim=-1)  # [n, V]
+    most likely logprobs and ids ([n, 2 + 2k] float64; ids < 2**53 are exact). log_softmax:
+    [n, V] -> float32 [n, V] (the runner's ops'; None: torch's)."""
+    picked = logits.index_select(0, rows)
+    lp = (torch.log_softmax(picked.float(), dim=-1) if log_softmax is None
+          else log_softmax(picked))  # [n, V] float32
     chosen = lp.gather(1, token_ids[:, None])  # [n, 1]
     rank = (lp > chosen).sum(dim=-1, keepdim=True) + 1
     parts = [chosen.double(), rank.double()]

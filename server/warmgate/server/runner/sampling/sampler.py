@@ -4,7 +4,7 @@ the race (-> for verification, the leading accepted drafts)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -16,8 +16,22 @@ from warmgate.server.runner.sampling.seeded import SeededStream
 from warmgate.server.runner.sampling.warpers import choose_tokens
 from warmgate.server.runner.scheduler_output import SamplingParams
 
+LogSoftmax = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits.float(), dim=-1)
+
 
 class Sampler:
+    def __init__(self, log_softmax: LogSoftmax = _log_softmax, row_wise: bool = False) -> None:
+        """log_softmax: [R, V] -> float32 [R, V], the logprobs' normaliser (the runner's ops:
+        batch invariant under --deterministic). row_wise (--deterministic): every sampled
+        row's probabilities are computed alone, so a seeded row's draw depends only on its
+        logits and (seed, position), never on the rows beside it."""
+        self.log_softmax = log_softmax
+        self.row_wise = row_wise
+
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
                streams: Sequence[SeededStream | None],
                histories: Sequence[TokenHistory] | None = None,
@@ -31,7 +45,7 @@ class Sampler:
             x = apply_logits_processors(x, SamplingRows.of(params, histories,
                                                                 logits.device))
         gens = [s.generators(1, logits.device)[0] if s is not None else None for s in streams]
-        return choose_tokens(x, params, gens)
+        return choose_tokens(x, params, gens, self.row_wise)
 
     def verify(self, logits: torch.Tensor, draft_token_ids: Sequence[Sequence[int]],
                params: Sequence[SamplingParams], streams: Sequence[SeededStream | None],
@@ -67,4 +81,4 @@ class Sampler:
         gens = [g for s, d in zip(streams, draft_token_ids, strict=True)
                 for g in (s.generators(len(d) + 1, dev) if s is not None
                           else [None] * (len(d) + 1))]
-        return layout.accept(choose_tokens(x, row_params, gens))
+        return layout.accept(choose_tokens(x, row_params, gens, self.row_wise))

@@ -74,7 +74,7 @@ def sample_step(sampler: Sampler, logits: torch.Tensor, scheduled: Sequence[Sche
     else:
         flat = sampler.sample(logits, params, streams, histories, token_bitmask).tolist()
         tokens, accepted = [[t] for t in flat], [0] * len(flat)
-    logprobs = sampled_logprobs(logits, sampling, tokens)
+    logprobs = sampled_logprobs(logits, sampling, tokens, sampler.log_softmax)
     by_req = {s.req_id: (t, a) for s, t, a in zip(sampling, tokens, accepted, strict=True)}
     for s in sampling:
         s.state.output_token_ids.extend(by_req[s.req_id][0])

@@ -18,9 +18,12 @@ from warmgate.server.runner.request_state import ScheduledRequest
 from warmgate.server.runner.sampling.logprobs import gather_logprobs
 from warmgate.server.runner.scheduler_output import PromptLogprobs, TokenLogprobs
 
+LogSoftmax = Callable[[torch.Tensor], torch.Tensor]
+
 
 def sampled_logprobs(logits: torch.Tensor, sampling: Sequence[ScheduledRequest],
-                     tokens: Sequence[Sequence[int]]) -> list[list[TokenLogprobs]] | None:
+                     tokens: Sequence[Sequence[int]], log_softmax: LogSoftmax | None = None,
+                     ) -> list[list[TokenLogprobs]] | None:
     """Per sampling request, one entry per appended token (its k_i + 1 rows start at the sum
     of the earlier requests' rows); None when no request asked."""
     wanted = [s.state.sampling_params.logprobs if s.state.sampling_params else None
@@ -37,14 +40,15 @@ def sampled_logprobs(logits: torch.Tensor, sampling: Sequence[ScheduledRequest],
             ids += toks
             tops += [n] * len(toks)
         first += s.num_logits_rows
-    flat = iter(gather_logprobs(logits, rows, ids, tops))
+    flat = iter(gather_logprobs(logits, rows, ids, tops, log_softmax))
     return [[next(flat) for _ in toks] if n is not None else []
             for n, toks in zip(wanted, tokens, strict=True)]
 
 
 def prompt_logprobs(hidden: torch.Tensor, scheduled: Sequence[ScheduledRequest],
                     query_starts: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor],
-                    max_rows: int) -> dict[str, PromptLogprobs]:
+                    max_rows: int, log_softmax: LogSoftmax | None = None,
+                    ) -> dict[str, PromptLogprobs]:
     """For every request that asked and whose step reads prompt positions p with p + 1 still
     in the prompt: those positions' logprobs. hidden [T, H]; query_starts [R + 1] on the host."""
     out: dict[str, PromptLogprobs] = {}
@@ -63,6 +67,6 @@ def prompt_logprobs(hidden: torch.Tensor, scheduled: Sequence[ScheduledRequest],
             first_row = int(query_starts[i]) + lo - start
             logits = head(hidden[first_row:first_row + hi - lo])
             entries += gather_logprobs(logits, range(hi - lo), prompt[lo + 1:hi + 1],
-                                       [params.prompt_logprobs] * (hi - lo))
+                                       [params.prompt_logprobs] * (hi - lo), log_softmax)
         out[s.req_id] = PromptLogprobs(start, entries)
     return out

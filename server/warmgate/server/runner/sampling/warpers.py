@@ -16,18 +16,31 @@ from warmgate.server.runner.scheduler_output import SamplingParams
 
 
 def choose_tokens(x: torch.Tensor, params: Sequence[SamplingParams],
-                  generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+                  generators: Sequence[torch.Generator | None],
+                  row_wise: bool = False) -> torch.Tensor:
     """One token per row of x [N, V]: the argmax for greedy rows, a draw for the others. An
-    all-greedy batch never draws random numbers (vLLM issue 54455 was that path left cold)."""
+    all-greedy batch never draws random numbers (vLLM issue 54455 was that path left cold).
+    row_wise (--deterministic): each drawn row's softmax, sort and cumsum run on it alone,
+    whose kernels then cannot pick another split for another row count."""
     greedy = x.argmax(dim=-1)
     if all(p.is_greedy for p in params):
         return greedy
-    probs = probabilities(x, params)
-    sampled = (probs / _noise(probs, generators)).argmax(dim=-1)
+    if row_wise:
+        return torch.cat([greedy[i:i + 1] if p.is_greedy
+                          else _draw(x[i:i + 1].clone(), [p], [generators[i]])
+                          for i, p in enumerate(params)])
+    sampled = _draw(x, params, generators)
     if not any(p.is_greedy for p in params):
         return sampled
     mask = to_device([p.is_greedy for p in params], torch.bool, greedy.device)
     return torch.where(mask, greedy, sampled)
+
+
+def _draw(x: torch.Tensor, params: Sequence[SamplingParams],
+          generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """The race's winner per row of x [N, V] -> [N]."""
+    probs = probabilities(x, params)
+    return (probs / _noise(probs, generators)).argmax(dim=-1)
 
 
 def probabilities(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

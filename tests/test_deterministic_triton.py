@@ -1,0 +1,78 @@
+"""--deterministic's CUDA path on the CPU through the Triton interpreter: the batch-invariant
+ops (matmul, log-softmax, the row-wise RMSNorm) and the varlen attention kernel for every
+batch pass the determinism phase, at k = 0 and 3; `flashinfer` is routed to that kernel.
+
+On a machine with CUDA the interpreter is not forced and the same checks run on the GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton")
+
+from triton.runtime.interpreter import InterpretedFunction
+
+from tests.runner_helpers import tiny_config
+from warmgate.server.core.results import PhaseStatus
+from warmgate.server.kernels.batch_invariant import _matmul_kernel
+from warmgate.server.kernels.invariant_ops import BatchInvariantOps
+from warmgate.server.runner.attention import AttentionMetadata, AttentionSpec, create_backend
+from warmgate.server.runner.attention.triton_backend import TritonAttentionBackend
+from warmgate.server.runner.model_runner import ModelRunner
+from warmgate.server.warmup.determinism import run_determinism_check
+
+DEVICE = "cpu" if isinstance(_matmul_kernel, InterpretedFunction) else "cuda"
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    pytest.skip("the kernels were compiled for the GPU (TRITON_INTERPRET is off) and there is "
+                "no CUDA device", allow_module_level=True)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_the_triton_deterministic_path_passes_the_determinism_phase(k: int) -> None:
+    c = tiny_config(attention_backend="triton", num_spec=k, device=DEVICE)
+    c = dataclasses.replace(c, numerics=dataclasses.replace(c.numerics, deterministic=True))
+    runner = ModelRunner(c, ops=BatchInvariantOps())  # type: ignore[arg-type]
+    assert runner.attention_backend.spec.deterministic
+    phase = run_determinism_check(runner, runner.execute_model, runner.sample_tokens)
+    assert phase.status is PhaseStatus.RAN, phase.detail
+
+
+def test_deterministic_flashinfer_attention_is_the_triton_varlen_kernel() -> None:
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, num_blocks=8,
+                         max_blocks_per_req=4, max_num_reqs=2, max_num_tokens=16,
+                         dtype=torch.float32, device=torch.device(DEVICE), deterministic=True)
+    assert isinstance(create_backend("flashinfer", spec), TritonAttentionBackend)
+
+
+def test_a_deterministic_uniform_decode_never_runs_the_decode_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under the interpreter the two kernels happen to agree bit for bit (one split, the same
+    # tile), so only the routing itself can be checked here; on a GPU they differ.
+    from warmgate.server.runner.attention import triton_backend
+
+    def forbidden(*_args: object, **_kwargs: object) -> torch.Tensor:
+        raise AssertionError("the split decode kernel ran under --deterministic")
+
+    monkeypatch.setattr(triton_backend, "paged_attention_decode", forbidden)
+    c = tiny_config(attention_backend="triton", device=DEVICE)
+    c = dataclasses.replace(c, numerics=dataclasses.replace(c.numerics, deterministic=True))
+    runner = ModelRunner(c, ops=BatchInvariantOps())  # type: ignore[arg-type]
+    seen: list[bool] = []
+    real_forward = runner.attention_backend.forward
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        meta = next(a for a in [*args, *kwargs.values()] if isinstance(a, AttentionMetadata))
+        seen.append(meta.is_uniform_decode)
+        return real_forward(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner.attention_backend, "forward", spy)
+    phase = run_determinism_check(runner, runner.execute_model, runner.sample_tokens)
+    assert phase.status is PhaseStatus.RAN, phase.detail
+    assert any(seen)  # uniform decodes did run
