@@ -74,7 +74,8 @@ class EngineHost:
         self.engine = PlanEngine(config.runner, faults=faults, cache=compile_cache_of(config))
         self.engine.jit_monitor.add_listener(lambda event: out.send(wire.JIT, event))
         self.engine.on_fatal = self._worker_lost
-        self._limits = SchedulerLimits.of_config(config.runner)
+        self._limits = SchedulerLimits.of_config(
+            config.runner, async_scheduling=config.serving.async_scheduling)
         self._jobs: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self._yield = threading.Event()
         self._cancel = threading.Event()
