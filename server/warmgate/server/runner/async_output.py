@@ -98,7 +98,8 @@ class DeviceTokens:
         self._tokens: torch.Tensor | None = None
         if pin:  # fill_inputs' two kernels load now (CUDA lazy loading), not at a request
             rows = torch.zeros(1, dtype=torch.int64, device=device)
-            rows.index_copy_(0, rows, rows.index_select(0, rows))
+            # A separate destination: index_copy_ refuses to write into its own index.
+            torch.zeros_like(rows).index_copy_(0, rows, rows.index_select(0, rows))
 
     def launch(self, tokens: torch.Tensor, scheduled: Sequence[ScheduledRequest],
                template: ModelRunnerOutput, logits: torch.Tensor) -> AsyncModelOutput:
