@@ -130,6 +130,11 @@ def _bind(server: grpc.aio.Server, host: str, port: int, security: ServerSecurit
 def _default_engine(config: ServerConfig) -> PlanEngine | RemoteEngine:
     if config.engine_process:
         return RemoteEngine.start(config)
+    return local_engine(config)
+
+
+def local_engine(config: ServerConfig) -> PlanEngine:
+    """The runner and plan in this process."""
     faults = FaultInjector(config.faults) if config.faults else None
     if faults is not None:
         logger.warning("FAULT INJECTION ON (test only): %s", config.faults)

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import TextIO
 
-from warmgate.server.app import _default_engine
+from warmgate.server.app import local_engine
 from warmgate.server.config.server_config import ServerConfig
 from warmgate.server.core.failures import FatalDeviceError
 from warmgate.server.core.results import (
@@ -41,7 +41,9 @@ def _print(report: WarmupReport, config: ServerConfig, out: TextIO) -> None:
 
 def run_warmup_only(config: ServerConfig, *, out: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
-    engine = _default_engine(config)
+    # In this process even with --engine-process: that flag keeps the step loop off the gRPC
+    # server's GIL, and a warmup-only run has no gRPC server.
+    engine = local_engine(config)
     start = time.perf_counter()
     try:
         load = engine.load()
