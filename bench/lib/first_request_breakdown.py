@@ -4,7 +4,9 @@ the steady requests, in one process (client and server share the clock).
     python bench/warm.py first-request --mode breakdown [--gap-s 0.25 --repeats 20] \
         --model llama-3.2-1b --device cuda --num-speculative-steps 3   (server flags)
 
-Every request follows --gap-s of idleness; a first request faster than the steady median
+The serving loop runs in this process (--no-engine-process), where the timers can wrap it; the
+client's time around the step is therefore the in-process server's. Every request follows
+--gap-s of idleness; a first request faster than the steady median
 here, with slower ones across fresh server processes, points at run-to-run host noise.
 """
 
@@ -67,8 +69,10 @@ async def one(c: AsyncWarmgateClient, prompt: list[int]) -> dict[str, float]:
 
 
 async def body(flags: Sequence[str], gap: float, repeats: int, prompt_len: int) -> None:
+    # The loop in this process (--no-engine-process): the timers wrap its classes here.
     config = load_server_config(["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1",
-                                 "--no-warmup-on-start", *flags], environ={})
+                                 "--no-warmup-on-start", "--no-engine-process", *flags],
+                                environ={})
     vocab = config.runner.model.vocab_size
     rng = random.Random(0)
     server = await create_server(config)
