@@ -44,8 +44,8 @@ def test_every_sampling_feature_runs_in_the_sampler_phase(num_spec: int,
     logprob_steps: list[int] = []
     original_sampled = step.sampled_logprobs
 
-    def sampled(logits: Any, sampling: Any, tokens: Any) -> Any:
-        out = original_sampled(logits, sampling, tokens)
+    def sampled(logits: Any, sampling: Any, tokens: Any, *rest: Any) -> Any:
+        out = original_sampled(logits, sampling, tokens, *rest)
         if out is not None:
             logprob_steps.append(sum(len(e) for e in out))
             assert any(len(e.top) == MAX_LOGPROBS for per in out for e in per)
