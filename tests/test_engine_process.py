@@ -281,3 +281,35 @@ def test_errors_cross_with_the_type_and_fields_their_stream_status_depends_on() 
     fatal = failure_of_wire(*pickle.loads(pickle.dumps((error, phase))))
     assert isinstance(fatal, FatalDeviceError) and fatal.phase == "serving"
     assert str(fatal.cause) == "CUDA error: x"
+
+
+def _serial_steps(text: str, reason: str) -> float:
+    match = re.search(rf'warmgate_serial_steps_total{{reason="{reason}"}} (\S+)', text)
+    assert match is not None, text
+    return float(match.group(1))
+
+
+def test_the_engine_process_overlaps_steps_unless_told_not_to() -> None:
+    """--async-scheduling reaches the engine's serving loop (it once ran every step serially
+    there): a penalties request can't overlap, and only the overlapping loop says so."""
+    counted: dict[bool, float] = {}
+    tokens: dict[bool, list[list[int]]] = {}
+
+    async def body(flags: tuple[str, ...], overlapped: bool) -> None:
+        config = server_config("--engine-process", "--max-model-len", "256", *flags)
+        async with serving(config) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
+            await c.warmup_kernels()
+
+            async def one(i: int) -> list[int]:
+                return [t async for m in c.generate(prompt(4 + 3 * i, offset=i), max_tokens=10,
+                                                    ignore_eos=True, presence_penalty=0.5)
+                        for t in m.token_ids]
+
+            tokens[overlapped] = list(await asyncio.gather(*[one(i) for i in range(3)]))
+            text = await asyncio.to_thread(_scrape, s.metrics_port)
+            counted[overlapped] = _serial_steps(text, "penalties")
+
+    run(body((), True), 180)
+    run(body(("--no-async-scheduling",), False), 180)
+    assert counted[True] > 0 and counted[False] == 0, counted
+    assert tokens[True] == tokens[False]
