@@ -17,6 +17,9 @@ COMMANDS = {
     "first-request": Command("first_request.py", "--mode batch|probe|touch|profile|ttft|"
                                                  "breakdown|options|...: first after ready / "
                                                  "steady median, and where the extra goes"),
+    "served": Command("served_coverage.py", "random Generate requests with every sampling "
+                                            "option against a real server: compiles, autotunes "
+                                            "and graph misses after ready, first/steady TTFT"),
     "kernel-map-touch": Command("kernel_map_touch.py", "the first GEMM at a token count the "
                                                        "warmup skipped against the same again"),
 }
