@@ -64,7 +64,9 @@ def test_generate_is_unavailable_until_ready_then_matches_the_reference_loop(
             assert got.finish_reason == "length" and got.usage is not None
             assert got.usage.completion_tokens == 12 and got.usage.prompt_tokens == 40
             assert got.token_times_s == sorted(got.token_times_s)
-            assert got.usage.time_to_first_token_s == pytest.approx(got.token_times_s[0])
+            # The first message carries the first token, or (a reader slower than the steps)
+            # it and the ones after it, stamped when the last of them was ready.
+            assert 0 < got.usage.time_to_first_token_s <= got.token_times_s[0] + 1e-6
             # Same preset and seeded weights; a budget that takes the prompt in one step.
             wide = dataclasses.replace(config.runner, scheduler=dataclasses.replace(
                 config.runner.scheduler, max_num_batched_tokens=64))

@@ -119,7 +119,8 @@ def test_text_to_a_model_without_a_tokenizer_names_the_missing_file(tmp_path: Pa
                         assert str(tmp_path) in violation.description
                 await eventually(lambda: s.controller.model_loaded, 60)
                 got, texts = await collect(c, [1, 2, 3], max_tokens=3)
-                assert len(got.token_ids) == 3 and texts == ["", "", ""]  # no text to give
+                # No text to give; one message per step, and a slow reader's tokens coalesce.
+                assert len(got.token_ids) == 3 and texts and set(texts) == {""}
 
     run(body(), 120)
 
