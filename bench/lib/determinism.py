@@ -158,7 +158,7 @@ def _free_cuda() -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     add_runner_args(p)
     p.add_argument("--probes", type=int, default=20)
     p.add_argument("--tokens", type=int, default=32)
