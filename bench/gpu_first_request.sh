@@ -23,12 +23,7 @@ OUT=/tmp/gpu-first-request
 mkdir -p "$OUT" "$FINAL"
 # The tarball is written however the call ends (a part's timeout, the call's own limit).
 trap 'tar czf "$FINAL/gpu-first-request.tgz" -C "$OUT" .' EXIT
-if compgen -G ".whl/*.whl" >/dev/null; then  # wheels carried for a bare machine
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD/client:$PWD/server${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source bench/lib/gpu_env.sh  # the carried wheels and PYTHONPATH
 PARTS=${PARTS:-tests fixed probe long}
 FIXED_RUNS=${FIXED_RUNS:-3}
 TRITON_RUNS=${TRITON_RUNS:-$FIXED_RUNS}

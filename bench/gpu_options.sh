@@ -27,12 +27,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/warmgate-out}
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then  # wheels carried for a bare machine, as gpu_session.sh
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD/client:$PWD/server${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source bench/lib/gpu_env.sh  # the carried wheels and PYTHONPATH
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-base}
 CKPT=${CKPT:-/tmp/ckpt-1b-text}
 FIRST_K=${FIRST_K:-3}

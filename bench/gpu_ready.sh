@@ -14,12 +14,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/warmgate-out}
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then  # wheels carried for a bare machine
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD/client:$PWD/server${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source bench/lib/gpu_env.sh  # the carried wheels and PYTHONPATH
 PARTS=${PARTS:-1b}
 RUNS=${RUNS:-5}
 RUNS_8B=${RUNS_8B:-2}

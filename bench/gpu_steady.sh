@@ -16,12 +16,7 @@ FINAL=${OUT:-/tmp/warmgate-out}
 OUT=/tmp/gpu-steady
 mkdir -p "$OUT" "$FINAL"
 trap 'tar czf "$FINAL/gpu-steady.tgz" -C "$OUT" .' EXIT
-if compgen -G ".whl/*.whl" >/dev/null; then  # wheels carried for a bare machine
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD/client:$PWD/server${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source bench/lib/gpu_env.sh  # the carried wheels and PYTHONPATH
 # One FlashInfer JIT cache for every part of the call: only the first user pays the cold JIT.
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-base}
 PARTS=${PARTS:-tests kernels throughput}
