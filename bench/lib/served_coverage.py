@@ -72,10 +72,12 @@ def after_ready(metrics_text: str) -> AfterReady:
 def request_kwargs(params: SamplingParams, max_tokens: int) -> dict[str, Any]:
     """The Generate options (client keyword arguments) that ask for `params`."""
     kw: dict[str, Any] = {"temperature": params.temperature, "top_k": params.top_k,
-                          "max_tokens": max(max_tokens, params.min_tokens),
+                          "max_tokens": max_tokens,
                           "presence_penalty": params.presence_penalty,
                           "frequency_penalty": params.frequency_penalty,
-                          "min_p": params.min_p, "min_tokens": params.min_tokens,
+                          # Within max_tokens: the prompt was sized to leave that much room.
+                          "min_p": params.min_p, "min_tokens": min(params.min_tokens,
+                                                                   max_tokens),
                           "stop_token_ids": list(params.stop_token_ids),
                           "logit_bias": dict(params.logit_bias)}
     if params.top_p < 1.0:
