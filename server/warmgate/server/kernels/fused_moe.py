@@ -29,11 +29,19 @@ from warmgate.server.config.fp8_config import FP8_BLOCK
 from warmgate.server.config.moe_kernel import (  # noqa: F401 (re-exported)
     LAUNCH_TABLE,
     MoELaunch,
+    bucket_of,
     launch_for,
     token_buckets,
 )
 from warmgate.server.kernels._launch import ieee_dots, upcast_dots
 from warmgate.server.kernels.fp8_block_gemm import quantize_groups
+from warmgate.server.kernels.moe_align import align_rows
+
+# Token-count buckets up to this one align their rows in one kernel (kernels.moe_align);
+# larger ones with torch ops, whose few launches cost nothing beside those batches' GEMMs.
+# Decided per bucket, not per token count, so each bucket's one warmup run compiles all the
+# kernels any token count in it launches.
+ALIGN_KERNEL_MAX_BUCKET = 256
 
 
 def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int
@@ -44,6 +52,14 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int
     padded to a multiple of block_m with T * k (no row); tile_experts is each tile's expert;
     num_padded the padded length actually used. R is the worst case, so no shape depends on
     the routing."""
+    if bucket_of(ids.shape[0]) <= ALIGN_KERNEL_MAX_BUCKET:
+        return align_rows(ids, num_experts, block_m)
+    return align_by_expert_torch(ids, num_experts, block_m)
+
+
+def align_by_expert_torch(ids: torch.Tensor, num_experts: int, block_m: int
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """align_by_expert in torch ops (a stable argsort), for batches past the kernel's."""
     flat = ids.reshape(-1)
     num_rows = flat.numel()
     counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)

@@ -33,6 +33,8 @@ from warmgate.server.runner.moe_launches import MoELaunches
 # kernel's launch) -> [T, H]; FP8 experts also take w13_scale= and w2_scale= (their 128x128
 # block scales).
 ExpertsFn = Callable[..., torch.Tensor]
+# (router logits [T, E], top_k, renormalize) -> (weights [T, k] float32, ids [T, k] int64)
+RouteFn = Callable[[torch.Tensor, int, bool], tuple[torch.Tensor, torch.Tensor]]
 
 
 def expert_shape(config: ModelConfig) -> ExpertShape:
@@ -83,12 +85,23 @@ def experts_for(device: torch.device) -> ExpertsFn:
     return fused_moe
 
 
+def routing_for(device: torch.device) -> RouteFn:
+    """On CUDA the router's softmax, top-k and renormalisation in one Triton kernel
+    (kernels.moe_route), where each torch op would be a launch of its own per layer; the
+    torch reference elsewhere."""
+    if device.type != "cuda":
+        return route
+    from warmgate.server.kernels.moe_route import route_topk
+
+    return route_topk
+
+
 class MoEBlock(nn.Module):
     """A layer's routed experts: [T, H] -> [T, H]."""
 
     def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype,
                  experts: ExpertsFn | None = None, launches: MoELaunches | None = None,
-                 row_wise: bool = False) -> None:
+                 row_wise: bool = False, routing: RouteFn | None = None) -> None:
         if experts is None and device.type == "cuda":  # the kernel will run: fail the load,
             check_moe_kernel_shape(config)  # before any allocation, naming the field
         super().__init__()
@@ -117,12 +130,15 @@ class MoEBlock(nn.Module):
                                          requires_grad=False)
         self.launches = MoELaunches(expert_shape(config)) if launches is None else launches
         self._experts_fn = experts_for(device) if experts is None else experts
-        # A graph break under torch.compile: the reference's loop is data-dependent, and the
-        # launch is looked up on the host per token-count bucket (state dynamo must not guard).
-        self.experts = torch.compiler.disable(self._run_experts)
+        self._route_fn = routing_for(device) if routing is None else routing
+        # A graph break under torch.compile: the reference's loop is data-dependent, the
+        # launch is looked up on the host per token-count bucket (state dynamo must not guard),
+        # and the routing kernel is launched as it is in eager mode.
+        self.experts = torch.compiler.disable(self._route_and_run_experts)
 
-    def _run_experts(self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
-                     ) -> torch.Tensor:
+    def _route_and_run_experts(self, hidden: torch.Tensor, logits: torch.Tensor
+                               ) -> torch.Tensor:
+        weights, ids = self._route_fn(logits, self.top_k, self.renormalize)
         launch = self.launches.launch(hidden.shape[0])
         if self.w13_scale is None:
             return self._experts_fn(hidden, self.w13, self.w2, weights, ids, launch)
@@ -135,5 +151,4 @@ class MoEBlock(nn.Module):
         return self._route_and_run(hidden)
 
     def _route_and_run(self, hidden: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(F.linear(hidden, self.router), self.top_k, self.renormalize)
-        return self.experts(hidden, weights, ids)
+        return self.experts(hidden, F.linear(hidden, self.router))

@@ -1,0 +1,88 @@
+"""The MoE routing kernels against the torch versions they replace on CUDA, through the Triton
+interpreter on the CPU: the router's softmax/top-k/renormalise (kernels.moe_route) and the
+rows' alignment by expert (kernels.moe_align), element for element, on expert counts that are
+not powers of two and row counts that cross the kernel's chunks.
+
+On a machine with CUDA the interpreter is not forced and the same checks run on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from triton.runtime.interpreter import InterpretedFunction
+
+from warmgate.server.config.runner_config import ModelConfig
+from warmgate.server.kernels.fused_moe import align_by_expert_torch, fused_moe
+from warmgate.server.kernels.moe_align import _align_kernel, align_rows
+from warmgate.server.kernels.moe_route import route_topk
+from warmgate.server.runner.moe import MoEBlock, route, routing_for, torch_moe
+
+DEVICE = "cpu" if isinstance(_align_kernel, InterpretedFunction) else "cuda"
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    pytest.skip("the kernels were compiled for the GPU (TRITON_INTERPRET is off) and there is "
+                "no CUDA device", allow_module_level=True)
+
+
+def _ids(tokens: int, experts: int, top_k: int, seed: int) -> torch.Tensor:
+    """Each token's top_k distinct experts, skewed so some experts get many rows, some none."""
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.rand(tokens, experts, generator=gen) * torch.linspace(1, 3, experts)
+    return scores.topk(top_k, dim=-1).indices.to(DEVICE)
+
+
+@pytest.mark.parametrize(("tokens", "experts", "top_k", "block_m"), [
+    (1, 128, 8, 16),  # Qwen3-30B-A3B decode: 8 rows, 120 experts empty
+    (3, 4, 2, 4),
+    (45, 6, 2, 16),  # more rows than a chunk of the 8-expert case? no: several tiles each
+    (300, 60, 4, 32),  # 1,200 rows: several chunks of 128, experts not a power of two
+    (256, 8, 2, 64),  # Mixtral-like
+])
+def test_the_alignment_kernel_equals_the_torch_version(tokens: int, experts: int, top_k: int,
+                                                        block_m: int) -> None:
+    ids = _ids(tokens, experts, top_k, seed=tokens)
+    want = align_by_expert_torch(ids, experts, block_m)
+    got = align_rows(ids, experts, block_m)
+    for name, w, g in zip(("sorted_rows", "tile_experts", "num_padded"), want, got,
+                          strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert torch.equal(g, w), name
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize(("tokens", "experts", "top_k"), [(1, 128, 8), (17, 60, 4), (5, 8, 2),
+                                                          (3, 6, 1)])
+def test_the_routing_kernel_equals_the_torch_route(tokens: int, experts: int, top_k: int,
+                                                    renormalize: bool) -> None:
+    gen = torch.Generator().manual_seed(experts + tokens)
+    logits = (torch.randn(tokens, experts, generator=gen) * 3).to(DEVICE)
+    want_w, want_i = route(logits, top_k, renormalize)
+    got_w, got_i = route_topk(logits, top_k, renormalize)
+    assert got_i.dtype == torch.int64 and got_w.dtype == torch.float32
+    assert torch.equal(got_i, want_i)  # the same experts, largest first
+    torch.testing.assert_close(got_w, want_w, rtol=1e-6, atol=1e-7)
+
+
+def test_a_tie_picks_the_lower_expert_first() -> None:
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0]], device=DEVICE)
+    weights, ids = route_topk(logits, 2, renormalize=True)
+    assert ids.tolist() == [[1, 3]]
+    torch.testing.assert_close(weights, torch.full((1, 2), 0.5, device=DEVICE))
+
+
+def test_the_block_routes_with_the_kernel_on_cuda_and_both_paths_agree() -> None:
+    assert routing_for(torch.device("cuda")) is route_topk
+    assert routing_for(torch.device("cpu")) is route
+    config = ModelConfig(architecture="qwen3_moe", hidden_size=48, num_experts=12,
+                         num_experts_per_tok=3, moe_intermediate_size=32, norm_topk_prob=True)
+    device = torch.device(DEVICE)
+    reference = MoEBlock(config, device, torch.float32, experts=torch_moe, routing=route)
+    kernels = MoEBlock(config, device, torch.float32, experts=fused_moe, routing=route_topk)
+    gen = torch.Generator().manual_seed(5)
+    for a, b in zip(reference.parameters(), kernels.parameters(), strict=True):
+        a.copy_(torch.randn(a.shape, generator=gen) / a.shape[-1] ** 0.5)
+        b.copy_(a)
+    x = torch.randn(9, 48, generator=gen).to(device)
+    torch.testing.assert_close(kernels(x), reference(x), rtol=1e-5, atol=1e-5)
