@@ -23,6 +23,7 @@ source bench/lib/gpu_env.sh  # the carried wheels and PYTHONPATH
 # One FlashInfer JIT cache for every part of the call: only the first user pays the cold JIT.
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-base}
 PARTS=${PARTS:-served}
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu SERVED=tiny:torch:0 DET=tiny:torch:0: a CPU dry run
 MODELS="qwen3-30b-a3b qwen3-30b-a3b-fp8 llama-3.1-8b-fp8"
 all_served() { for m in $MODELS; do for b in triton flashinfer; do for k in 0 3; do
   echo "$m:$b:$k"; done; done; done; }
@@ -46,7 +47,7 @@ served)
     name="served-$model-$backend-k$k"
     stage "$name"
     timeout "${SERVED_TIMEOUT:-420}" python3 bench/warm.py served --requests "$REQUESTS" \
-      --server-args "--model $model --device cuda --attention-backend $backend --num-speculative-steps $k $SHAPE" \
+      --server-args "--model $model --device $DEVICE --attention-backend $backend --num-speculative-steps $k $SHAPE" \
       >"$OUT/$name.txt" 2>"$OUT/$name.err"
     echo "exit $?; $(grep -E '^(ttft|after_ready)' "$OUT/$name.txt" | tr '\n' ' ')"
   done ;;
@@ -75,7 +76,7 @@ determinism)
     name="determinism-$model-$backend-k$k"
     stage "$name"
     timeout "${DET_TIMEOUT:-420}" python3 bench/serve.py determinism --probes "$PROBES" \
-      --busy-requests "$BUSY" --streams 64 --model "$model" --device cuda \
+      --busy-requests "$BUSY" --streams 64 --model "$model" --device "$DEVICE" \
       --attention-backend "$backend" --num-speculative-steps "$k" \
       >"$OUT/$name.txt" 2>"$OUT/$name.err"
     echo "exit $?"; tail -4 "$OUT/$name.txt"
