@@ -6,13 +6,8 @@ compiled kernels and the CUDA graphs.)"""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():  # before the kernels are defined, as in test_triton_kernels
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests.runner_helpers import full_prefill_logits, prompt, tiny_config
 from tests.serving_helpers import Served, greedy

@@ -11,15 +11,10 @@ Runs in the Triton interpreter on the CPU (compiled kernels when a GPU is presen
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import pytest
 import torch
-
-# Before the kernels are defined: without a GPU they can only run in the interpreter.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("triton")
 

@@ -7,13 +7,9 @@ On a machine with CUDA the interpreter is not forced and the same checks run on 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("triton")
 

@@ -5,14 +5,10 @@ and with the Triton kernels through the interpreter. (tests/gpu/ replays the rea
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():  # before the kernels are defined, as in test_triton_kernels
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests.runner_helpers import MiniScheduler, make_runner, prompt
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner

@@ -12,15 +12,9 @@ kernels on the GPU (tests/gpu/ has the real-shape versions).
 from __future__ import annotations
 
 import inspect
-import os
 
 import pytest
 import torch
-
-# Before the kernels are defined: without a GPU they can only run in the interpreter, on CPU
-# tensors. (With a GPU, forcing it here would also turn tests/gpu/ into interpreter runs.)
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("triton")
 
