@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 from triton.runtime.interpreter import InterpretedFunction
 
 from warmgate.server.config.runner_config import ModelConfig
-from warmgate.server.kernels.fused_moe import align_by_expert_torch, fused_moe
+from warmgate.server.kernels.fused_moe import align_by_expert_torch, fused_moe, sum_slots
 from warmgate.server.kernels.moe_align import _align_kernel, align_rows
 from warmgate.server.kernels.moe_route import route_topk
 from warmgate.server.runner.moe import MoEBlock, route, routing_for, torch_moe
@@ -86,3 +86,18 @@ def test_the_block_routes_with_the_kernel_on_cuda_and_both_paths_agree() -> None
         b.copy_(a)
     x = torch.randn(9, 48, generator=gen).to(device)
     torch.testing.assert_close(kernels(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("tokens", "top_k", "hidden"), [(1, 8, 2048), (5, 2, 48), (3, 3, 1100)])
+def test_each_tokens_rows_are_summed_in_float32(tokens: int, top_k: int, hidden: int,
+                                                dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(tokens)
+    rows = torch.randn(tokens, top_k, hidden, generator=gen).to(DEVICE, dtype)
+    want = rows.float().sum(dim=1).to(dtype)
+    got = sum_slots(rows)
+    assert got.dtype == dtype and got.shape == (tokens, hidden)
+    # float32 sums in another order; bf16 within one of its ulps (the interpreter's cast to
+    # bf16 truncates where the GPU's rounds).
+    tol = 1e-6 if dtype == torch.float32 else 2 ** -7
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)

@@ -33,7 +33,7 @@ from warmgate.server.config.moe_kernel import (  # noqa: F401 (re-exported)
     launch_for,
     token_buckets,
 )
-from warmgate.server.kernels._launch import ieee_dots, upcast_dots
+from warmgate.server.kernels._launch import elementwise_warps, ieee_dots, pow2, upcast_dots
 from warmgate.server.kernels.fp8_block_gemm import quantize_groups
 from warmgate.server.kernels.moe_align import align_rows
 
@@ -221,5 +221,30 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     else:
         _grouped_gemm(hidden, w13, act, weights, aligned, top_k, True, launch)
         _grouped_gemm(act, w2, out, weights, aligned, top_k, False, launch)
-    # k rows per token, summed in float32 as the reference's accumulation would be.
-    return out.view(num_tokens, top_k, hidden_size).float().sum(dim=1).to(hidden.dtype)
+    return sum_slots(out.view(num_tokens, top_k, hidden_size))
+
+
+@triton.jit
+def _sum_slots_kernel(x_ptr, out_ptr, hidden, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
+                      BLOCK_H: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    slots = tl.arange(0, K_POW2)
+    mask = (slots[:, None] < TOP_K) & (offs_h[None, :] < hidden)
+    rows = tl.load(x_ptr + (token * TOP_K + slots[:, None]) * hidden + offs_h[None, :],
+                   mask=mask, other=0.0).to(tl.float32)  # [K_POW2, BLOCK_H]
+    tl.store(out_ptr + token * hidden + offs_h, tl.sum(rows, axis=0).to(
+        out_ptr.dtype.element_ty), mask=offs_h < hidden)
+
+
+def sum_slots(rows: torch.Tensor) -> torch.Tensor:
+    """rows [T, k, H] (contiguous) -> [T, H] in their dtype: each token's k rows summed in
+    float32, as the reference accumulates them, in one launch (a float cast, a sum and a cast
+    back would be three, per MoE layer of a decode step's graph)."""
+    num_tokens, top_k, hidden = rows.shape
+    out = torch.empty(num_tokens, hidden, dtype=rows.dtype, device=rows.device)
+    block_h = min(pow2(hidden, 16), 1024)
+    _sum_slots_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+        rows, out, hidden, TOP_K=top_k, K_POW2=pow2(top_k), BLOCK_H=block_h,
+        num_warps=elementwise_warps(block_h))
+    return out
