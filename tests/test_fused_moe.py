@@ -26,7 +26,8 @@ from warmgate.server.kernels.fused_moe import (
     launch_for,
     token_buckets,
 )
-from warmgate.server.runner.moe import MoEBlock, experts_for, route, torch_moe
+from warmgate.server.kernels.moe_route import route_topk
+from warmgate.server.runner.moe import MoEBlock, experts_for, route, routing_for, torch_moe
 
 DEVICE = "cpu" if isinstance(_grouped_gemm_kernel, InterpretedFunction) else "cuda"
 if DEVICE == "cuda" and not torch.cuda.is_available():
@@ -88,14 +89,16 @@ def test_launch_table_covers_every_token_count_in_order() -> None:
         assert min(launch.block_m, launch.block_n, launch.block_k) >= 16
 
 
-def test_moe_block_runs_the_kernel_on_cuda_and_both_paths_agree() -> None:
+def test_moe_block_runs_the_kernels_on_cuda_and_both_paths_agree() -> None:
     assert experts_for(torch.device("cuda")) is fused_moe
     assert experts_for(torch.device("cpu")) is torch_moe
+    assert routing_for(torch.device("cuda")) is route_topk
+    assert routing_for(torch.device("cpu")) is route
     config = ModelConfig(architecture="mixtral", hidden_size=48, num_experts=5,
                          num_experts_per_tok=2, moe_intermediate_size=40, norm_topk_prob=True)
     device = torch.device(DEVICE)
     reference = MoEBlock(config, device, torch.float32, experts=torch_moe)
-    kernel = MoEBlock(config, device, torch.float32, experts=fused_moe)
+    kernel = MoEBlock(config, device, torch.float32, experts=fused_moe, routing=route_topk)
     gen = torch.Generator().manual_seed(3)
     for a, b in zip(reference.parameters(), kernel.parameters(), strict=True):
         a.copy_(torch.randn(a.shape, generator=gen) / a.shape[-1] ** 0.5)
