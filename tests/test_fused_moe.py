@@ -64,7 +64,7 @@ def test_fused_moe_equals_the_torch_reference(tokens: int, experts: int, top_k: 
 
 
 def test_rows_sorted_and_padded_by_expert() -> None:
-    ids = torch.tensor([[2, 0], [2, 1], [0, 2]])
+    ids = torch.tensor([[2, 0], [2, 1], [0, 2]], device=DEVICE)
     rows, tiles, used = align_by_expert(ids, num_experts=4, block_m=4)
     pad = ids.numel()
     # Flat rows token * k + slot. expert 0: rows 1, 4; expert 1: row 3; expert 2: rows 0,
