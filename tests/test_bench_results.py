@@ -12,7 +12,7 @@ RESULTS = ROOT / "bench" / "results"
 DOCS = (ROOT / "README.md", ROOT / "bench" / "README.md", RESULTS / "README.md")
 # A results file's name as the docs write it: in backticks or a link, or after bench/results/,
 # with {a,b} alternatives; a folder of logs ends with `-logs/`.
-CITED = re.compile(r"(?:bench/results/|results/|`|\[)((?:h200|cpu)-[A-Za-z0-9{},._-]*?"
+CITED = re.compile(r"(?:bench/results/|results/|`|\[)((?:h200|h100|cpu)-[A-Za-z0-9{},._-]*?"
                    r"(?:\.txt|\.json|\.\{[a-z,]+\}|-logs/?))")
 # Work periods, as names and text put them: session12a, session 12, the tenth session...
 PERIOD = re.compile(r"session[-_ ]?\d|(?<![\w/])sessions?(?![\w.])|\b(third|fourth|fifth|"
