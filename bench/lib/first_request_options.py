@@ -151,10 +151,15 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     return p
 
 
-def _after_ready(metrics_port: int) -> dict[str, float]:
+def scrape_metrics(metrics_port: int) -> str:
+    """The server's /metrics page, as Prometheus would read it."""
     url = f"http://127.0.0.1:{metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
+        return response.read().decode()  # type: ignore[no-any-return]
+
+
+def _after_ready(metrics_port: int) -> dict[str, float]:
+    text = scrape_metrics(metrics_port)
     return {k: sum(float(v) for v in pattern.findall(text))
             for k, pattern in AFTER_READY.items()}
 

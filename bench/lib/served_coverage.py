@@ -31,14 +31,13 @@ import re
 import shlex
 import statistics
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from first_request_configs import timed_request
 from first_request_generate import _warm_client, server_process
-from first_request_options import METRICS_PORT
+from first_request_options import AFTER_READY, METRICS_PORT, scrape_metrics
 
 from warmgate.server.devtools.random_batches import random_features, random_params
 from warmgate.server.runner.scheduler_output import SamplingParams
@@ -46,8 +45,6 @@ from warmgate.server.runner.scheduler_output import SamplingParams
 AFTER_READY_COMPILES = re.compile(
     r'^warmgate_jit_compiles_total\{(?=[^}]*after_ready="true")[^}]*kind="(\w+)"[^}]*\} (\S+)',
     re.M)
-AFTER_READY_MISSES = re.compile(
-    r'^warmgate_cuda_graph_misses_total\{[^}]*after_ready="true"[^}]*\} (\S+)', re.M)
 
 
 @dataclass(frozen=True)
@@ -65,7 +62,7 @@ def after_ready(metrics_text: str) -> AfterReady:
     compiles: Counter[str] = Counter()
     for kind, value in AFTER_READY_COMPILES.findall(metrics_text):
         compiles[kind] += int(float(value))
-    misses = sum(int(float(v)) for v in AFTER_READY_MISSES.findall(metrics_text))
+    misses = sum(int(float(v)) for v in AFTER_READY["graph_misses"].findall(metrics_text))
     return AfterReady({k: n for k, n in sorted(compiles.items()) if n}, misses)
 
 
@@ -143,11 +140,6 @@ async def run_waves(target: str, requests: list[tuple[list[int], dict[str, Any]]
     return tokens, errors, waves
 
 
-def _scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return response.read().decode()  # type: ignore[no-any-return]
-
-
 def _parser(prog: str | None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 2)[2],
@@ -210,7 +202,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
               f"{dict(errors) or 0}", flush=True)
         used = Counter(o for _, kw in requests for o in options_used(kw))
         print("options: " + ", ".join(f"{k} {n}" for k, n in sorted(used.items())))
-        counted = after_ready(_scrape(metrics_port))
+        counted = after_ready(scrape_metrics(metrics_port))
     print(f"after_ready: compiles {sum(counted.compiles.values())} "
           f"({', '.join(f'{k} {n}' for k, n in counted.compiles.items()) or 'none'}) "
           f"graph_misses {counted.graph_misses}")

@@ -35,7 +35,7 @@ from warmgate.server.config.moe_kernel import (  # noqa: F401 (re-exported)
 )
 from warmgate.server.kernels._launch import elementwise_warps, ieee_dots, pow2, upcast_dots
 from warmgate.server.kernels.fp8_block_gemm import quantize_groups
-from warmgate.server.kernels.moe_align import align_rows
+from warmgate.server.kernels.moe_align import align_rows, aligned_capacity
 
 # Token-count buckets up to this one align their rows in one kernel (kernels.moe_align);
 # larger ones with torch ops, whose few launches cost nothing beside those batches' GEMMs.
@@ -71,7 +71,7 @@ def align_by_expert_torch(ids: torch.Tensor, num_experts: int, block_m: int
     experts_sorted = flat[order]
     rank = (torch.arange(num_rows, device=ids.device)
             - (torch.cumsum(counts, 0) - counts)[experts_sorted])
-    capacity = triton.cdiv(num_rows + num_experts * (block_m - 1), block_m) * block_m
+    capacity = aligned_capacity(num_rows, num_experts, block_m)
     sorted_rows = torch.full((capacity,), num_rows, dtype=torch.int64, device=ids.device)
     sorted_rows[starts[experts_sorted] + rank] = order
     tile_starts = torch.arange(0, capacity, block_m, device=ids.device)

@@ -71,13 +71,19 @@ def _align_kernel(
     tl.store(num_padded_ptr, tl.sum(padded, axis=0).to(tl.int64))
 
 
+def aligned_capacity(num_rows: int, num_experts: int, block_m: int) -> int:
+    """The rows an alignment holds whatever the routing: every row, and each expert's run
+    padded by up to block_m - 1, in whole tiles (no shape depends on the routing)."""
+    return triton.cdiv(num_rows + num_experts * (block_m - 1), block_m) * block_m
+
+
 def align_rows(ids: torch.Tensor, num_experts: int, block_m: int
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ids [T, k] -> (sorted_rows [R], tile_experts [R / block_m], num_padded [1]), exactly as
     kernels.fused_moe.align_by_expert's torch version returns them (R the worst case)."""
     flat = ids.reshape(-1).contiguous()
     num_rows = flat.numel()
-    capacity = triton.cdiv(num_rows + num_experts * (block_m - 1), block_m) * block_m
+    capacity = aligned_capacity(num_rows, num_experts, block_m)
     sorted_rows = torch.empty(capacity, dtype=torch.int64, device=ids.device)
     tile_experts = torch.empty(capacity // block_m, dtype=torch.int64, device=ids.device)
     num_padded = torch.empty(1, dtype=torch.int64, device=ids.device)
