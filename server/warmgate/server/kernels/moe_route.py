@@ -4,6 +4,13 @@ division of renormalising), each a kernel of its own once per MoE layer in a dec
 CUDA graph. One program per token: the softmax over all experts in float32, the top k by k
 passes of argmax (the largest first, the lower expert id first on a tie, as torch.topk returns
 them), then the k weights renormalised to sum to 1 when the architecture says so.
+
+A token whose logits hold a NaN or an infinity has no probabilities (NaN all along, as the
+torch softmax gives): its weights are NaN, as torch's are, and its experts the lowest ids, so
+that every id names a real expert. Such tokens are real: the rows of a captured graph's
+padding tokens, which no request owns, hold whatever their buffers held, and the rows'
+alignment by expert indexes with every id (one past the last expert made it write out of
+bounds).
 """
 
 from __future__ import annotations
@@ -29,13 +36,14 @@ def _route_kernel(
     p = tl.exp(x - tl.max(x, axis=0))
     p = p / tl.sum(p, axis=0)
     p = tl.where(real, p, -1.0)  # below every probability: never picked
+    p = tl.where(p == p, p, -0.5)  # NaN: above the unreal and the picked, below any number
     slots = tl.arange(0, K_POW2)
     top_w = tl.zeros((K_POW2,), dtype=tl.float32)
     top_i = tl.zeros((K_POW2,), dtype=tl.int32)
     for j in tl.static_range(TOP_K):
         best = tl.max(p, axis=0)
         pick = tl.min(tl.where(p == best, experts, E_POW2), axis=0)  # the lowest id on a tie
-        top_w = tl.where(slots == j, best, top_w)
+        top_w = tl.where(slots == j, tl.where(best >= 0.0, best, float("nan")), top_w)
         top_i = tl.where(slots == j, pick, top_i)
         p = tl.where(experts == pick, -1.0, p)
     if RENORMALIZE:
