@@ -62,7 +62,7 @@ ModelForward = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], Attenti
 @dataclass
 class _PendingStep:
     scheduled: list[ScheduledRequest]
-    logits: torch.Tensor  # [num_logits_rows, V] float32
+    logits: torch.Tensor  # [num_logits_rows, V] in the model's dtype
     prompt_logprobs: dict[str, PromptLogprobs]
 
 
@@ -116,7 +116,7 @@ class ModelRunner(RunnerSettings):
         self.limits = self._step_limits()
         self.load_stats = load_stats(config, loaded, kv)
         # For tests and warmup checks: the last execute_model's logits (grammar-masked in place).
-        self.last_logits: torch.Tensor | None = None  # [rows, V] float32
+        self.last_logits: torch.Tensor | None = None  # [rows, V], the model's dtype
         self.last_logits_req_ids: list[str] = []
         self._pending: _PendingStep | None = None
         # Set by capture_cuda_graphs (the warmup's last phase); None means every batch is eager.
