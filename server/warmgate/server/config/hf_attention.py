@@ -17,13 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from warmgate.server.config.config_notes import ConfigNote, note
+from warmgate.server.config.hf_defaults import HF_DEFAULTS
 from warmgate.server.config.model_load_error import ModelLoadError
-
-# What transformers assumes when config.json leaves a key out (each configuration_*.py).
-_DEFAULT_SLIDING_WINDOW = 4096
-_DEFAULT_MAX_WINDOW_LAYERS = 28
-_DEFAULT_HEAD_DIM_QWEN3 = 128
-_DEFAULT_KV_HEADS = {"mistral": 8, "qwen2": 32, "qwen3": 32, "qwen3_moe": 4, "mixtral": 8}
 
 
 def head_dim(hf: dict[str, Any], arch: str, path: Path, notes: list[ConfigNote] | None) -> int:
@@ -34,10 +29,10 @@ def head_dim(hf: dict[str, Any], arch: str, path: Path, notes: list[ConfigNote] 
         # Qwen's attention reads getattr(config, "head_dim"), which is then None.
         raise ModelLoadError(path, "head_dim", f"null: {arch} needs a head size")
     if value is None:
-        if arch != "qwen3":
+        value = HF_DEFAULTS[arch].head_dim
+        if value is None:
             return derived
-        value = _DEFAULT_HEAD_DIM_QWEN3
-        note(notes, "head_dim", f"absent: Qwen3Config's default {value}")
+        note(notes, "head_dim", f"absent: the {arch} config's default {value}")
     if value != derived:
         note(notes, "head_dim", f"{value} overrides hidden_size / num_attention_heads = "
              f"{hidden} / {heads} = {derived}, as in transformers")
@@ -46,8 +41,8 @@ def head_dim(hf: dict[str, Any], arch: str, path: Path, notes: list[ConfigNote] 
 
 def num_kv_heads(hf: dict[str, Any], arch: str, notes: list[ConfigNote] | None) -> int:
     heads = int(hf["num_attention_heads"])
-    if "num_key_value_heads" not in hf and arch in _DEFAULT_KV_HEADS:
-        default = _DEFAULT_KV_HEADS[arch]
+    default = HF_DEFAULTS[arch].num_key_value_heads
+    if "num_key_value_heads" not in hf and default is not None:
         note(notes, "num_key_value_heads", f"absent: the {arch} config's default {default}, "
              f"not num_attention_heads {heads}, as in transformers")
         return default
@@ -63,9 +58,9 @@ def sliding_window(hf: dict[str, Any], arch: str, path: Path,
         if hf.get("layer_types") is not None:
             raise ModelLoadError(path, "layer_types", "per-layer attention types are not "
                                  f"supported for {arch}")
-        if "sliding_window" not in hf and arch == "mistral":
-            window = _DEFAULT_SLIDING_WINDOW
-            note(notes, "sliding_window", f"absent: MistralConfig's default {window}")
+        if "sliding_window" not in hf and HF_DEFAULTS[arch].sliding_window is not None:
+            window = HF_DEFAULTS[arch].sliding_window
+            note(notes, "sliding_window", f"absent: the {arch} config's default {window}")
         if hf.get("use_sliding_window") is False and window is not None:
             note(notes, "use_sliding_window", f"false is ignored: {arch} applies "
                  f"sliding_window {window} whatever it says, as in transformers", warning=True)
@@ -76,15 +71,15 @@ def sliding_window(hf: dict[str, Any], arch: str, path: Path,
                  "read it")
         return None
     if arch == "qwen3_moe" and hf.get("use_sliding_window"):
-        window = hf.get("sliding_window", _DEFAULT_SLIDING_WINDOW)
+        window = hf.get("sliding_window", HF_DEFAULTS[arch].sliding_window)
         return None if window is None else int(window)
     if not hf.get("use_sliding_window"):
         if window is not None:
             note(notes, "sliding_window", f"{window} is not applied: use_sliding_window is "
                  f"{str(hf.get('use_sliding_window', False)).lower()}, as in transformers")
         return None
-    window = hf.get("sliding_window", _DEFAULT_SLIDING_WINDOW)
-    start = hf.get("max_window_layers", _DEFAULT_MAX_WINDOW_LAYERS)
+    window = hf.get("sliding_window", HF_DEFAULTS[arch].sliding_window)
+    start = hf.get("max_window_layers", HF_DEFAULTS[arch].max_window_layers)
     layer_types = hf.get("layer_types") or [
         "sliding_attention" if i >= start else "full_attention"
         for i in range(hf["num_hidden_layers"])]

@@ -20,6 +20,7 @@ from typing import Any
 from warmgate.server.config.config_notes import ConfigNote, note
 from warmgate.server.config.fp8_config import quantized_modules
 from warmgate.server.config.hf_attention import head_dim, num_kv_heads, sliding_window
+from warmgate.server.config.hf_defaults import HF_DEFAULTS
 from warmgate.server.config.hf_fp8 import (
     check_ignore_list,
     fp8_from_hf,
@@ -57,10 +58,6 @@ _FIELD_KEYS = {**_HF_KEYS, "num_kv_heads": "num_key_value_heads", "head_dim": "h
                "tie_word_embeddings": "tie_word_embeddings", "fp8": "quantization_config"}
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
              "intermediate_size")
-# What transformers assumes when config.json leaves a key out (each configuration_*.py).
-_DEFAULT_RMS_NORM_EPS = 1e-6
-_DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768, "qwen3": 32768,
-                          "qwen3_moe": 32768, "mixtral": 4096 * 32}
 # More positions than any checkpoint of these architectures declares (Qwen2.5-1M: 1,010,000)
 # by 16x: a larger value is a broken file, and everything sized by it (the rope cache, the
 # automatic KV cache and block tables) would be absurd.
@@ -134,8 +131,8 @@ def _read(path: Path) -> tuple[dict[str, Any], str]:
         if hf.get(key) is None:
             raise ModelLoadError(path, key, "missing")
     # Only these two default on null too; a null sliding_window means "no window".
-    defaults = {"rms_norm_eps": _DEFAULT_RMS_NORM_EPS,
-                "max_position_embeddings": _DEFAULT_MAX_POSITIONS[arch]}
+    defaults = {"rms_norm_eps": HF_DEFAULTS[arch].rms_norm_eps,
+                "max_position_embeddings": HF_DEFAULTS[arch].max_position_embeddings}
     hf = {**hf, **{k: v for k, v in defaults.items() if hf.get(k) is None}}
     _check_types(hf, path)
     positions = hf["max_position_embeddings"]
@@ -176,7 +173,7 @@ def read_model_dir(directory: str | Path, **overrides: Any
     hf, arch = _read(path)
     _refuse_unimplemented(hf, arch, path)
     fields: dict[str, Any] = {f: hf[k] for f, k in _HF_KEYS.items()}
-    fields.update(architecture=arch, rope=rope_from_hf(hf, path, notes),
+    fields.update(architecture=arch, rope=rope_from_hf(hf, arch, path, notes),
                   num_kv_heads=num_kv_heads(hf, arch, notes),
                   head_dim=head_dim(hf, arch, path, notes),
                   tie_word_embeddings=_tied(hf, directory, notes),

@@ -13,14 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from warmgate.server.config.hf_defaults import HF_DEFAULTS, HFDefaults
 from warmgate.server.config.model_load_error import ModelLoadError
-
-# What the configuration classes assume when config.json leaves a key out.
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "qwen3_moe": {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
-                  "norm_topk_prob": False},
-    "mixtral": {"num_experts": 8, "num_experts_per_tok": 2},
-}
 
 
 def _int(hf: dict[str, Any], key: str, default: int, path: Path) -> int:
@@ -30,8 +24,9 @@ def _int(hf: dict[str, Any], key: str, default: int, path: Path) -> int:
     return value
 
 
-def _num_experts(hf: dict[str, Any], arch: str, path: Path) -> int:
-    default = _DEFAULTS[arch]["num_experts"]
+def _num_experts(hf: dict[str, Any], defaults: HFDefaults, path: Path) -> int:
+    default = defaults.num_experts
+    assert default is not None  # a MoE architecture's
     given = {k: hf[k] for k in ("num_experts", "num_local_experts") if hf.get(k) is not None}
     if len(set(map(repr, given.values()))) > 1:
         raise ModelLoadError(path, "num_local_experts", f"{given['num_local_experts']!r} "
@@ -43,15 +38,15 @@ def _num_experts(hf: dict[str, Any], arch: str, path: Path) -> int:
 
 def moe_fields(hf: dict[str, Any], arch: str, path: Path) -> dict[str, Any]:
     """The ModelConfig MoE fields of a config.json ({} for a dense architecture)."""
-    if arch not in _DEFAULTS:
+    defaults = HF_DEFAULTS[arch]
+    if defaults.num_experts is None or defaults.num_experts_per_tok is None:
         return {}
-    defaults = _DEFAULTS[arch]
     out: dict[str, Any] = {
-        "num_experts": _num_experts(hf, arch, path),
-        "num_experts_per_tok": _int(hf, "num_experts_per_tok",
-                                    defaults["num_experts_per_tok"], path)}
-    if arch == "mixtral":
-        out.update(moe_intermediate_size=_int(hf, "intermediate_size", 14336, path),
+        "num_experts": _num_experts(hf, defaults, path),
+        "num_experts_per_tok": _int(hf, "num_experts_per_tok", defaults.num_experts_per_tok,
+                                    path)}
+    if arch == "mixtral":  # intermediate_size is required of every config.json
+        out.update(moe_intermediate_size=_int(hf, "intermediate_size", 0, path),
                    norm_topk_prob=True)
         return out
     step = hf.get("decoder_sparse_step", 1)
@@ -61,11 +56,12 @@ def moe_fields(hf: dict[str, Any], arch: str, path: Path) -> dict[str, Any]:
     if hf.get("mlp_only_layers"):
         raise ModelLoadError(path, "mlp_only_layers", f"{hf['mlp_only_layers']!r}: dense MLP "
                              "layers in a MoE model are not implemented (only [] is)")
-    norm = hf.get("norm_topk_prob", defaults["norm_topk_prob"])
+    norm = hf.get("norm_topk_prob", defaults.norm_topk_prob)
     if not isinstance(norm, bool):
         raise ModelLoadError(path, "norm_topk_prob", f"{norm!r} is not true or false")
+    assert defaults.moe_intermediate_size is not None  # Qwen3-MoE's
     out.update(moe_intermediate_size=_int(hf, "moe_intermediate_size",
-                                          defaults["moe_intermediate_size"], path),
+                                          defaults.moe_intermediate_size, path),
                norm_topk_prob=norm)
     return out
 

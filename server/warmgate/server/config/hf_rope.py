@@ -5,8 +5,9 @@ Both formats transformers writes are read: 4.x (top-level `rope_theta`, `rope_sc
 value transformers 5 uses wins (its configuration_utils / modeling_rope_utils, checked
 against 5.25) and the reader records a note naming the key that was ignored:
 - `rope_scaling` over `rope_parameters` (transformers: `rope_scaling or rope_parameters`);
-  the winner's `rope_theta`, else the top-level `rope_theta`, else 10000: the loser's theta
-  is never read;
+  the winner's `rope_theta`, else the top-level `rope_theta`, else the architecture's
+  default (hf_defaults: 1e6 for Mixtral, 10000 for the others): the loser's theta is never
+  read;
 - the rope dict's `rope_theta` and `partial_rotary_factor` over the top-level keys;
 - `rope_type` over the older `type`;
 - a top-level `original_max_position_embeddings` over the dict's (the model's rotary reads
@@ -19,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from warmgate.server.config.config_notes import ConfigNote, note
+from warmgate.server.config.hf_defaults import HF_DEFAULTS
 from warmgate.server.config.model_load_error import ModelLoadError
 from warmgate.server.config.rope_config import RopeConfig, RopeError
 
-_DEFAULT_ROPE_THETA = 10000.0
 # Rope parameters that are numbers when present (a string would be read by float() or fail).
 _ROPE_NUMBERS = ("rope_theta", "factor", "original_max_position_embeddings", "low_freq_factor",
                  "high_freq_factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
@@ -38,17 +39,19 @@ def describe(rope: RopeConfig) -> str:
     return text
 
 
-def rope_from_hf(hf: dict[str, Any], path: Path, notes: list[ConfigNote] | None = None
-                 ) -> RopeConfig:
-    """The RopeConfig transformers builds from this config.json."""
+def rope_from_hf(hf: dict[str, Any], arch: str, path: Path,
+                 notes: list[ConfigNote] | None = None) -> RopeConfig:
+    """The RopeConfig transformers builds from this config.json of architecture `arch`."""
     scaling, parameters = hf.get("rope_scaling"), hf.get("rope_parameters")
+    theta = HF_DEFAULTS[arch].rope_theta
     if not scaling:
         key = "rope_parameters" if parameters is not None else "rope_scaling"
-        return _rope(hf, path, key, dict(parameters or {}), notes)
-    rope = _rope(hf, path, "rope_scaling", dict(scaling), notes)
+        return _rope(hf, path, key, dict(parameters or {}), theta, notes)
+    rope = _rope(hf, path, "rope_scaling", dict(scaling), theta, notes)
     if parameters:
         try:
-            ignored = describe(_rope(hf, path, "rope_parameters", dict(parameters), None))
+            ignored = describe(_rope(hf, path, "rope_parameters", dict(parameters), theta,
+                                     None))
         except ModelLoadError as exc:
             ignored = f"unusable: {exc.key}: {exc.message}"
         if ignored == describe(rope):
@@ -87,7 +90,7 @@ def _original_context(hf: dict[str, Any], params: dict[str, Any], key: str,
 
 
 def _rope(hf: dict[str, Any], path: Path, key: str, params: dict[str, Any],
-          notes: list[ConfigNote] | None) -> RopeConfig:
+          default_theta: float, notes: list[ConfigNote] | None) -> RopeConfig:
     if any(isinstance(v, dict) for v in params.values()):
         raise ModelLoadError(path, key, "per-layer-type rope parameters are not supported")
     for name in _ROPE_NUMBERS:
@@ -98,9 +101,9 @@ def _rope(hf: dict[str, Any], path: Path, key: str, params: dict[str, Any],
     if "rope_type" in params and params.get("type", rope_type) != rope_type:
         note(notes, f"{key}.type", f"{key}.type {params['type']!r} is ignored: "
              f"{key}.rope_type {rope_type!r} wins, as in transformers", warning=True)
-    # transformers' default_theta for all four architectures when the file names none.
+    # The config class's default_theta when the file names none.
     theta = _winner(notes, params, hf, key, "rope_theta")
-    theta = _DEFAULT_ROPE_THETA if theta is None else theta
+    theta = default_theta if theta is None else theta
     partial = _winner(notes, params, hf, key, "partial_rotary_factor")
     if partial is not None and partial != 1.0:
         raise ModelLoadError(path, f"{key}.partial_rotary_factor",
