@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from warmgate.server.config.safetensors_header import TensorEntry, read_header
+from warmgate.server.config.weight_index import weight_files
 
 HEAD = "lm_head.weight"
 EMBEDDINGS = "model.embed_tokens.weight"
@@ -40,7 +41,7 @@ def _find(files: list[Path], name: str) -> tuple[Path, TensorEntry] | None:
 def file_head(directory: Path) -> FileHead | None:
     """None when the weight files hold no lm_head.weight (or no embeddings to compare it
     with: the tensor check then names the missing one)."""
-    files = sorted(directory.glob("*.safetensors"))
+    files = list(weight_files(directory).files)
     head, embeddings = _find(files, HEAD), _find(files, EMBEDDINGS)
     if head is None or embeddings is None:
         return None

@@ -21,6 +21,7 @@ from warmgate.server.config.hf_config import (
 from warmgate.server.config.hf_moe import moe_weight_names
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.config.safetensors_header import TensorEntry, read_header
+from warmgate.server.config.weight_index import weight_files
 
 __all__ = ["MATCH_FIELDS", "TensorEntry", "check_config_matches", "expected_tensor_shapes",
            "index_weight_files", "read_header"]
@@ -126,18 +127,22 @@ def _ignorable(name: str, config: ModelConfig) -> bool:
 
 
 def index_weight_files(directory: str | Path, config: ModelConfig) -> dict[str, Path]:
-    """{tensor name: file} for every tensor the config needs; ModelLoadError naming the file
-    and tensor for a duplicate, missing, misshapen or unexpected one."""
+    """{tensor name: file} for every tensor the config needs, from the files an index lists
+    (config.weight_index); ModelLoadError naming the file and tensor for a duplicate,
+    missing, misshapen or unexpected one, or one the index places in another file."""
     directory = Path(directory)
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
+    listed = weight_files(directory)
+    if not listed.files:
         raise ModelLoadError(directory, "*.safetensors", "no weight files in the directory")
     expected = expected_tensor_shapes(config)
     where: dict[str, Path] = {}
-    for f in files:
+    for f in listed.files:
         for name, entry in read_header(f).items():
             if name in where:
                 raise ModelLoadError(f, name, f"also in {where[name].name}")
+            indexed = listed.weight_map.get(name, f) if listed.weight_map else f
+            if indexed != f:
+                raise ModelLoadError(f, name, f"the index places it in {indexed.name}")
             where[name] = f
             if name not in expected:
                 if _ignorable(name, config):

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.config.server_config import build_parser
+from warmgate.server.config.weight_index import weight_files
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +160,16 @@ def begin_cuda_context(device: str) -> BackgroundStartup:
     return startup
 
 
+def _weight_files(directory: str | None) -> list[Path]:
+    """The files the load will read; none when the index is broken (the load says so)."""
+    if not directory:
+        return []
+    try:
+        return list(weight_files(directory).files)
+    except (ValueError, OSError):  # ModelLoadError is a ValueError
+        return []
+
+
 def begin_background_startup(config: RunnerConfig,
                              startup: BackgroundStartup | None = None, *,
                              cuda: bool = True) -> BackgroundStartup:
@@ -169,7 +180,7 @@ def begin_background_startup(config: RunnerConfig,
     startup = startup if startup is not None else BackgroundStartup()
     device = config.device.device
     directory = config.model.weights_path
-    files = sorted(Path(directory).glob("*.safetensors")) if directory else []
+    files = _weight_files(directory)
     if cuda and wants_cuda(device) and "cuda" not in startup.names:
         startup.start("cuda", f"CUDA context ({device})", lambda: create_cuda_context(device))
     if files:

@@ -30,6 +30,7 @@ from warmgate.server.config.weight_files import (
     index_weight_files,
     read_header,
 )
+from warmgate.server.config.weight_index import log_unlisted, weight_files
 from warmgate.server.runner.fp8_linear import fill_fp8
 from warmgate.server.runner.fp8_weights import describe, fp8_load_targets, fp8_scale_views
 from warmgate.server.runner.model import LlamaModel
@@ -213,7 +214,8 @@ def save_weights(model: LlamaModel, config: ModelConfig, directory: str | Path,
 def load_weights(directory: str | Path, model: LlamaModel) -> int:
     """Copy every tensor of an HF Llama directory into the model (fusing q/k/v and gate/up).
 
-    Reads all *.safetensors files (one file or shards) through weight_stream: parallel reads
+    Reads the weight files (one file, or the shards model.safetensors.index.json lists:
+    config.weight_index) through weight_stream: parallel reads
     into pinned slices overlapped with the device copies. Returns the bytes copied.
     """
     directory = Path(directory)
@@ -236,6 +238,7 @@ def load_weights(directory: str | Path, model: LlamaModel) -> int:
         logger.info("model %s: %s", directory, describe(cfg.fp8))
     start = time.perf_counter()
     where = index_weight_files(directory, model.config)  # names and shapes checked
+    log_unlisted(weight_files(directory), directory)
     headers = {f: read_header(f) for f in set(where.values())}
     # Each target is a view into its fused parameter, so landing the bytes there is the fusion.
     # FP8 scales land in place, or (per-tensor and input scales) in temporaries spread or
