@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-transformers = pytest.importorskip("transformers")
-
 from warmgate.server.config.hf_config import HF_CLASS, model_config_from_hf
 from warmgate.server.config.hf_defaults import HF_DEFAULTS, HFDefaults
+
+transformers = pytest.importorskip("transformers")
 
 # hidden / heads = 64, unlike any default head size; 64 heads, unlike any default KV heads,
 # which all divide it.
