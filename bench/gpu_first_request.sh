@@ -48,9 +48,9 @@ tests)
     2>&1 | tee "$OUT/gpu-tests.txt" | tail -5 ;;
 fixed)
   stage "fixed configuration, $FIXED_RUNS fresh servers per arm"
-  configs h200-first-request-fixed-flashinfer flashinfer "$FIXED_RUNS" "0 48 4096 8192 16 300"
-  configs h200-first-request-fixed-triton triton "$TRITON_RUNS" "0 48 4096 8192 16 300"
-  configs h200-first-request-fixed-flashinfer-eager flashinfer "$EAGER_RUNS" \
+  configs ${CARD}-first-request-fixed-flashinfer flashinfer "$FIXED_RUNS" "0 48 4096 8192 16 300"
+  configs ${CARD}-first-request-fixed-triton triton "$TRITON_RUNS" "0 48 4096 8192 16 300"
+  configs ${CARD}-first-request-fixed-flashinfer-eager flashinfer "$EAGER_RUNS" \
     "0 48 4096 8192 16 300" "--no-ragged-cuda-graphs" ;;
 probe)
   stage "probe: the eager FlashInfer path's first 1x300 prefill"
@@ -63,24 +63,24 @@ probe)
     >"$OUT/probe-flashinfer-eager-segments.txt"; tail -30 "$OUT/probe-flashinfer-eager-segments.txt" ;;
 long)
   stage "a 2000-token prompt: FlashInfer with and without ragged graphs"
-  configs h200-long-prompt-flashinfer flashinfer 1 "0 48 4096 8192 16 2000"
-  configs h200-long-prompt-flashinfer-eager flashinfer 1 "0 48 4096 8192 16 2000" \
+  configs ${CARD}-long-prompt-flashinfer flashinfer 1 "0 48 4096 8192 16 2000"
+  configs ${CARD}-long-prompt-flashinfer-eager flashinfer 1 "0 48 4096 8192 16 2000" \
     "--no-ragged-cuda-graphs"
-  configs h200-long-prompt-triton triton 1 "0 48 4096 8192 16 2000" ;;
+  configs ${CARD}-long-prompt-triton triton 1 "0 48 4096 8192 16 2000" ;;
 configs)
   for b in flashinfer triton; do
     stage "$CONFIGS random configurations on $b"
     timeout "${CONFIGS_TIMEOUT:-280}" python3 bench/warm.py first-request --mode configs --model "$MODEL" --device cuda \
       --backends "$b" --configs "$CONFIGS" --seed 1 --vocab-size 128000 --repeats 8 --gap-s 0.3 \
-      --json "$OUT/h200-first-request-configs-$b.json" 2>"$OUT/configs-$b.err" \
-      | tee "$OUT/h200-first-request-configs-$b.txt" | tail -$((CONFIGS + 3))
+      --json "$OUT/${CARD}-first-request-configs-$b.json" 2>"$OUT/configs-$b.err" \
+      | tee "$OUT/${CARD}-first-request-configs-$b.txt" | tail -$((CONFIGS + 3))
   done ;;
 breakdown)
   for arm in "flashinfer" "flashinfer --no-ragged-cuda-graphs" "triton"; do
     stage "breakdown: $arm"
     timeout 120 python3 bench/warm.py first-request --mode breakdown --gap-s 0.5 --repeats 20 \
       --prompt-len 300 --model "$MODEL" --device cuda --attention-backend $arm $SHAPE \
-      --log-level WARNING 2>&1 | tee -a "$OUT/h200-first-request-breakdown.txt" | tail -4
+      --log-level WARNING 2>&1 | tee -a "$OUT/${CARD}-first-request-breakdown.txt" | tail -4
   done ;;
 breakdown-k3)
   # The random configurations' worst (k=3, 69 seqs, budget 6603, length 12665, a 392-token
@@ -91,7 +91,7 @@ breakdown-k3)
       --prompt-len 392 --model "$MODEL" --device cuda --attention-backend $b \
       --num-speculative-steps 3 --max-num-seqs 69 --max-num-batched-tokens 6603 \
       --max-model-len 12665 --log-level WARNING 2>&1 \
-      | tee -a "$OUT/h200-first-request-breakdown-k3.txt" | tail -4
+      | tee -a "$OUT/${CARD}-first-request-breakdown-k3.txt" | tail -4
   done ;;
 *) echo "unknown part: $part"; exit 2 ;;
 esac; done

@@ -48,15 +48,15 @@ served)
     stage "$name"
     timeout "${SERVED_TIMEOUT:-420}" python3 bench/warm.py served --requests "$REQUESTS" \
       --server-args "--model $model --device $DEVICE --attention-backend $backend --num-speculative-steps $k $SHAPE" \
-      >"$OUT/$name.txt" 2>"$OUT/$name.err"
-    echo "exit $?; $(grep -E '^(ttft|after_ready)' "$OUT/$name.txt" | tr '\n' ' ')"
+      >"$OUT/$CARD-$name.txt" 2>"$OUT/$CARD-$name.err"
+    echo "exit $?; $(grep -E '^(ttft|after_ready)' "$OUT/$CARD-$name.txt" | tr '\n' ' ')"
   done ;;
 decode)
   for entry in $DECODE; do
     stage "decode latency: $entry"
     timeout "${DECODE_TIMEOUT:-300}" python3 bench/serve.py decode-latency --model "${entry%%:*}" \
-      --backends "${entry#*:}" 2>"$OUT/decode-${entry%%:*}.err" | tee -a "$OUT/decode-latency.txt"
-    tail -3 "$OUT/decode-${entry%%:*}.err"
+      --backends "${entry#*:}" 2>"$OUT/$CARD-decode-${entry%%:*}.err" | tee -a "$OUT/$CARD-decode-latency.txt"
+    tail -3 "$OUT/$CARD-decode-${entry%%:*}.err"
   done ;;
 ready)
   for entry in $READY; do
@@ -65,9 +65,9 @@ ready)
     stage "$name, $RUNS warm runs"
     timeout "${READY_TIMEOUT:-560}" python3 bench/start.py time-to-ready --write-checkpoint "$model" \
       --model-dir "/tmp/ckpt-$model" --attention-backend "$backend" --runs "$RUNS" \
-      >"$OUT/$name.txt" 2>"$OUT/$name.err"
+      >"$OUT/$CARD-$name.txt" 2>"$OUT/$CARD-$name.err"
     echo "exit $?; $(grep -E '^(ready_over_floor|warm_over_cold|cold_over_longest_compile)' \
-      "$OUT/$name.txt" | tr '\n' ' ')"
+      "$OUT/$CARD-$name.txt" | tr '\n' ' ')"
     rm -rf "/tmp/ckpt-$model"  # the disk holds one large checkpoint at a time
   done ;;
 determinism)
@@ -78,8 +78,8 @@ determinism)
     timeout "${DET_TIMEOUT:-420}" python3 bench/serve.py determinism --probes "$PROBES" \
       --busy-requests "$BUSY" --streams 64 --model "$model" --device "$DEVICE" \
       --attention-backend "$backend" --num-speculative-steps "$k" \
-      >"$OUT/$name.txt" 2>"$OUT/$name.err"
-    echo "exit $?"; tail -4 "$OUT/$name.txt"
+      >"$OUT/$CARD-$name.txt" 2>"$OUT/$CARD-$name.err"
+    echo "exit $?"; tail -4 "$OUT/$CARD-$name.txt"
   done ;;
 *) echo "unknown part: $part (served, decode, ready or determinism)"; exit 2 ;;
 esac; done

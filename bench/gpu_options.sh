@@ -44,16 +44,16 @@ stage() { echo "=== $1 (+$(( $(date +%s) - T0 )) s, $(date +%T))"; }
 stage "checkpoint llama-3.2-1b + tokenizer -> $CKPT"
 python3 -c "from pathlib import Path; from warmgate.server.devtools.checkpoint import write_checkpoint
 print(write_checkpoint('llama-3.2-1b', Path('$CKPT'), 'cuda', 'bfloat16', tokenizer=True))" \
-  2>&1 | tee "$OUT/checkpoint.txt"
+  2>&1 | tee "$OUT/$CARD-checkpoint.txt"
 
 coverage() {  # coverage BACKEND K
   local name="coverage-$1-k$2" caches rc
   caches=$(mktemp -d /tmp/warmgate-caches.XXXX)
   TRITON_CACHE_DIR=$caches/triton TORCHINDUCTOR_CACHE_DIR=$caches/inductor timeout 300 \
     python3 bench/warm.py coverage --device cuda --model "$CKPT" --attention-backend "$1" \
-    --num-speculative-steps "$2" $LIMITS --batches 2000 >"$OUT/$name.txt" 2>"$OUT/$name.err"
+    --num-speculative-steps "$2" $LIMITS --batches 2000 >"$OUT/$CARD-$name.txt" 2>"$OUT/$CARD-$name.err"
   rc=$?
-  echo "$name: exit $rc after +$(( $(date +%s) - T0 )) s; $(grep -E '^(structured rows|structured_failures|cuda_graph_misses_after_ready|compiles_after_ready)' "$OUT/$name.txt" | tr '\n' ' ')"
+  echo "$name: exit $rc after +$(( $(date +%s) - T0 )) s; $(grep -E '^(structured rows|structured_failures|cuda_graph_misses_after_ready|compiles_after_ready)' "$OUT/$CARD-$name.txt" | tr '\n' ' ')"
 }
 lane() {  # lane BACKEND: that backend's coverage runs, in order
   local entry
@@ -75,10 +75,10 @@ if [[ " $PARTS " == *" first "* ]]; then
     timeout $(( 60 + 120 * FIRST_SERVERS )) python3 bench/warm.py first-request --mode options \
       --model-dir "$CKPT" --servers "$FIRST_SERVERS" --steady "$FIRST_STEADY" --shuffle \
       --server-args "--device cuda --attention-backend $b --num-speculative-steps $FIRST_K $LIMITS${FIRST_CACHE_DIR:+ --cache-dir $FIRST_CACHE_DIR/$b}" \
-      --out "$OUT/first-options-$b.json" >"$OUT/first-options-$b.txt" 2>"$OUT/first-options-$b.err"
+      --out "$OUT/$CARD-first-options-$b.json" >"$OUT/$CARD-first-options-$b.txt" 2>"$OUT/$CARD-first-options-$b.err"
     echo "exit $?"
-    cat "$OUT/first-options-$b.txt"
-    tail -3 "$OUT/first-options-$b.err"
+    cat "$OUT/$CARD-first-options-$b.txt"
+    tail -3 "$OUT/$CARD-first-options-$b.err"
   done
 fi
 stage done

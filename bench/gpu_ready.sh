@@ -8,7 +8,7 @@
 #   PARTS=first  bench/gpu_options.sh's first request per option after ready / steady, one
 #                server per backend (FIRST_SERVERS, FIRST_STEADY pass through)
 #   OUT=/tmp/out PARTS="8b first" bash bench/gpu_ready.sh
-# Each run's stdout goes to $OUT/h200-time-to-ready-<preset>-<backend>.txt as the bench printed
+# Each run's stdout goes to $OUT/<card>-time-to-ready-<preset>-<backend>.txt as the bench printed
 # it, its servers' stamped logs into one tarball ($OUT/ready-logs.tgz: a device call brings back
 # a limited number of files). The run that fills a backend's --cache-dir is its cold start.
 set -uo pipefail
@@ -25,7 +25,7 @@ T0=$(date +%s)
 stage() { echo "=== $1 (+$(( $(date +%s) - T0 )) s, $(date +%T))"; }
 
 ready() {  # ready PRESET CKPT BACKEND RUNS
-  local name="h200-time-to-ready-$1-$3"
+  local name="${CARD}-time-to-ready-$1-$3"
   stage "$name, $4 warm runs"
   timeout 560 python3 bench/start.py time-to-ready --write-checkpoint "$1" --model-dir "$2" \
     --attention-backend "$3" --runs "$4" --log-dir "$LOGS/$1-$3" >"$OUT/$name.txt" 2>"$OUT/$name.err"

@@ -33,26 +33,26 @@ tests)
   stage "tests: $TESTS"
   # shellcheck disable=SC2086  # TESTS is a list of paths
   timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q $TESTS -p no:cacheprovider -rfE 2>&1 \
-    | tee "$OUT/tests-gpu.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -30 ;;
+    | tee "$OUT/$CARD-tests-gpu.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -30 ;;
 kernels)
   for entry in $KERNEL_MODELS; do
     stage "step kernels: $entry"
     timeout "${KERNELS_TIMEOUT:-150}" python3 bench/serve.py step-kernels --model "${entry%%:*}" \
-      --backends "${entry#*:}" 2>"$OUT/step-kernels-${entry%%:*}.err" \
-      | tee -a "$OUT/step-kernels.txt"
-    tail -3 "$OUT/step-kernels-${entry%%:*}.err"
+      --backends "${entry#*:}" 2>"$OUT/$CARD-step-kernels-${entry%%:*}.err" \
+      | tee -a "$OUT/$CARD-step-kernels.txt"
+    tail -3 "$OUT/$CARD-step-kernels-${entry%%:*}.err"
   done ;;
 kernelbench)
   stage "decode attention kernel: split rules and tiles"
-  timeout "${KERNELS_TIMEOUT:-150}" python3 bench/serve.py kernels 2>"$OUT/kernels.err" \
-    | tee "$OUT/kernels.txt"
-  tail -3 "$OUT/kernels.err" ;;
+  timeout "${KERNELS_TIMEOUT:-150}" python3 bench/serve.py kernels 2>"$OUT/$CARD-kernels.err" \
+    | tee "$OUT/$CARD-kernels.txt"
+  tail -3 "$OUT/$CARD-kernels.err" ;;
 decode)
   for entry in $DECODE; do
     stage "decode latency: $entry"
     timeout "${DECODE_TIMEOUT:-200}" python3 bench/serve.py decode-latency --model "${entry%%:*}" \
-      --backends "${entry#*:}" 2>"$OUT/decode-${entry%%:*}.err" | tee -a "$OUT/decode-latency.txt"
-    tail -3 "$OUT/decode-${entry%%:*}.err"
+      --backends "${entry#*:}" 2>"$OUT/$CARD-decode-${entry%%:*}.err" | tee -a "$OUT/$CARD-decode-latency.txt"
+    tail -3 "$OUT/$CARD-decode-${entry%%:*}.err"
   done ;;
 throughput)
   for entry in $SERVE; do
@@ -65,8 +65,8 @@ throughput)
       timeout "${SERVE_TIMEOUT:-240}" python3 bench/serve.py throughput --streams "$streams" \
         --prompt-len 512 --output-len 256 --rounds "${ROUNDS:-2}" \
         --server-args "--model $model --attention-backend $backend --max-num-seqs 128 --max-num-batched-tokens 8192 --max-model-len 1024 $extra" \
-        --json "$OUT/$name.json" 2>"$OUT/$name.err" | tee "$OUT/$name.txt"
-      tail -3 "$OUT/$name.err"
+        --json "$OUT/$CARD-$name.json" 2>"$OUT/$CARD-$name.err" | tee "$OUT/$CARD-$name.txt"
+      tail -3 "$OUT/$CARD-$name.err"
     done
   done ;;
 *) echo "unknown part: $part"; exit 2 ;;

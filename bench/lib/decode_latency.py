@@ -38,7 +38,8 @@ from warmgate.server.config.runner_config import (
 )
 from warmgate.server.core.results import PhaseStatus
 from warmgate.server.devtools.batch_driver import BatchDriver, DrivenRequest, Work
-from warmgate.server.devtools.roofline import H200_HBM_BYTES_PER_S, Roofline
+from warmgate.server.devtools.gpu_card import detect
+from warmgate.server.devtools.roofline import Roofline
 from warmgate.server.runner.attention import backend_available
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.scheduler_output import GREEDY
@@ -54,7 +55,7 @@ def model_config(model: str, max_len: int, layers: int | None) -> ModelConfig:
 
 
 def roofline_ms(model: ModelConfig, sizes: tuple[int, ...], context: float,
-                bytes_per_s: float = H200_HBM_BYTES_PER_S) -> dict[int, float]:
+                bytes_per_s: float) -> dict[int, float]:
     """{batch: the roofline step in ms} for decode batches of one token per stream, each
     stream's KV cache `context` tokens long on average (bf16 weights and cache; an FP8
     preset's projections at one byte and their scales, devtools.roofline)."""
@@ -147,6 +148,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("decode_latency needs a CUDA device", file=sys.stderr)
         return 2
+    card = detect("cuda")  # before any model: the copy check needs 2 GiB free
+    print(card.describe(), flush=True)
     backends = [b for b in args.backends.split(",") if b == "torch" or backend_available(b)]
     if not backends:
         p.error(f"--backends {args.backends}: none of them is installed")
@@ -168,10 +171,11 @@ def main() -> int:
         torch.cuda.empty_cache()
 
     config = model_config(args.model, args.prompt_len, args.layers)
-    roof = roofline_ms(config, SIZES, args.prompt_len)
+    roof = roofline_ms(config, SIZES, args.prompt_len, bytes_per_s=card.bytes_per_s)
     layers = f", first {args.layers} layers" if args.layers is not None else ""
     print(f"\ndecode step latency, {args.model}{layers}, context ~{args.prompt_len} tokens, "
-          f"median of {args.steps} steps (ms; execute_model + sample_tokens, synced)")
+          f"median of {args.steps} steps (ms; execute_model + sample_tokens, synced); roofline "
+          f"at {card.bytes_per_s / 1e12:.2f} TB/s ({card.slug})")
     print(format_table(results, roof))
     if args.json:
         with open(args.json, "w") as f:

@@ -4,7 +4,8 @@ graph (the way the server runs it: no launch overhead in the figure).
 Each captured graph runs the kernel once per "layer": every layer reads its own pages of one
 shared cache, so the K/V bytes cross HBM (the whole working set is many times the L2) as a
 model's layers would. GB/s counts the K/V bytes a call must read; % HBM is that against the
-H200's 4.8 TB/s. Used by `python bench/serve.py kernels` (kernels_gpu.py).
+detected card's bandwidth (devtools.gpu_card). Used by `python bench/serve.py kernels`
+(kernels_gpu.py).
 
 A third table sweeps the kernel's tile configuration (BLOCK_N, num_warps, num_stages; the
 server's is decode_attention._decode_config) at the batches that run unsplit, so one device
@@ -21,13 +22,12 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from warmgate.server.devtools.roofline import H200_HBM_BYTES_PER_S
 from warmgate.server.kernels import choose_num_splits, decode_attention, paged_attention_decode
 
 NUM_HEADS, NUM_KV_HEADS, BLOCK_SIZE = 32, 8, 16
 BATCHES = (1, 8, 64, 128)
 CONTEXTS = (512, 2048)
-# The working set a graph's calls read, at least: several times the H200's 50 MB L2.
+# The working set a graph's calls read, at least: several times an H100's or H200's 50 MB L2.
 MIN_WORKING_SET = 512 << 20
 MAX_LAYERS = 512
 REPLAYS = 20
@@ -54,9 +54,8 @@ class SplitTiming:
     us: float  # median per call
     gbps: float
 
-    @property
-    def hbm_pct(self) -> float:
-        return 100.0 * self.gbps * 1e9 / H200_HBM_BYTES_PER_S
+    def hbm_pct(self, bytes_per_s: float) -> float:
+        return 100.0 * self.gbps * 1e9 / bytes_per_s
 
 
 def _time_splits(batch: int, context: int, head_dim: int, splits: int) -> SplitTiming:
@@ -100,11 +99,12 @@ def _time_splits(batch: int, context: int, head_dim: int, splits: int) -> SplitT
     return SplitTiming(splits=splits, us=us, gbps=kv_bytes / (us * 1e-6) / 1e9)
 
 
-def print_split_comparison(head_dims: tuple[int, ...], capacity: int) -> None:
+def print_split_comparison(head_dims: tuple[int, ...], capacity: int, bytes_per_s: float
+                           ) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"\ndecode attention split-K: old rule vs new (choose_num_splits), CUDA graph, "
           f"{NUM_HEADS}/{NUM_KV_HEADS} heads, bf16, capacity {capacity} tokens, {sms} SMs; "
-          f"us per call, GB/s and % of {H200_HBM_BYTES_PER_S / 1e12:g} TB/s HBM")
+          f"us per call, GB/s and % of {bytes_per_s / 1e12:.2f} TB/s HBM")
     print(f"{'D':>4}{'batch':>6}{'ctx':>6} | {'splits':>6}{'us':>9}{'GB/s':>7}{'%HBM':>6} | "
           f"{'splits':>6}{'us':>9}{'GB/s':>7}{'%HBM':>6} | {'new/old':>7}")
     for head_dim in head_dims:
@@ -116,8 +116,9 @@ def print_split_comparison(head_dims: tuple[int, ...], capacity: int) -> None:
                 new = (old if new_splits == old.splits
                        else _time_splits(batch, context, head_dim, new_splits))
                 print(f"{head_dim:>4}{batch:>6}{context:>6} | {old.splits:>6}{old.us:>9.2f}"
-                      f"{old.gbps:>7.0f}{old.hbm_pct:>6.1f} | {new.splits:>6}{new.us:>9.2f}"
-                      f"{new.gbps:>7.0f}{new.hbm_pct:>6.1f} | {new.us / old.us:>7.2f}")
+                      f"{old.gbps:>7.0f}{old.hbm_pct(bytes_per_s):>6.1f} | {new.splits:>6}"
+                      f"{new.us:>9.2f}{new.gbps:>7.0f}{new.hbm_pct(bytes_per_s):>6.1f} | "
+                      f"{new.us / old.us:>7.2f}")
                 torch.cuda.empty_cache()  # the next shape's cache may be gigabytes
 
 
@@ -132,7 +133,7 @@ def _tile_config(config: tuple[int, int, int]) -> Iterator[None]:
         decode_attention._decode_config = real
 
 
-def print_tile_sweep(head_dims: tuple[int, ...], capacity: int) -> None:
+def print_tile_sweep(head_dims: tuple[int, ...], capacity: int, bytes_per_s: float) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print("\ndecode attention tile configurations (BLOCK_N/num_warps/num_stages), CUDA graph, "
           "split by the new rule; % of HBM per configuration, first = the server's")
@@ -147,7 +148,7 @@ def print_tile_sweep(head_dims: tuple[int, ...], capacity: int) -> None:
                     try:
                         with _tile_config(config):
                             t = _time_splits(batch, context, head_dim, splits)
-                        cells.append(f"{t.hbm_pct:>10.1f}")
+                        cells.append(f"{t.hbm_pct(bytes_per_s):>10.1f}")
                     except Exception as exc:  # e.g. OutOfResources: that tile does not fit
                         cells.append(f"{type(exc).__name__[:9]:>10}")
                     torch.cuda.empty_cache()

@@ -7,3 +7,6 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD/client:$PWD/server${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# The card this machine has names the result files (h100-*, h200-*, cpu-* on a dry run), so
+# a figure never travels under another card's name.
+CARD=$(python3 -m warmgate.server.devtools.gpu_card --slug) || CARD=unknown-card

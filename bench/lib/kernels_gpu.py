@@ -102,8 +102,12 @@ def main() -> int:
     # Imports triton: after the check.
     from decode_splits_gpu import print_split_comparison, print_tile_sweep
 
-    print_split_comparison(HEAD_DIMS, args.capacity)
-    print_tile_sweep(HEAD_DIMS, args.capacity)
+    from warmgate.server.devtools.gpu_card import detect
+
+    card = detect("cuda")
+    print(card.describe())
+    print_split_comparison(HEAD_DIMS, args.capacity, card.bytes_per_s)
+    print_tile_sweep(HEAD_DIMS, args.capacity, card.bytes_per_s)
     return 0
 
 

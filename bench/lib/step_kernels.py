@@ -22,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.devtools.batch_driver import BatchDriver
+from warmgate.server.devtools.gpu_card import detect
 from warmgate.server.devtools.roofline import Roofline
 
 
@@ -67,6 +68,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("step-kernels needs a CUDA device", file=sys.stderr)
         return 2
+    card = detect("cuda")
+    print(card.describe(), flush=True)
     batches = [int(b) for b in args.batches.split(",")]
     mc = ModelConfig.from_preset(args.model)
     for backend in args.backends.split(","):
@@ -77,8 +80,8 @@ def main() -> int:
         print(f"\n{args.model} {backend}, context ~{args.prompt_len}, CUDA graphs, "
               f"{args.steps} profiled steps per batch")
         for b in batches:
-            roof = 1000 * Roofline.of(mc, b, args.prompt_len).step_s
-            print(f"  (HBM roofline at batch {b}: {roof:.3f} ms)")
+            roof = 1000 * Roofline.of(mc, b, args.prompt_len, bytes_per_s=card.bytes_per_s).step_s
+            print(f"  (HBM roofline at batch {b}, {card.slug}: {roof:.3f} ms)")
             print(profile_batch(driver, reqs[:b], args.steps, args.top), flush=True)
         del driver, reqs, runner
         torch.cuda.empty_cache()

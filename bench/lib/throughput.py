@@ -29,8 +29,9 @@ from dataclasses import asdict, dataclass
 from load_gen import run_load
 
 from warmgate.server.config.startup_checks import SERVED_DTYPE_BYTES
+from warmgate.server.devtools.gpu_card import detect
 from warmgate.server.devtools.load_stats import Summary, summarize
-from warmgate.server.devtools.roofline import H200_HBM_BYTES_PER_S, Roofline
+from warmgate.server.devtools.roofline import Roofline
 from warmgate.server.devtools.server_process import ServerProcess
 from warmgate.server.devtools.workload import build_workload, parse_distribution
 
@@ -89,8 +90,9 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--rounds", type=int, default=1, help="rounds per stream count")
-    p.add_argument("--hbm-tbps", type=float, default=H200_HBM_BYTES_PER_S / 1e12,
-                   help="device memory bandwidth for the roofline, TB/s (H200: 4.8)")
+    p.add_argument("--hbm-tbps", type=float, default=None,
+                   help="device memory bandwidth for the roofline, TB/s (default: the "
+                        "detected card's, devtools.gpu_card)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--json", default=None, help="also write the rows to this file")
@@ -110,6 +112,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     model = config.runner.model
     dtype_bytes = SERVED_DTYPE_BYTES[config.runner.device.dtype]
     mean_context = args.prompt_len + args.output_len / 2
+    if args.hbm_tbps is None:  # measured before the server holds the memory
+        card = detect(config.runner.device.device)
+        print(card.describe(), flush=True)
+        args.hbm_tbps = card.bytes_per_s / 1e12
     rows: list[Row] = []
     with ServerProcess(flags, device=None, start_timeout_s=READY_TIMEOUT_S,
                        stop_signal=signal.SIGTERM) as server, \

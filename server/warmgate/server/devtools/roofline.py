@@ -5,8 +5,9 @@ A decode step reads every weight once (the vocabulary head in full; an untied em
 only by the rows it looks up, which this leaves out; of a Mixture-of-Experts layer only the
 experts its tokens are routed to) and the KV cache of every token each
 stream attends to. At batch sizes where serving is memory-bound (decode, up to a few hundred
-streams on an H200), a step cannot beat this, and a step's time over it says how much of the
-hardware the engine uses.
+streams), a step cannot beat this, and a step's time over it says how much of the hardware the
+engine uses. The bandwidth is the card's own (devtools.gpu_card): there is no default, so no
+figure is divided by another card's.
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from warmgate.server.config.runner_config import ModelConfig
-
-# H200: 4.8 TB/s HBM3e (NVIDIA's figure; a device-to-device copy measures about 4.3 TB/s).
-H200_HBM_BYTES_PER_S = 4.8e12
 
 
 def expert_params(model: ModelConfig) -> int:
@@ -113,7 +111,7 @@ class Roofline:
 
     @classmethod
     def of(cls, model: ModelConfig, streams: int, mean_context: float, *,
-           bytes_per_s: float = H200_HBM_BYTES_PER_S, dtype_bytes: int = 2) -> Roofline:
+           bytes_per_s: float, dtype_bytes: int = 2) -> Roofline:
         """The decode step of `streams` streams whose KV caches hold `mean_context` tokens
         on average."""
         read = (weight_bytes_per_step(model, dtype_bytes, tokens=streams)
