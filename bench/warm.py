@@ -20,6 +20,9 @@ COMMANDS = {
     "served": Command("served_coverage.py", "random Generate requests with every sampling "
                                             "option against a real server: compiles, autotunes "
                                             "and graph misses after ready, first/steady TTFT"),
+    "smoke": Command("smoke.py", "every preset x backend x k on fresh servers: one row each "
+                                 "(ready s, first/steady TTFT, compiles, autotunes, misses, "
+                                 "errors after ready)"),
     "kernel-map-touch": Command("kernel_map_touch.py", "the first GEMM at a token count the "
                                                        "warmup skipped against the same again"),
 }

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import fcntl
 import random
 import re
 import shlex
@@ -155,9 +157,25 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=10, help="steady TTFT requests")
     p.add_argument("--gap-s", type=float, default=0.5, help="idle seconds before each TTFT one")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ttft-lock", default=None,
+                   help="a file to hold locked while measuring TTFT, so that servers run side "
+                        "by side (bench/warm.py smoke) measure theirs one at a time")
     p.add_argument("--ready-timeout", type=float, default=900.0)
     p.add_argument("--request-timeout", type=float, default=300.0)
     return p
+
+
+@contextlib.contextmanager
+def _locked(path: str | None) -> Any:
+    if path is None:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -185,10 +203,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             return [rng.randrange(vocab) for _ in range(min(args.prompt_len, max_prompt))]
 
         ttfts = []
-        for _ in range(args.repeats + 1):
-            time.sleep(args.gap_s)
-            ttfts.append(timed_request(client, ttft_prompt(), args.ttft_tokens,
-                                       args.request_timeout).ttft_s)
+        with _locked(args.ttft_lock):
+            for _ in range(args.repeats + 1):
+                time.sleep(args.gap_s)
+                ttfts.append(timed_request(client, ttft_prompt(), args.ttft_tokens,
+                                           args.request_timeout).ttft_s)
         steady = statistics.median(ttfts[1:])
         print(f"ttft: first {ttfts[0] * 1e3:.2f} ms, steady median {steady * 1e3:.2f} ms over "
               f"{args.repeats}, first/steady {ttfts[0] / steady:.2f}", flush=True)

@@ -1,0 +1,191 @@
+"""Does every configuration serve? Every preset x attention backend x k in {0, 3}: a fresh
+server each (random weights), warmed, then its first/steady TTFT and 50 random Generate
+requests with every sampling option (`bench/warm.py served`), one row each.
+
+    python bench/warm.py smoke                       # all of it, on the GPU
+    python bench/warm.py smoke --presets qwen3-30b-a3b,tiny --ks 0
+    python bench/warm.py smoke --device cpu --presets tiny --backends torch   # a dry run
+
+Servers run side by side where the card's memory holds them (each with a fixed, small KV
+cache: bench/lib/smoke_plan.py), the largest first; each backend's first run goes alone, so
+its cold JIT is paid once; TTFT is measured by one server at a time. A preset the card
+cannot hold gets a row that says so instead of a run. No configuration starts after
+--deadline-s, and those left get a row that says so: rerun them with --presets.
+
+A row is clean when the run exited 0 with 0 compiles, autotunes, graph misses and errors
+after ready and first/steady TTFT at most 1.15. Exit 0 when every row that ran is clean and
+none was left; 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from smoke_plan import (
+    HEADER,
+    MEMORY_SHARE,
+    SmokeConfig,
+    SmokeRow,
+    fits,
+    format_row,
+    matrix,
+    memory_bytes,
+    read_served,
+    run_order,
+)
+
+from warmgate.server.config.attention_backends import backend_available, backend_names
+from warmgate.server.devtools.gpu_card import detect
+
+WARM = str(Path(__file__).resolve().parents[1] / "warm.py")
+GIB = 2**30
+
+
+def _parser(prog: str | None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
+    p.add_argument("--presets", default=None, help="comma-separated (default: every preset)")
+    p.add_argument("--backends", default=None,
+                   help="comma-separated (default: every backend installed here)")
+    p.add_argument("--ks", default="0,3", help="speculative steps, comma-separated")
+    p.add_argument("--requests", type=int, default=50)
+    p.add_argument("--parallel", type=int, default=4, help="servers at once, at most")
+    p.add_argument("--deadline-s", type=float, default=480.0,
+                   help="no configuration starts after this many seconds")
+    p.add_argument("--config-timeout-s", type=float, default=300.0)
+    p.add_argument("--logs", default=None, help="each run's output here (default: a temp dir)")
+    return p
+
+
+def _total_bytes(device: str) -> int:
+    import torch
+
+    if device.startswith("cuda"):
+        return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class Run:
+    """One configuration's `bench/warm.py served` in a session of its own (its server is in
+    it too, so a timeout stops both)."""
+
+    def __init__(self, config: SmokeConfig, device: str, args: argparse.Namespace,
+                 logs: Path, lock: Path) -> None:
+        self.row = SmokeRow(config)
+        self.started = time.monotonic()
+        self.log = logs / (config.name.replace(":", "-") + ".txt")
+        self._out = self.log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, WARM, "served", "--requests", str(args.requests), "--repeats", "5",
+             "--gap-s", "0.3", "--ttft-lock", str(lock),
+             "--server-args", config.server_args(device)],
+            stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def poll(self, timeout_s: float) -> bool:
+        """Whether the run has ended (stopped now if past its time)."""
+        if self.proc.poll() is None:
+            if time.monotonic() - self.started < timeout_s:
+                return False
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.row.note = f"timed out after {timeout_s:.0f} s"
+        self._out.close()
+        self.row.wall_s = time.monotonic() - self.started
+        self.row.exit_code = self.proc.returncode
+        output = self.log.read_text(errors="replace")
+        read_served(self.row, output)
+        if not self.row.clean and not self.row.note:
+            self.row.note = "; ".join(self.row.faults())
+            if self.row.exit_code:
+                lines = [ln for ln in output.splitlines() if ln.strip()]
+                self.row.note += f" ({self.log.name}: {lines[-1][:100] if lines else 'no output'})"
+        return True
+
+
+def _schedule(queue: list[SmokeConfig], running: list[Run], gated: set[str],
+              free_bytes: int) -> SmokeConfig | None:
+    """The next configuration that may start now: its backend's first run has ended (or it
+    is that run), and it fits beside those running."""
+    for config in queue:
+        if config.backend in gated and any(r.row.config.backend == config.backend
+                                           for r in running):
+            continue
+        if memory_bytes(config) <= free_bytes or not running:
+            return config
+    return None
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    import torch
+
+    args = _parser(prog).parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    backends = (args.backends.split(",") if args.backends else
+                [b for b in backend_names() if backend_available(b)])
+    try:
+        configs = matrix(args.presets.split(",") if args.presets else None, backends,
+                         [int(k) for k in args.ks.split(",")])
+    except ValueError as exc:
+        _parser(prog).error(str(exc))
+    card = detect(device)
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()  # the copy check's 2 GiB back before any server starts
+    total = _total_bytes(device)
+    logs = Path(args.logs or tempfile.mkdtemp(prefix="warmgate-smoke-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    print(card.describe())
+    print(f"{len(configs)} configurations ({', '.join(backends)}; k {args.ks}), "
+          f"{total / GIB:.0f} GiB, up to {args.parallel} servers at once; logs in {logs}",
+          flush=True)
+    rows = {c: SmokeRow(c) for c in configs}
+    for c in configs:
+        if not fits(c, total):
+            rows[c].note = (f"does not fit: needs about {memory_bytes(c) / GIB:.0f} GiB, the "
+                            f"card has {total / GIB:.0f} GiB")
+    queue = run_order([c for c in configs if fits(c, total)])
+    gated = set(backends)  # each backend's first run has not ended yet
+    running: list[Run] = []
+    start = time.monotonic()
+    lock = logs / "ttft.lock"
+    while queue or running:
+        used = sum(memory_bytes(r.row.config) for r in running)
+        while (queue and len(running) < args.parallel
+               and time.monotonic() - start < args.deadline_s):
+            config = _schedule(queue, running, gated, int(MEMORY_SHARE * total) - used)
+            if config is None:
+                break
+            queue.remove(config)
+            running.append(Run(config, device, args, logs, lock))
+            used += memory_bytes(config)
+        if not running and time.monotonic() - start >= args.deadline_s:
+            break
+        for run in [r for r in running if r.poll(args.config_timeout_s)]:
+            running.remove(run)
+            gated.discard(run.row.config.backend)
+            rows[run.row.config] = run.row
+            print(f"[+{time.monotonic() - start:4.0f} s] {format_row(run.row)}", flush=True)
+        time.sleep(0.5)
+    for config in queue:
+        rows[config].note = f"not run: past --deadline-s {args.deadline_s:.0f}"
+    print(f"\nsmoke, {device}, {time.monotonic() - start:.0f} s\n{HEADER}")
+    for row in rows.values():
+        print(format_row(row))
+    ran = [r for r in rows.values() if r.exit_code is not None]
+    dirty = [r for r in ran if not r.clean]
+    left = [r for r in rows.values() if r.note.startswith("not run")]
+    print(f"{len(rows)} configurations: {len(ran) - len(dirty)} clean, {len(dirty)} not clean, "
+          f"{len(rows) - len(ran) - len(left)} do not fit, {len(left)} not run")
+    return 1 if dirty or left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
