@@ -46,6 +46,7 @@ from warmgate.server.devtools.gpu_card import detect
 
 WARM = str(Path(__file__).resolve().parents[1] / "warm.py")
 GIB = 2**30
+TAIL = 25  # log lines printed for a run that failed
 
 
 def _parser(prog: str | None) -> argparse.ArgumentParser:
@@ -57,6 +58,9 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     p.add_argument("--backends", default=None,
                    help="comma-separated (default: every backend installed here)")
     p.add_argument("--ks", default="0,3", help="speculative steps, comma-separated")
+    p.add_argument("--configs", default=None,
+                   help="only these of the matrix, comma-separated preset:backend:kN (as the "
+                        "rows name them), e.g. to rerun those a deadline left")
     p.add_argument("--requests", type=int, default=50)
     p.add_argument("--parallel", type=int, default=4, help="servers at once, at most")
     p.add_argument("--deadline-s", type=float, default=480.0,
@@ -136,6 +140,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                          [int(k) for k in args.ks.split(",")])
     except ValueError as exc:
         _parser(prog).error(str(exc))
+    if args.configs:
+        wanted = set(args.configs.split(","))
+        unknown = sorted(wanted - {c.name for c in configs})
+        if unknown:
+            _parser(prog).error(f"--configs {','.join(unknown)}: not in the matrix")
+        configs = [c for c in configs if c.name in wanted]
     card = detect(device)
     if device.startswith("cuda"):
         torch.cuda.empty_cache()  # the copy check's 2 GiB back before any server starts
@@ -184,6 +194,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     left = [r for r in rows.values() if r.note.startswith("not run")]
     print(f"{len(rows)} configurations: {len(ran) - len(dirty)} clean, {len(dirty)} not clean, "
           f"{len(rows) - len(ran) - len(left)} do not fit, {len(left)} not run")
+    for row in ran:
+        if row.exit_code:  # what the run said last: why it failed
+            lines = (logs / (row.config.name.replace(":", "-") + ".txt")).read_text(
+                errors="replace").splitlines()
+            print(f"\n--- {row.config.name}: the last {min(len(lines), TAIL)} lines of its log")
+            print("\n".join(line[:300] for line in lines[-TAIL:]))
     return 1 if dirty or left else 0
 
 
