@@ -9,7 +9,10 @@ graph's padding tokens carry whatever its buffers held: NaN here, as torch's
 the routing must still name real experts (an expert id past the last one made the torch
 alignment of buckets past 256 tokens index out of bounds while the server captured its graphs,
 and made the kernel alignment of smaller buckets overwrite a real token's row), and the real
-tokens' rows must equal an unpadded forward's."""
+tokens' rows must equal an unpadded forward's.
+
+On a machine with CUDA the interpreter is not forced: the same checks run on the GPU, and the
+server's own capture of every graph with them."""
 
 from __future__ import annotations
 
@@ -20,12 +23,20 @@ import torch
 
 pytest.importorskip("triton")
 
+from triton.runtime.interpreter import InterpretedFunction
+
 from tests.runner_helpers import make_runner, prompt
 from warmgate.server.kernels.fused_moe import ALIGN_KERNEL_MAX_BUCKET, fused_moe
 from warmgate.server.kernels.moe_route import route_topk
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.moe import MoEBlock, route
+
+DEVICE = "cpu" if isinstance(route_topk.__globals__["_route_kernel"], InterpretedFunction) \
+    else "cuda"
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    pytest.skip("the kernels were compiled for the GPU (TRITON_INTERPRET is off) and there is "
+                "no CUDA device", allow_module_level=True)
 
 # A Qwen3-MoE of the tiny preset's shape: 8 experts, 2 a token.
 MOE = dict(architecture="qwen3_moe", num_experts=8, num_experts_per_tok=2,
@@ -56,7 +67,7 @@ def _kernel_runner() -> tuple[ModelRunner, CudaGraphRunner]:
     from warmgate.server.runner.attention.triton_backend import TritonAttentionBackend
 
     runner = make_runner(max_num_seqs=4, max_num_batched_tokens=MAX_TOKENS, num_blocks=256,
-                         **MOE)
+                         device=DEVICE, **MOE)
     runner.attention_backend = TritonAttentionBackend(runner.attention_spec)
     runner.model.backend = runner.attention_backend
     blocks = [m for m in runner.model.modules() if isinstance(m, MoEBlock)]
@@ -72,7 +83,8 @@ def _kernel_runner() -> tuple[ModelRunner, CudaGraphRunner]:
 
 def test_routing_names_a_real_expert_for_every_token_even_a_nan_one() -> None:
     logits = torch.tensor([[float("nan")] * 8, [0.0, 3.0, 1.0, float("nan"), 2.0, 0.0, 0.0, 0.0],
-                           [float("inf")] * 8, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]])
+                           [float("inf")] * 8, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]],
+                          device=DEVICE)
     for renormalize in (True, False):
         weights, ids = route_topk(logits, 2, renormalize)
         assert ids[:3].tolist() == [[0, 1]] * 3  # no probabilities: the lowest experts
@@ -95,6 +107,11 @@ def test_capturing_the_largest_ragged_bucket_of_a_moe_model(uninitialized_is_nan
     with torch.inference_mode():
         out = runner._eager_forward(b.input_ids.gpu[:bucket], b.positions.gpu[:bucket], meta)
     assert out.shape[0] == bucket  # the padding's rows: no request reads them
+    if DEVICE == "cuda":  # the server's capture of every graph, largest first
+        torch.cuda.synchronize()
+        info = runner.capture_cuda_graphs()
+        torch.cuda.synchronize()
+        assert bucket in info["ragged_buckets"]  # type: ignore[operator]
 
 
 @pytest.mark.slow
