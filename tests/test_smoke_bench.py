@@ -5,6 +5,7 @@ served`'s output; then a real run on the CPU."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -32,6 +33,43 @@ def test_what_fits_an_h100_and_an_h200() -> None:
     assert fits(moe, H100)
     fp8 = SmokeConfig("qwen3-30b-a3b-fp8", "triton", 0)
     assert memory_bytes(fp8) < 0.6 * memory_bytes(moe)  # the experts at a byte
+
+
+def test_a_backend_without_kernels_for_the_head_size_is_a_row_not_a_run() -> None:
+    assert plan.why_not(SmokeConfig("tiny", "flashinfer", 0), H100) == (
+        "does not apply: flashinfer supports head sizes 64, 128, 256; this model's is 16")
+    assert plan.why_not(SmokeConfig("tiny", "triton", 0), H100) is None
+    assert plan.why_not(SmokeConfig("mixtral-8x7b", "triton", 0), H100).startswith(
+        "does not fit: needs about 93 GiB")
+
+
+def _run(config: str, state: str, started: float = 0.0) -> SimpleNamespace:
+    """A running configuration in one of its states, as the coordinator sees it."""
+    preset, backend, k = config.split(":")
+    run = SimpleNamespace(row=SmokeRow(SmokeConfig(preset, backend, int(k[1:]))),
+                          started=started, warming=state == "warming",
+                          waiting=state == "waiting", timing=state == "timing", went=False)
+    run.go = lambda: setattr(run, "went", True)
+    return run
+
+
+def test_ttft_is_timed_in_quiet_and_nothing_starts_while_a_server_waits() -> None:
+    smoke = load_script("bench/lib/smoke.py")
+    queue = [SmokeConfig("llama-3.2-1b", "triton", 0)]
+    a, b = _run("tiny:triton:k0", "waiting", 2.0), _run("tiny:triton:k3", "waiting", 1.0)
+    warming = _run("qwen3-0.6b:triton:k0", "warming")
+    smoke._quiet_ttft([a, b, warming])
+    assert not a.went and not b.went  # another server still warms up
+    assert smoke._schedule(queue, [a, b, warming], set(), 10**12) is None
+    smoke._quiet_ttft([a, b])
+    assert b.went and not a.went  # the one waiting longest, one at a time
+    timing = _run("tiny:triton:k3", "timing")
+    smoke._quiet_ttft([a, timing])
+    assert not a.went
+    serving = _run("tiny:torch:k0", "serving")  # past its TTFT: the next may start
+    assert smoke._schedule(queue, [serving, warming], set(), 10**12) == queue[0]
+    assert smoke._schedule(queue, [serving], {"triton"}, 10**12) == queue[0]
+    assert smoke._schedule(queue, [warming], {"triton"}, 10**12) is None  # gated backend
 
 
 def test_each_backend_runs_a_small_one_first_then_the_largest_first() -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import random
 import re
 import shlex
@@ -35,6 +34,7 @@ import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from first_request_configs import timed_request
@@ -157,25 +157,32 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=10, help="steady TTFT requests")
     p.add_argument("--gap-s", type=float, default=0.5, help="idle seconds before each TTFT one")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ttft-lock", default=None,
-                   help="a file to hold locked while measuring TTFT, so that servers run side "
-                        "by side (bench/warm.py smoke) measure theirs one at a time")
+    p.add_argument("--ttft-gate", default=None, metavar="PREFIX",
+                   help="once ready, create PREFIX.ready and wait for PREFIX.go before timing "
+                        "TTFT, then create PREFIX.measured: a coordinator of servers run side "
+                        "by side (bench/warm.py smoke) lets each time its TTFT while no other "
+                        "warms up or times its own")
     p.add_argument("--ready-timeout", type=float, default=900.0)
     p.add_argument("--request-timeout", type=float, default=300.0)
     return p
 
 
 @contextlib.contextmanager
-def _locked(path: str | None) -> Any:
-    if path is None:
+def _gated(prefix: str | None, timeout_s: float) -> Any:
+    """Between PREFIX.ready and PREFIX.measured, after PREFIX.go (see --ttft-gate)."""
+    if prefix is None:
         yield
         return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    Path(prefix + ".ready").touch()
+    deadline = time.monotonic() + timeout_s
+    while not Path(prefix + ".go").exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{prefix}.go did not come within {timeout_s:.0f} s")
+        time.sleep(0.1)
+    try:
+        yield
+    finally:
+        Path(prefix + ".measured").touch()
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -203,7 +210,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             return [rng.randrange(vocab) for _ in range(min(args.prompt_len, max_prompt))]
 
         ttfts = []
-        with _locked(args.ttft_lock):
+        with _gated(args.ttft_gate, args.ready_timeout):
             for _ in range(args.repeats + 1):
                 time.sleep(args.gap_s)
                 ttfts.append(timed_request(client, ttft_prompt(), args.ttft_tokens,

@@ -8,8 +8,10 @@ requests with every sampling option (`bench/warm.py served`), one row each.
 
 Servers run side by side where the card's memory holds them (each with a fixed, small KV
 cache: bench/lib/smoke_plan.py), the largest first; each backend's first run goes alone, so
-its cold JIT is paid once; TTFT is measured by one server at a time. A preset the card
-cannot hold gets a row that says so instead of a run. No configuration starts after
+its cold JIT is paid once. TTFT is timed in quiet: a ready server waits until no other warms
+up or times its TTFT, and no server starts while one waits (a warmup beside a first request
+would make it look slow). A preset the card cannot hold, or a backend with no kernels for
+its head size, gets a row that says so instead of a run. No configuration starts after
 --deadline-s, and those left get a row that says so: rerun them with --presets.
 
 A row is clean when the run exited 0 with 0 compiles, autotunes, graph misses and errors
@@ -33,12 +35,12 @@ from smoke_plan import (
     MEMORY_SHARE,
     SmokeConfig,
     SmokeRow,
-    fits,
     format_row,
     matrix,
     memory_bytes,
     read_served,
     run_order,
+    why_not,
 )
 
 from warmgate.server.config.attention_backends import backend_available, backend_names
@@ -83,16 +85,36 @@ class Run:
     it too, so a timeout stops both)."""
 
     def __init__(self, config: SmokeConfig, device: str, args: argparse.Namespace,
-                 logs: Path, lock: Path) -> None:
+                 logs: Path) -> None:
         self.row = SmokeRow(config)
         self.started = time.monotonic()
-        self.log = logs / (config.name.replace(":", "-") + ".txt")
+        stem = config.name.replace(":", "-")
+        self.log = logs / (stem + ".txt")
+        self.gate = str(logs / stem)  # served's --ttft-gate files
         self._out = self.log.open("w")
         self.proc = subprocess.Popen(
             [sys.executable, WARM, "served", "--requests", str(args.requests), "--repeats", "5",
-             "--gap-s", "0.3", "--ttft-lock", str(lock),
+             "--gap-s", "0.3", "--ttft-gate", self.gate,
              "--server-args", config.server_args(device)],
             stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _has(self, suffix: str) -> bool:
+        return os.path.exists(self.gate + suffix)
+
+    @property
+    def warming(self) -> bool:
+        return not self._has(".ready")
+
+    @property
+    def waiting(self) -> bool:
+        return self._has(".ready") and not self._has(".go")
+
+    @property
+    def timing(self) -> bool:
+        return self._has(".go") and not self._has(".measured")
+
+    def go(self) -> None:
+        Path(self.gate + ".go").touch()
 
     def poll(self, timeout_s: float) -> bool:
         """Whether the run has ended (stopped now if past its time)."""
@@ -115,10 +137,22 @@ class Run:
         return True
 
 
+def _quiet_ttft(running: list[Run]) -> None:
+    """Let the longest-waiting ready server time its TTFT when no other warms up or times."""
+    if any(r.warming or r.timing for r in running):
+        return
+    waiting = [r for r in running if r.waiting]
+    if waiting:
+        min(waiting, key=lambda r: r.started).go()
+
+
 def _schedule(queue: list[SmokeConfig], running: list[Run], gated: set[str],
               free_bytes: int) -> SmokeConfig | None:
-    """The next configuration that may start now: its backend's first run has ended (or it
-    is that run), and it fits beside those running."""
+    """The next configuration that may start now: no server waits for or times its TTFT,
+    its backend's first run has ended (or it is that run), and it fits beside those
+    running."""
+    if any(r.waiting or r.timing for r in running):
+        return None
     for config in queue:
         if config.backend in gated and any(r.row.config.backend == config.backend
                                            for r in running):
@@ -128,11 +162,8 @@ def _schedule(queue: list[SmokeConfig], running: list[Run], gated: set[str],
     return None
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    import torch
-
-    args = _parser(prog).parse_args(argv)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+def _select(args: argparse.Namespace, prog: str | None) -> tuple[list[SmokeConfig], list[str]]:
+    """The configurations the flags name, and the backends."""
     backends = (args.backends.split(",") if args.backends else
                 [b for b in backend_names() if backend_available(b)])
     try:
@@ -146,6 +177,63 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if unknown:
             _parser(prog).error(f"--configs {','.join(unknown)}: not in the matrix")
         configs = [c for c in configs if c.name in wanted]
+    return configs, backends
+
+
+def _run_all(queue: list[SmokeConfig], backends: list[str], device: str, total: int,
+             args: argparse.Namespace, logs: Path) -> tuple[list[SmokeRow], list[SmokeConfig]]:
+    """Run the queue (see the module's docstring); the rows of the runs, and the
+    configurations the deadline left."""
+    gated = set(backends)  # each backend's first run has not ended yet
+    running: list[Run] = []
+    done: list[SmokeRow] = []
+    start = time.monotonic()
+    while queue or running:
+        used = sum(memory_bytes(r.row.config) for r in running)
+        while (queue and len(running) < args.parallel
+               and time.monotonic() - start < args.deadline_s):
+            config = _schedule(queue, running, gated, int(MEMORY_SHARE * total) - used)
+            if config is None:
+                break
+            queue.remove(config)
+            running.append(Run(config, device, args, logs))
+            used += memory_bytes(config)
+        if not running and time.monotonic() - start >= args.deadline_s:
+            break
+        _quiet_ttft(running)
+        for run in [r for r in running if r.poll(args.config_timeout_s)]:
+            running.remove(run)
+            gated.discard(run.row.config.backend)
+            done.append(run.row)
+            print(f"[+{time.monotonic() - start:4.0f} s] {format_row(run.row)}", flush=True)
+        time.sleep(0.2)
+    return done, queue
+
+
+def _report(rows: dict[SmokeConfig, SmokeRow], logs: Path) -> int:
+    print(HEADER)
+    for row in rows.values():
+        print(format_row(row))
+    ran = [r for r in rows.values() if r.exit_code is not None]
+    dirty = [r for r in ran if not r.clean]
+    left = [r for r in rows.values() if r.note.startswith("not run")]
+    print(f"{len(rows)} configurations: {len(ran) - len(dirty)} clean, {len(dirty)} not clean, "
+          f"{len(rows) - len(ran) - len(left)} do not fit or apply, {len(left)} not run")
+    for row in ran:
+        if row.exit_code:  # what the run said last: why it failed
+            lines = (logs / (row.config.name.replace(":", "-") + ".txt")).read_text(
+                errors="replace").splitlines()
+            print(f"\n--- {row.config.name}: the last {min(len(lines), TAIL)} lines of its log")
+            print("\n".join(line[:300] for line in lines[-TAIL:]))
+    return 1 if dirty or left else 0
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    import torch
+
+    args = _parser(prog).parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    configs, backends = _select(args, prog)
     card = detect(device)
     if device.startswith("cuda"):
         torch.cuda.empty_cache()  # the copy check's 2 GiB back before any server starts
@@ -156,51 +244,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     print(f"{len(configs)} configurations ({', '.join(backends)}; k {args.ks}), "
           f"{total / GIB:.0f} GiB, up to {args.parallel} servers at once; logs in {logs}",
           flush=True)
-    rows = {c: SmokeRow(c) for c in configs}
-    for c in configs:
-        if not fits(c, total):
-            rows[c].note = (f"does not fit: needs about {memory_bytes(c) / GIB:.0f} GiB, the "
-                            f"card has {total / GIB:.0f} GiB")
-    queue = run_order([c for c in configs if fits(c, total)])
-    gated = set(backends)  # each backend's first run has not ended yet
-    running: list[Run] = []
+    rows = {c: SmokeRow(c, note=why_not(c, total) or "") for c in configs}
     start = time.monotonic()
-    lock = logs / "ttft.lock"
-    while queue or running:
-        used = sum(memory_bytes(r.row.config) for r in running)
-        while (queue and len(running) < args.parallel
-               and time.monotonic() - start < args.deadline_s):
-            config = _schedule(queue, running, gated, int(MEMORY_SHARE * total) - used)
-            if config is None:
-                break
-            queue.remove(config)
-            running.append(Run(config, device, args, logs, lock))
-            used += memory_bytes(config)
-        if not running and time.monotonic() - start >= args.deadline_s:
-            break
-        for run in [r for r in running if r.poll(args.config_timeout_s)]:
-            running.remove(run)
-            gated.discard(run.row.config.backend)
-            rows[run.row.config] = run.row
-            print(f"[+{time.monotonic() - start:4.0f} s] {format_row(run.row)}", flush=True)
-        time.sleep(0.5)
-    for config in queue:
+    done, left = _run_all(run_order([c for c in configs if not rows[c].note]), backends,
+                          device, total, args, logs)
+    for row in done:
+        rows[row.config] = row
+    for config in left:
         rows[config].note = f"not run: past --deadline-s {args.deadline_s:.0f}"
-    print(f"\nsmoke, {device}, {time.monotonic() - start:.0f} s\n{HEADER}")
-    for row in rows.values():
-        print(format_row(row))
-    ran = [r for r in rows.values() if r.exit_code is not None]
-    dirty = [r for r in ran if not r.clean]
-    left = [r for r in rows.values() if r.note.startswith("not run")]
-    print(f"{len(rows)} configurations: {len(ran) - len(dirty)} clean, {len(dirty)} not clean, "
-          f"{len(rows) - len(ran) - len(left)} do not fit, {len(left)} not run")
-    for row in ran:
-        if row.exit_code:  # what the run said last: why it failed
-            lines = (logs / (row.config.name.replace(":", "-") + ".txt")).read_text(
-                errors="replace").splitlines()
-            print(f"\n--- {row.config.name}: the last {min(len(lines), TAIL)} lines of its log")
-            print("\n".join(line[:300] for line in lines[-TAIL:]))
-    return 1 if dirty or left else 0
+    print(f"\nsmoke, {device}, {time.monotonic() - start:.0f} s")
+    return _report(rows, logs)
 
 
 if __name__ == "__main__":

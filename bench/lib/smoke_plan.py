@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from warmgate.server.config.attention_backends import head_dim_problem
 from warmgate.server.config.presets import preset_names
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.devtools.roofline import kv_bytes_per_token, num_params
@@ -63,6 +64,18 @@ def memory_bytes(config: SmokeConfig) -> int:
 
 def fits(config: SmokeConfig, total_bytes: int) -> bool:
     return memory_bytes(config) <= MEMORY_SHARE * total_bytes
+
+
+def why_not(config: SmokeConfig, total_bytes: int) -> str | None:
+    """Why this configuration gets a row instead of a run, or None: the card cannot hold
+    it, or the backend has no kernels for the model's head size (the server refuses it)."""
+    problem = head_dim_problem(config.backend, ModelConfig.from_preset(config.preset).head_dim)
+    if problem is not None:
+        return f"does not apply: {problem}"
+    if not fits(config, total_bytes):
+        return (f"does not fit: needs about {memory_bytes(config) / 2**30:.0f} GiB, the card "
+                f"has {total_bytes / 2**30:.0f} GiB")
+    return None
 
 
 def run_order(configs: list[SmokeConfig]) -> list[SmokeConfig]:

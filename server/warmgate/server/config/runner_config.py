@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmgate.server.config import flag_values
-from warmgate.server.config.attention_backends import backend_available
+from warmgate.server.config.attention_backends import backend_available, head_dim_problem
 from warmgate.server.config.compilation_config import CompilationConfig, default_cuda_graph_sizes
 from warmgate.server.config.config_error import ConfigError, _require
 from warmgate.server.config.flags import flag
@@ -281,7 +281,8 @@ def resolve_runner_config(config: RunnerConfig, *, cuda_available: bool | None =
             flashinfer_available = on_cuda and backend_available("flashinfer")
         if triton_available is None:
             triton_available = on_cuda and backend_available("triton")
-        if on_cuda and flashinfer_available:
+        if (on_cuda and flashinfer_available
+                and head_dim_problem("flashinfer", config.model.head_dim) is None):
             backend = "flashinfer"
         elif on_cuda and triton_available:
             backend = "triton"

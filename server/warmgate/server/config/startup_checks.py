@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from warmgate.server.config.attention_backends import backend_available
+from warmgate.server.config.attention_backends import backend_available, head_dim_problem
 from warmgate.server.config.moe_kernel import check_moe_kernel_shape
 from warmgate.server.config.runner_config import ConfigError, RunnerConfig
 
@@ -31,6 +31,10 @@ def check_attention_backend(runner: RunnerConfig, environ: Mapping[str, str]) ->
             raise ConfigError("device.attention_backend",
                               f"{backend} needs a CUDA device but --device is {device}; "
                               "use --attention-backend torch (or auto) on a CPU")
+    problem = head_dim_problem(backend, runner.model.head_dim)
+    if problem is not None:
+        raise ConfigError("device.attention_backend",
+                          f"{problem}: use --attention-backend triton (or auto)")
     if not backend_available(backend):
         raise ConfigError("device.attention_backend",
                           f"{backend} was asked for but its Python package is not installed")
