@@ -79,7 +79,9 @@ def sliding_window(hf: dict[str, Any], arch: str, path: Path,
                  f"{str(hf.get('use_sliding_window', False)).lower()}, as in transformers")
         return None
     window = hf.get("sliding_window", HF_DEFAULTS[arch].sliding_window)
-    start = hf.get("max_window_layers", HF_DEFAULTS[arch].max_window_layers)
+    start = hf.get("max_window_layers")
+    if start is None:  # only Qwen2 and Qwen3 come here, both with a default (28)
+        start = HF_DEFAULTS[arch].max_window_layers or 0
     layer_types = hf.get("layer_types") or [
         "sliding_attention" if i >= start else "full_attention"
         for i in range(hf["num_hidden_layers"])]
