@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.runner_helpers import make_runner, prompt
@@ -145,3 +147,32 @@ def test_the_block_pool_never_hands_out_the_runners_null_block() -> None:
     assert pool.allocate(5) is None and pool.num_free == 4  # all or nothing
     blocks = pool.allocate(4)
     assert blocks is not None and NULL_BLOCK_ID not in blocks and pool.num_free == 0
+
+
+def _prompt_tokens_beside_decodes(served: Served) -> list[int]:
+    """Per step in which some request decoded (k=0: one token), the prompt tokens beside."""
+    return [sum(n for n in so.num_scheduled_tokens.values() if n > 1) for so in served.steps
+            if 1 in so.num_scheduled_tokens.values()]
+
+
+@pytest.mark.parametrize("bound", [8, 0])
+def test_prompt_tokens_beside_decodes_are_bounded(bound: int) -> None:
+    """Two streams decode while a 120-token prompt arrives: with a bound, each of their steps
+    carries at most `bound` prompt tokens (the budget's 64 only while nothing decodes), and
+    the tokens are the one-at-a-time reference's; 0 lifts the bound."""
+    served = Served(make_runner(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=160,
+                                num_blocks=160))
+    served.scheduler.limits = dataclasses.replace(
+        served.scheduler.limits, max_prefill_tokens_while_decoding=bound)
+    prompts = [prompt(5), prompt(6, offset=1), prompt(120, offset=2)]
+    reqs = [served.submit(f"r{i}", p, greedy(16)) for i, p in enumerate(prompts)]
+    served.run()
+    beside = _prompt_tokens_beside_decodes(served)
+    assert beside and max(served.steps[0].num_scheduled_tokens.values()) > 8
+    if bound:
+        assert max(beside) == bound
+    else:
+        assert max(beside) > 8
+    reference = make_runner(max_model_len=160, num_blocks=160)
+    for req, p in zip(reqs, prompts, strict=True):
+        assert req.output_token_ids == reference_greedy(reference, p, 16), req.req_id

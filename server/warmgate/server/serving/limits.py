@@ -15,6 +15,9 @@ class SchedulerLimits:
     num_blocks: int
     max_model_len: int
     num_speculative_steps: int = 0
+    # Prompt tokens a step takes at most while requests decode in it; 0: no bound but the
+    # token budget (SchedulerConfig.max_prefill_tokens_while_decoding).
+    max_prefill_tokens_while_decoding: int = 0
     # Overlapped scheduling (serving/overlap.py): the serving config's, not the runner's.
     async_scheduling: bool = False
 
@@ -30,6 +33,8 @@ class SchedulerLimits:
                    block_size=config.cache.block_size, num_blocks=config.cache.num_blocks,
                    max_model_len=config.model.max_model_len,
                    num_speculative_steps=config.speculative.num_speculative_steps,
+                   max_prefill_tokens_while_decoding=(
+                       config.scheduler.max_prefill_tokens_while_decoding),
                    async_scheduling=async_scheduling)
 
     @property

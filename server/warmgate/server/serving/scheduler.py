@@ -9,6 +9,9 @@ Each step, in this order (vLLM V1's policy, trimmed):
 2. Waiting requests, first come first served, while max_num_seqs, the token budget and free
    blocks allow; none are admitted in a step that had to preempt (they would take the blocks
    the preempted request needs back).
+In a step where running requests decode, prompt tokens (chunks of running prefills and new
+requests alike) take at most max_prefill_tokens_while_decoding of the budget: a decoding
+stream's next token waits for the whole step, so its prompts bound the inter-token latency.
 So one step can mix prefill chunks and decodes, and a request enters the batch the step after
 it arrives. The scheduler never touches the runner: it builds a SchedulerOutput and reads the
 ModelRunnerOutput back.
@@ -92,6 +95,7 @@ class Scheduler:
 
     def schedule(self, now: float) -> StepPlan:
         budget = self.limits.max_num_batched_tokens
+        prompt_room = self._prompt_room(budget)
         work: list[ScheduledWork] = []
         errors: list[StepEvent] = []
         preempted = False
@@ -102,8 +106,12 @@ class Scheduler:
                 i += 1  # its last token is in flight; the update finishes it
                 continue
             drafts = self._drafts(req, budget)
-            n = (1 + len(drafts) if req.num_uncomputed_tokens == 1
-                 else min(req.num_uncomputed_tokens, budget))
+            prefill = req.num_uncomputed_tokens != 1
+            n = (min(req.num_uncomputed_tokens, budget, prompt_room) if prefill
+                 else 1 + len(drafts))
+            if n == 0:
+                i += 1  # this step's prompt tokens are spent; its next chunk waits
+                continue
             grown = self._grow(req, n)
             if grown is None:  # admission checks make this unreachable; never loop on it
                 self._finish(req)
@@ -118,11 +126,12 @@ class Scheduler:
                 continue  # the same request again, now that a newer one gave up its blocks
             work.append(ScheduledWork(req, n, tuple(drafts)))
             budget -= n
+            prompt_room -= n if prefill else 0
             i += 1
-        while (self.waiting and not preempted and budget > 0
+        while (self.waiting and not preempted and min(budget, prompt_room) > 0
                and len(self.running) < self.limits.max_num_seqs):
             req = self.waiting[0]
-            n = min(req.num_uncomputed_tokens, budget)
+            n = min(req.num_uncomputed_tokens, budget, prompt_room)
             blocks = self.pool.allocate(cdiv(n, self.limits.block_size))
             if blocks is None:
                 break  # waits for blocks to come free
@@ -131,6 +140,7 @@ class Scheduler:
             self.running.append(req)
             work.append(ScheduledWork(req, n))
             budget -= n
+            prompt_room -= n
         for w in work:
             if w.req.usage.first_scheduled_s is None:
                 w.req.usage.first_scheduled_s = now
@@ -182,6 +192,13 @@ class Scheduler:
         return self._scheduler_output([])
 
     # -- internals ----------------------------------------------------------------------
+
+    def _prompt_room(self, budget: int) -> int:
+        """Prompt tokens this step may take: the budget, or the bound while requests decode."""
+        bound = self.limits.max_prefill_tokens_while_decoding
+        if bound and any(r.num_uncomputed_tokens == 1 for r in self.running):
+            return min(bound, budget)
+        return budget
 
     def _drafts(self, req: ServingRequest, budget: int) -> list[int]:
         """Up to num_speculative_steps drafts for a decoding request.
