@@ -16,10 +16,12 @@ import grpc
 from google.protobuf import duration_pb2
 
 from tests.bench_harness import ROOT, load_script, user_env
+from tests.grpc_harness import FakeEngine, ServerThread, server_config
 from warmgate.client import render
 from warmgate.client.cli import main
 from warmgate.client.errors import Violation, WarmgateRpcError
 from warmgate.client.exit_codes import EXIT_OK, EXIT_USAGE
+from warmgate.server.core.phases import PLAN_PHASES
 from warmgate.v1 import warmup_pb2 as pb
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -49,6 +51,11 @@ def test_fetch_smollm2_without_gguf_prints_one_line_and_exits_2(tmp_path: Path) 
     assert proc.stderr.strip().splitlines() == [
         "tools/fetch_smollm2.py needs gguf, not installed: run pip install -e '.[reference]'"]
     assert proc.stdout == "" and not (tmp_path / "ckpt").exists()
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
 
 
 def cli(argv: list[str], environ: dict[str, str]) -> tuple[int, str, str]:
@@ -90,6 +97,25 @@ def test_status_of_a_settled_server_shows_one_run_time_with_the_load_named() -> 
     running = pb.WarmupStatus(state=pb.WARMUP_STATE_RUNNING, elapsed=duration(2.0),
                               current_phase="kernels.decode", num_phases=9)
     assert "elapsed=2.0s" in render.status_text(running)
+
+
+def test_watch_ends_with_the_run_time_status_gives_the_load_named() -> None:
+    """`watch` of a settled server prints the outcome line `status` prints (load + warmup), not
+    an unlabelled elapsed time of the warmup alone; on a terminal too, after its bar."""
+    # The engine's report holds the load phase, as the real engine's does at start-up.
+    with ServerThread(server_config("--warmup-on-start"),
+                      engine=FakeEngine(phases=PLAN_PHASES, steps=2, step_s=0.01)) as s:
+        assert cli(["--target", s.target, "wait", "--timeout", "60"], {})[0] == EXIT_OK
+        status = cli(["--target", s.target, "status"], {})[1]
+        assert "(load " in status, status  # the start-up's run loaded the model
+        for stdout in (io.StringIO(), Tty()):
+            code = main(["--target", s.target, "watch"], out=stdout, err=io.StringIO(),
+                        environ={})
+            last = stdout.getvalue().strip().splitlines()[-1]
+            assert code == EXIT_OK and last.startswith("state=READY outcome SUCCEEDED in "), last
+            assert "elapsed" not in last and "(load " in last and "+ warmup " in last, last
+            outcome = last.split(" ", 1)[1]
+            assert outcome in status, (outcome, status)
 
 
 def test_a_bad_request_is_one_line_naming_each_field() -> None:
