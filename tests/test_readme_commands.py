@@ -132,6 +132,7 @@ def test_the_docs_show_every_entry_command_and_first_request_mode() -> None:
     assert modes == set(load_script("bench/lib/first_request.py").MODES), modes
 
 
+@pytest.mark.slow
 def test_every_bench_command_runs_from_the_repository_root() -> None:
     """As a user runs them after the Quick start (`python bench/x.py` from the root, the
     editable install's path and nothing else): all at once, each must print its usage."""
