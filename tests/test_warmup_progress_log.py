@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 from tests.bench_harness import ROOT, user_env
+from warmgate.server.core import progress_log
 from warmgate.server.core.phases import (
     CUDA_GRAPHS,
     LOAD,
@@ -20,8 +21,7 @@ from warmgate.server.core.phases import (
     TP_PLAN_PHASES,
 )
 from warmgate.server.core.progress import ProgressEvent
-from warmgate.server.warmup import progress_log
-from warmgate.server.warmup.progress_log import ProgressLog, plan_names
+from warmgate.server.core.progress_log import ProgressLog, plan_names
 
 
 class Clock:
@@ -75,7 +75,8 @@ def test_a_tensor_parallel_plan_counts_its_distributed_phase() -> None:
 SLOWED_SAMPLER = textwrap.dedent("""
     import sys, time
     from warmgate.server import run_warmup
-    from warmgate.server.warmup import plan, progress_log
+    from warmgate.server.core import progress_log
+    from warmgate.server.warmup import plan
 
     progress_log.QUIET_S, progress_log.INTERVAL_S, progress_log.TICK_S = 0.3, 0.5, 0.05
     real = plan.warmup_sampler

@@ -18,12 +18,12 @@ from warmgate.server.config.server_config import ServerConfig
 from warmgate.server.core.failures import FatalDeviceError
 from warmgate.server.core.phases import LOAD
 from warmgate.server.core.progress import ProgressEvent
+from warmgate.server.core.progress_log import ProgressLog, plan_names
 from warmgate.server.core.results import (
     PhaseStatus,
     WarmupOutcome,
     WarmupReport,
 )
-from warmgate.server.warmup.progress_log import ProgressLog, plan_names
 
 logger = logging.getLogger(__name__)
 

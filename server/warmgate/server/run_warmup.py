@@ -17,10 +17,10 @@ from warmgate.server.config.runner_config import ConfigError, RunnerConfig
 from warmgate.server.config.server_config import RUNNER_FLAGS, add_options, report_config_error
 from warmgate.server.core.phases import LOAD
 from warmgate.server.core.progress import ProgressEvent
+from warmgate.server.core.progress_log import ProgressLog, plan_names
 from warmgate.server.jit import JitMonitor
 from warmgate.server.startup import checked_runner_config
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
-from warmgate.server.warmup.progress_log import ProgressLog, plan_names
 from warmgate.server.warmup.shapes import check_config_capacity
 from warmgate.server.warmup.table import format_phase_table
 
