@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The first request after ready on FlashInfer at configurations the other benches do not use,
-# in one device call of under ten minutes. PARTS picks what runs (default: all of "tests fixed
+# in one run of under ten minutes. PARTS picks what runs (default: all of "tests fixed
 # probe long"; "configs" is its own call):
 #   tests    the GPU tests that cover ragged graphs on both backends (and FlashInfer's JIT)
 #   fixed    first/steady TTFT at llama-3.2-1b, k=0, 48 seqs, budget 4096, length 8192, a
@@ -15,15 +15,15 @@
 #            ones (bench/warm.py first-request --mode breakdown), at the fixed configuration
 #   breakdown-k3  the same at the random configurations' worst, k=3 (the open question)
 #   OUT=/tmp/out PARTS="tests fixed" bash bench/gpu_first_request.sh
-# Every output lands in one tarball, $OUT/gpu-first-request.tgz (a device call brings back a
-# limited number of files); the summaries go to stdout.
+# Every output lands in one tarball, $OUT/gpu-first-request.tgz (one file to copy back from the
+# GPU machine); the summaries go to stdout.
 set -uo pipefail
 FINAL=${OUT:-/tmp/warmgate-out}
 OUT=/tmp/gpu-first-request
 mkdir -p "$OUT" "$FINAL"
 # The tarball is written however the call ends (a part's timeout, the call's own limit).
 trap 'tar czf "$FINAL/gpu-first-request.tgz" -C "$OUT" .' EXIT
-source bench/lib/gpu_env.sh  # the carried wheels and PYTHONPATH
+source bench/lib/gpu_env.sh  # the wheels in .whl/ and PYTHONPATH
 PARTS=${PARTS:-tests fixed probe long}
 FIXED_RUNS=${FIXED_RUNS:-3}
 TRITON_RUNS=${TRITON_RUNS:-$FIXED_RUNS}

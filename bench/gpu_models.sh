@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The MoE, FP8 and --deterministic evidence on the GPU, in device calls of under ten minutes
-# (PARTS picks what runs; a call's limit is 600 s, so pass a few entries per call):
+# The MoE, FP8 and --deterministic evidence on the GPU, in runs of under ten minutes
+# (PARTS picks what runs; keep a run under 600 s: a few entries per run):
 #   served       bench/warm.py served per SERVED entry (model:backend:k): a fresh server,
 #                first/steady TTFT, then REQUESTS random Generate requests with every sampling
 #                option; compiles, autotunes and graph misses after ready (goal 0)
@@ -19,7 +19,7 @@ FINAL=${OUT:-/tmp/warmgate-out}
 OUT=/tmp/gpu-models
 mkdir -p "$OUT" "$FINAL"
 trap 'tar czf "$FINAL/gpu-models.tgz" -C "$OUT" .' EXIT
-source bench/lib/gpu_env.sh  # the carried wheels and PYTHONPATH
+source bench/lib/gpu_env.sh  # the wheels in .whl/ and PYTHONPATH
 # One FlashInfer JIT cache for every part of the call: only the first user pays the cold JIT.
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-base}
 PARTS=${PARTS:-served}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 21's H200 evidence: bench/warm.py coverage with every sampling option and grammar rows (JSON
-# schema / regex / EBNF through xgrammar) drawn at random, 2,000 batches after ready for triton
-# and flashinfer at k=0 and k=3 (about 4 minutes), then bench/warm.py first-request --mode options
+# The H200 evidence for sampling options: bench/warm.py coverage with every sampling option
+# and grammar rows (JSON schema / regex / EBNF through xgrammar) drawn at random, 2,000 batches
+# after ready for triton and flashinfer at k=0 and k=3 (about 4 minutes), then bench/warm.py first-request --mode options
 # (the first request that uses each option after ready / steady) on FIRST_SERVERS fresh servers
 # per backend in turn (default 3, class order shuffled per server; ~60-80 s per server per
 # backend, so ~6-8 minutes at 3). Together that is over 10 minutes: where one command is limited
@@ -27,7 +27,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/warmgate-out}
 mkdir -p "$OUT"
-source bench/lib/gpu_env.sh  # the carried wheels and PYTHONPATH
+source bench/lib/gpu_env.sh  # the wheels in .whl/ and PYTHONPATH
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-base}
 CKPT=${CKPT:-/tmp/ckpt-1b-text}
 FIRST_K=${FIRST_K:-3}

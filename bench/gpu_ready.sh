@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 20's H200 evidence, time to ready against the floor, in device calls of under 10 minutes
+# The H200 evidence of time to ready against the floor, in runs of under 10 minutes
 # each (caches die with the machine, and a call is limited to 10 minutes):
 #   PARTS=1b     bench/start.py time-to-ready on llama-3.2-1b's shapes, flashinfer then triton,
 #                RUNS warm starts each (default 5; about 250 s and 130 s)
@@ -9,12 +9,12 @@
 #                server per backend (FIRST_SERVERS, FIRST_STEADY pass through)
 #   OUT=/tmp/out PARTS="8b first" bash bench/gpu_ready.sh
 # Each run's stdout goes to $OUT/<card>-time-to-ready-<preset>-<backend>.txt as the bench printed
-# it, its servers' stamped logs into one tarball ($OUT/ready-logs.tgz: a device call brings back
-# a limited number of files). The run that fills a backend's --cache-dir is its cold start.
+# it, its servers' stamped logs into one tarball ($OUT/ready-logs.tgz: one file to copy
+# back from the GPU machine). The run that fills a backend's --cache-dir is its cold start.
 set -uo pipefail
 OUT=${OUT:-/tmp/warmgate-out}
 mkdir -p "$OUT"
-source bench/lib/gpu_env.sh  # the carried wheels and PYTHONPATH
+source bench/lib/gpu_env.sh  # the wheels in .whl/ and PYTHONPATH
 PARTS=${PARTS:-1b}
 RUNS=${RUNS:-5}
 RUNS_8B=${RUNS_8B:-2}

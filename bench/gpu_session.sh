@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Everything the GPU machine is for, in one call (device time is scarce and caches die with the
-# machine): install the carried wheels, then each stage with its own time limit, logs to $OUT.
+# Everything the GPU machine is for, in one run (caches die with the machine, so one run fills
+# and reuses them): install the wheels in .whl/ (docs/pending-gpu-runs.md), then each stage with
+# its own time limit, logs to $OUT.
 #   STAGES="sanity tests warmup bench" bash bench/gpu_session.sh   (also: spec, cache, coverage,
 #   first, first-nosweep, probe, segments, breakdown, profile, touch, serve, serve-nosweep)
 set -uo pipefail
@@ -45,7 +46,7 @@ bench)
   stage "bench kernels"
   timeout 90 python3 bench/serve.py kernels 2>&1 | tee "$OUT/kernels_gpu.txt" | tail -20 ;;
 cache)
-  # Cold vs warm --warmup-only --cache-dir (issue 6); later stages reuse its FlashInfer JIT.
+  # Cold vs warm --warmup-only --cache-dir; later stages reuse its FlashInfer JIT.
   stage "cache cold vs warm"
   timeout 260 bash bench/cache_cold_warm.sh 2>&1 | tail -20
   entry=$(ls -d /tmp/warmgate-cache.*/*/flashinfer 2>/dev/null | head -1)
@@ -103,7 +104,7 @@ segments)
       --max-model-len 1024 --trace-segments $a 2>>"$OUT/segments.err" | tee -a "$OUT/segments.txt"
   done ;;
 breakdown)
-  # Where the first Generate's time to first token goes, against steady requests (issue 7).
+  # Where the first Generate's time to first token goes, against steady requests.
   for i in $(seq ${BREAKDOWN_TRIALS:-3}); do
     stage "ttft breakdown llama-3.2-1b triton #$i"
     timeout 120 python3 bench/warm.py first-request --mode breakdown --model llama-3.2-1b --device cuda \
@@ -118,7 +119,7 @@ touch)
     --max-model-len 1024 --no-shape-sweeps 2>"$OUT/first_touch.err" \
     | grep -v USDT | tee "$OUT/first_touch.txt" ;;
 serve)
-  # Issue 7: Generate's first TTFT after ready / steady median (warmup on, off) and 64-stream
+  # Generate's first TTFT after ready / steady median (warmup on, off) and 64-stream
   # throughput without and with speculative decoding, on fresh server processes.
   stage "generate ttft + throughput llama-3.2-1b ${SERVE_BACKEND:-triton}"
   timeout ${SERVE_TIMEOUT:-330} python3 bench/warm.py first-request --mode ttft --server-args "--model llama-3.2-1b \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The steady state on the GPU in one device call: the GPU tests, where a decode step's GPU time
+# The steady state on the GPU in one run: the GPU tests, where a decode step's GPU time
 # goes, and served throughput side by side per arm. PARTS picks what runs (default all three):
 #   tests       tests/gpu, every file (TESTS narrows it), no -x: every failure is listed
 #   kernels     bench/serve.py step-kernels for each KERNEL_MODELS entry (model:backends)
@@ -9,14 +9,14 @@
 #               per arm of ARMS (';'-separated extra server flags; "-" is the defaults), the
 #               arms of one entry back to back so they are compared side by side
 #   OUT=/tmp/out PARTS="kernels" bash bench/gpu_steady.sh
-# Every output lands in one tarball, $OUT/gpu-steady.tgz (a device call brings back a limited
-# number of files); the summaries go to stdout.
+# Every output lands in one tarball, $OUT/gpu-steady.tgz (one file to copy back from the GPU
+# machine); the summaries go to stdout.
 set -uo pipefail
 FINAL=${OUT:-/tmp/warmgate-out}
 OUT=/tmp/gpu-steady
 mkdir -p "$OUT" "$FINAL"
 trap 'tar czf "$FINAL/gpu-steady.tgz" -C "$OUT" .' EXIT
-source bench/lib/gpu_env.sh  # the carried wheels and PYTHONPATH
+source bench/lib/gpu_env.sh  # the wheels in .whl/ and PYTHONPATH
 # One FlashInfer JIT cache for every part of the call: only the first user pays the cold JIT.
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-base}
 PARTS=${PARTS:-tests kernels throughput}

@@ -1,13 +1,32 @@
 """Loaded before any test module is imported. Without CUDA, the Triton kernels run in the
 interpreter, and Triton reads TRITON_INTERPRET when a kernel is defined: the moment the first
 module that imports the runner's kernels is collected, whichever test file that is. So the
-switch is set here, once, before collection, not in the files that test the kernels."""
+switch is set here, once, before collection, not in the files that test the kernels.
+
+Also here: the notice that names a test running long (tests/slow_test_notice.py), and the
+slow tests left out unless asked for (tests/slow_tests.py)."""
 
 from __future__ import annotations
 
 import os
 
+import pytest
 import torch
+
+from tests import slow_test_notice, slow_tests
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.hookimpl(trylast=True)  # after the terminal reporter exists
+def pytest_configure(config: pytest.Config) -> None:
+    slow_test_notice.register(config)  # a test that runs long says so on the terminal
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    slow_tests.add_option(parser)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow_tests.deselect(config, items)  # the slow tests run when asked for (--slow, CI)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from tests.bench_harness import run_bench
 
 
@@ -18,6 +20,7 @@ def ok(proc: subprocess.CompletedProcess[str]) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_first_probe_times_prefill_and_decode_sequences() -> None:
     out = ok(first_request("--mode", "probe", "--first", "decode",
                            "--num-speculative-steps", "1"))
@@ -31,6 +34,7 @@ def test_first_probe_refuses_segment_tracing_without_cuda() -> None:
     assert "--device cuda" in proc.stderr
 
 
+@pytest.mark.slow
 def test_ttft_breakdown_splits_each_request_at_its_first_step() -> None:
     lines = ok(first_request("--mode", "breakdown", "--gap-s", "0", "--repeats", "3",
                              "--prompt-len", "24", "--device", "cpu",
@@ -43,6 +47,7 @@ def test_ttft_breakdown_splits_each_request_at_its_first_step() -> None:
     assert values["execute_model"] <= values["step"] <= values["client"]
 
 
+@pytest.mark.slow
 def test_step_profile_lists_functions_for_first_and_steady_steps() -> None:
     out = ok(first_request("--mode", "profile", "--classes", "prefill,decode k=0",
                            "--repeats", "2", "--gap-s", "0", "--top", "3"))

@@ -52,6 +52,7 @@ def test_the_table_puts_each_step_against_its_roofline() -> None:
                                 "1.50"]
 
 
+@pytest.mark.slow
 def test_the_command_takes_the_moe_presets_and_refuses_a_bad_layer_count() -> None:
     ok = run_bench("bench/serve.py decode-latency",
                    ["--model", "qwen3-30b-a3b", "--layers", "2", "--help"])

@@ -25,6 +25,8 @@ SMOLLM2_SHAPED: dict[str, Any] = dict(
     intermediate_size=1536, tie_word_embeddings=True, rms_norm_eps=1e-5,
     rope=RopeConfig(theta=100000.0))
 MODELS = {"tiny": {}, "smollm2-shaped": SMOLLM2_SHAPED}
+# The SmolLM2-shaped runs take most of this file's time: slow, run with --slow (and in CI).
+HEAVY_SLOW = ["tiny", pytest.param("smollm2-shaped", marks=pytest.mark.slow)]
 NEW_TOKENS = 10
 Outputs = dict[str, list[tuple[int, float]]]
 
@@ -90,7 +92,7 @@ def busy(model: str, deterministic: bool, k: int, seed: int) -> tuple[Outputs, i
     return served_outputs(served, {rid: reqs[rid] for rid in order})
 
 
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("model", HEAVY_SLOW)
 def test_deterministic_outputs_match_alone_inside_busy_batches_and_across_k(model: str) -> None:
     reference = alone(model, deterministic=True)
     preemptions = 0
@@ -102,7 +104,7 @@ def test_deterministic_outputs_match_alone_inside_busy_batches_and_across_k(mode
     assert preemptions > 0  # the small KV cache did force the preemption path
 
 
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("model", HEAVY_SLOW)
 def test_the_default_mode_differs_on_the_same_workload(model: str) -> None:
     reference = alone(model, deterministic=False)
     got, _ = busy(model, deterministic=False, k=0, seed=0)

@@ -30,6 +30,7 @@ if DEVICE == "cuda" and not torch.cuda.is_available():
                 "no CUDA device", allow_module_level=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [0, 3])
 def test_the_triton_deterministic_path_passes_the_determinism_phase(k: int) -> None:
     c = tiny_config(attention_backend="triton", num_spec=k, device=DEVICE)
@@ -47,6 +48,7 @@ def test_deterministic_flashinfer_attention_is_the_triton_varlen_kernel() -> Non
     assert isinstance(create_backend("flashinfer", spec), TritonAttentionBackend)
 
 
+@pytest.mark.slow
 def test_a_deterministic_uniform_decode_never_runs_the_decode_kernel(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Under the interpreter the two kernels happen to agree bit for bit (one split, the same

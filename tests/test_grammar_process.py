@@ -57,6 +57,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_sigterm_with_heavy_compiles_in_flight_exits_within_the_grace(model_dir: Path
                                                                      ) -> None:
     flags = ["--model", str(model_dir), "--shutdown-grace", str(GRACE_S),
@@ -100,6 +101,7 @@ def test_sigterm_with_heavy_compiles_in_flight_exits_within_the_grace(model_dir:
     assert all(_gone(pid) for pid in in_flight)
 
 
+@pytest.mark.slow
 def test_rss_after_twelve_distinct_heavy_schemas_grows_less_than_the_cache_budget(
         model_dir: Path) -> None:
     flags = ["--model", str(model_dir), "--grammar-cache-mib", str(CACHE_MIB),

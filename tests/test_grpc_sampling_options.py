@@ -119,10 +119,15 @@ def test_cli_generate_takes_the_options(capsys: pytest.CaptureFixture[str]) -> N
         assert [e["token_id"] for e in result["logprobs"]] == [9] * 4
         assert all(len(e["top"]) == 2 for e in result["logprobs"])
         assert [e["token_id"] for e in result["prompt_logprobs"]] == [2, 3]
+        # The vocabulary is the server's to judge: an RPC error naming the field.
         assert cli.main(["--target", server.target, "generate", "--prompt-ids", "1",
-                         "--logprobs", "99"], out=out, err=err) == cli.EXIT_RPC_ERROR
-        assert "sampling.logprobs" in err.getvalue()
-    with pytest.raises(SystemExit):
-        cli.main(["generate", "--prompt-ids", "1", "--logit-bias", "nine=1"], out=out,
-                 err=err)
-    assert "--logit-bias: expected TOKEN_ID=BIAS" in capsys.readouterr().err
+                         "--logit-bias", "99999999=1"], out=out, err=err) == \
+            cli.EXIT_RPC_ERROR
+        assert "sampling.logit_bias[99999999]" in err.getvalue()
+    # A range the CLI knows is a usage error before any RPC (tests/test_cli_sampling_flags.py).
+    for bad, message in ((["--logit-bias", "nine=1"], "--logit-bias: expected TOKEN_ID=BIAS"),
+                         (["--logprobs", "99"], "--logprobs: must be in [0, 20]")):
+        with pytest.raises(SystemExit) as info:
+            cli.main(["generate", "--prompt-ids", "1", *bad], out=out, err=err)
+        assert info.value.code == cli.EXIT_USAGE
+        assert message in capsys.readouterr().err

@@ -76,6 +76,7 @@ async def _refused(client: AsyncWarmgateClient, prompt: str) -> WarmgateRpcError
     return info.value
 
 
+@pytest.mark.slow
 def test_six_4mb_prompts_are_refused_while_health_answers(server: ServerProcess) -> None:
     async def body() -> None:
         async with AsyncWarmgateClient(server.target) as client:

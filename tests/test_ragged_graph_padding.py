@@ -25,7 +25,7 @@ def _use_triton_attention(runner: ModelRunner) -> None:
     runner.model.backend = runner.attention_backend
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
 def test_padded_ragged_batch_matches_eager_rows(backend: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     runner = make_runner(max_num_seqs=4)

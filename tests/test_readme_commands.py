@@ -1,7 +1,8 @@
 """README.md's Quick start and `warmgate` examples, as a newcomer runs them: two commands, one
 torch spec, the one-liner guarded against another server's answers, every `warmgate`
-invocation shown accepted by the CLI's parser as written, and every bench script it names
-runnable from the repository root."""
+invocation shown (in README.md, docs/ and deploy/README.md) accepted by the CLI's parser as
+written, every bench script they name runnable from the repository root, every docs page
+linked from README.md, and the wheel's file name as the build writes it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from warmgate.client.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+# The pages README.md links, where the rest of what it used to hold now lives.
+DOCS = [ROOT / "deploy" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def quick_start() -> list[str]:
@@ -67,7 +70,7 @@ def test_the_one_liner_checks_its_own_server_answers() -> None:
 def examples() -> list[list[str]]:
     found = [c for line in quick_start() for c in warmgate_invocations(line)]
     # Lines of code blocks elsewhere, unless they are a synopsis ([optional], a|b, N, S).
-    for text in (README, (ROOT / "deploy" / "README.md").read_text(encoding="utf-8")):
+    for text in (README, *(doc.read_text(encoding="utf-8") for doc in DOCS)):
         for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
             for line in block.splitlines():
                 synopsis = "[" in line or "|" in line or any(
@@ -95,11 +98,12 @@ ENTRIES = ("warm", "start", "serve", "load")
 
 
 def bench_commands() -> list[list[str]]:
-    """Every bench command README.md and bench/README.md show (and the GPU scripts run), as
-    `python bench/ENTRY.py [COMMAND] --help`; first-request once more per mode it is shown
-    with, `... first-request --mode M --help`."""
+    """Every bench command README.md, docs/ and bench/README.md show (and the GPU scripts
+    run), as `python bench/ENTRY.py [COMMAND] --help`; first-request once more per mode it is
+    shown with, `... first-request --mode M --help`."""
+    pages = [*DOCS, *sorted((ROOT / "bench").glob("*.sh"))]
     text = " ".join((README + BENCH_README + "".join(
-        p.read_text(encoding="utf-8") for p in sorted((ROOT / "bench").glob("*.sh")))).split())
+        p.read_text(encoding="utf-8") for p in pages)).split())
     found = set(re.findall(r"(?<![\w/])bench/([a-z_]+)\.py(?: ([a-z][a-z-]*))?", text))
     commands = sorted([f"bench/{name}.py", *([command] if command else []), "--help"]
                       for name, command in found)
@@ -128,6 +132,7 @@ def test_the_docs_show_every_entry_command_and_first_request_mode() -> None:
     assert modes == set(load_script("bench/lib/first_request.py").MODES), modes
 
 
+@pytest.mark.slow
 def test_every_bench_command_runs_from_the_repository_root() -> None:
     """As a user runs them after the Quick start (`python bench/x.py` from the root, the
     editable install's path and nothing else): all at once, each must print its usage."""
@@ -142,3 +147,21 @@ def test_every_bench_command_runs_from_the_repository_root() -> None:
         if proc.returncode != 0 or "usage:" not in out:
             failed.append(f"python {' '.join(argv)}: exit {proc.returncode}\n{err[-2000:]}")
     assert not failed, "\n".join(failed)
+
+
+def test_the_readme_links_every_docs_page() -> None:
+    linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", README))
+    pages = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert pages - linked == set(), pages - linked
+    assert all((ROOT / page).is_file() for page in linked), linked
+
+
+def test_the_wheel_named_in_the_docs_is_the_one_the_build_writes() -> None:
+    """`warmgate-VERSION-py3-none-any.whl` as README.md, docs/ and deploy/README.md spell it:
+    the version pyproject.toml gives (a release changes them together)."""
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(
+        encoding="utf-8"), re.M)
+    assert version is not None
+    named = {v for text in (README, *(doc.read_text(encoding="utf-8") for doc in DOCS))
+             for v in re.findall(r"warmgate-([\w.]+)-py3-none-any\.whl", text)}
+    assert named == {version.group(1)}, named

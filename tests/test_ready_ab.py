@@ -44,6 +44,7 @@ def test_each_server_imports_its_own_tree_first(monkeypatch: pytest.MonkeyPatch,
                                                     str(tmp_path / "server"), "/opt/site"]
 
 
+@pytest.mark.slow
 def test_a_cpu_comparison_runs_end_to_end(tmp_path: Path) -> None:
     base = tmp_path / "base"
     for part in ("client", "server"):

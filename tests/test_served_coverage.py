@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from tests.bench_harness import load_script, run_bench
 
 served = load_script("bench/lib/served_coverage.py")
@@ -38,6 +40,7 @@ def test_the_drawn_requests_use_every_sampling_option() -> None:
                for p, kw in requests)
 
 
+@pytest.mark.slow
 def test_a_real_server_serves_the_workload_with_nothing_after_ready() -> None:
     proc = run_bench("bench/warm.py", [
         "served", "--requests", "40", "--max-concurrency", "8", "--repeats", "2",

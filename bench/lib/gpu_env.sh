@@ -1,6 +1,6 @@
-# Sourced by bench/gpu_*.sh from the repository root, with $OUT made: on a bare GPU machine the
-# carried wheels (.whl/, flashinfer, the grpc set, ...) go into /tmp/site, and both they and
-# this checkout's client/ and server/ go on PYTHONPATH.
+# Sourced by bench/gpu_*.sh from the repository root, with $OUT made: on a GPU machine without
+# network the wheels in .whl/ (flashinfer, the grpc set, ...: docs/pending-gpu-runs.md) go into
+# /tmp/site, and both they and this checkout's client/ and server/ go on PYTHONPATH.
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }

@@ -1,4 +1,4 @@
-"""Time to ready against the floor (issue 20), every figure from a fresh process:
+"""Time to ready against the floor, every figure from a fresh process:
 
     python bench/start.py time-to-ready --write-checkpoint llama-3.2-1b --model-dir /tmp/ckpt-1b \
         --attention-backend triton --runs 3            (on the GPU machine, repo root)

@@ -1,4 +1,4 @@
-"""Greedy tokens at tensor-parallel size N against TP=1, prompt by prompt (issue 23).
+"""Greedy tokens at tensor-parallel size N against TP=1, prompt by prompt.
 
     python bench/serve.py tp-greedy --model llama-3.1-8b --device cuda --dtype bfloat16 \
         --attention-backend flashinfer --tensor-parallel-size 2 --prompts 20 --tokens 16

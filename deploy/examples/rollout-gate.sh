@@ -6,7 +6,7 @@
 #   deploy/examples/rollout-gate.sh warmgate warmgate 900 -- \
 #     kubectl argo rollouts promote warmgate -n warmgate
 #
-# `warmgate wait` (pip install warmgate: the thin client, no torch) exits 0 once the pod's
+# `warmgate wait` (the thin client, no torch: README.md, Install) exits 0 once the pod's
 # health is SERVING, 1 as soon as its warmup FAILED (waiting longer will not help: abort now
 # instead of sitting out the startupProbe's budget), 2 on timeout, 3 on an RPC error and 64
 # on a bad command line (never read as a timeout). kubectl's

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
-from warmgate.client import render
+from warmgate.client import render, sampling_flags
 from warmgate.client.api import WaitOutcome, WaitResult, WarmgateClient
 from warmgate.client.cache_cmd import add_cache_command, run_cache
 from warmgate.client.cli_options import (
@@ -163,10 +163,12 @@ def _cmd_watch(client: WarmgateClient, args: argparse.Namespace, out: TextIO,
             # Heartbeats repeat the same phase and steps; a log wants a line per change.
             key = (status.state, status.current_phase, status.steps_done, status.steps_total)
             if key != shown:
-                print(render.status_line(status), file=out, flush=True)
+                print(render.watch_line(status), file=out, flush=True)
                 shown = key
-    if live:
+    if live:  # the bar's last state, then the settled line a log would have shown
         print(file=out)
+        if last is not None and last.state in render.SETTLED:
+            print(render.watch_line(last), file=out)
     if last is not None and last.state == pb.WARMUP_STATE_FAILED:
         if not args.json:
             print(f"warmup failed: {last.failure_reason}", file=out)
@@ -200,6 +202,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
     args = parser.parse_args(argv)
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    if args.command == "generate" and (problem := sampling_flags.cross_check(args)):
+        parser.error(problem)
     if args.command == "cache":  # a local directory: no server, no channel
         return run_cache(args, out=out, err=err, as_json=args.json)
     try:

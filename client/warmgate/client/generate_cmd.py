@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
+from warmgate.client import sampling_flags as flags
 from warmgate.client.api import WarmgateClient
 from warmgate.client.exit_codes import EXIT_LOCAL
 from warmgate.client.generate import Generation
@@ -23,18 +24,6 @@ def token_ids(text: str) -> list[int]:
     return [int(part) for part in parts]
 
 
-def logit_bias_item(text: str) -> tuple[int, float]:
-    """'42=-1.5' -> (42, -1.5); anything else is an argparse error."""
-    token, sep, bias = text.partition("=")
-    try:
-        if not sep or not token.strip().isdigit():
-            raise ValueError(text)
-        return int(token), float(bias)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected TOKEN_ID=BIAS like 42=-1.5, got {text!r}") from None
-
-
 def add_generate_command(commands: Any) -> None:
     gen = commands.add_parser(
         "generate", help="generate from a prompt (needs a ready server)",
@@ -47,33 +36,34 @@ def add_generate_command(commands: Any) -> None:
     prompt.add_argument("--prompt", metavar="TEXT", help="a text prompt, tokenized as is")
     prompt.add_argument("--chat", metavar="TEXT",
                         help="one user message, rendered with the model's chat template")
-    gen.add_argument("--max-tokens", type=int, default=None, metavar="N",
+    gen.add_argument("--max-tokens", type=flags.max_tokens, default=None, metavar="N",
                      help="tokens to generate at most (server default 16)")
-    gen.add_argument("--temperature", type=float, default=0.0, metavar="T",
+    gen.add_argument("--temperature", type=flags.temperature, default=0.0, metavar="T",
                      help="0 (default) is greedy")
-    gen.add_argument("--top-k", type=int, default=0, metavar="K")
-    gen.add_argument("--top-p", type=float, default=None, metavar="P")
-    gen.add_argument("--seed", type=int, default=None, metavar="S",
+    gen.add_argument("--top-k", type=flags.top_k, default=0, metavar="K",
+                     help="keep the K most likely tokens (0, the default, keeps all)")
+    gen.add_argument("--top-p", type=flags.top_p, default=None, metavar="P", help="in (0, 1]")
+    gen.add_argument("--seed", type=flags.seed, default=None, metavar="S",
                      help="makes a stochastic request reproducible")
     gen.add_argument("--stop-ids", type=token_ids, default=[], metavar="IDS",
                      help="stop after any of these token ids")
     gen.add_argument("--ignore-eos", action="store_true",
                      help="do not stop at the model's end-of-sequence ids")
-    gen.add_argument("--logprobs", type=int, default=None, metavar="N",
+    gen.add_argument("--logprobs", type=flags.logprobs, default=None, metavar="N",
                      help="return each token's log probability and the N most likely (0-20; "
                           "shown with --json)")
-    gen.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
+    gen.add_argument("--prompt-logprobs", type=flags.logprobs, default=None, metavar="N",
                      help="the same for every prompt token after the first")
-    gen.add_argument("--presence-penalty", type=float, default=0.0, metavar="X",
+    gen.add_argument("--presence-penalty", type=flags.penalty, default=0.0, metavar="X",
                      help="OpenAI's, in [-2, 2]")
-    gen.add_argument("--frequency-penalty", type=float, default=0.0, metavar="X",
+    gen.add_argument("--frequency-penalty", type=flags.penalty, default=0.0, metavar="X",
                      help="OpenAI's, in [-2, 2]")
-    gen.add_argument("--repetition-penalty", type=float, default=None, metavar="X",
-                     help="transformers', > 0 (1 disables it)")
-    gen.add_argument("--min-p", type=float, default=0.0, metavar="P", help="in [0, 1]")
-    gen.add_argument("--min-tokens", type=int, default=0, metavar="N",
+    gen.add_argument("--repetition-penalty", type=flags.repetition_penalty, default=None,
+                     metavar="X", help="transformers', in [0.01, 100] (1 disables it)")
+    gen.add_argument("--min-p", type=flags.min_p, default=0.0, metavar="P", help="in [0, 1]")
+    gen.add_argument("--min-tokens", type=flags.min_tokens, default=0, metavar="N",
                      help="no end-of-sequence or stop id before N tokens")
-    gen.add_argument("--logit-bias", type=logit_bias_item, action="append", default=[],
+    gen.add_argument("--logit-bias", type=flags.logit_bias_item, action="append", default=[],
                      metavar="ID=BIAS", help="add BIAS (in [-100, 100]) to token ID's logit; "
                                              "repeat for more ids")
     structured = gen.add_mutually_exclusive_group()

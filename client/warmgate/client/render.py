@@ -46,11 +46,16 @@ def report_table(report: pb.WarmupReport) -> str:
     flags = [name for name, on in (("joined in-flight run", report.joined_in_flight),
                                    ("stored report", report.from_stored),
                                    ("deterministic", report.deterministic)) if on]
-    lines.append(f"outcome {enum_name(pb.WarmupOutcome, report.outcome, 'WARMUP_OUTCOME_')} "
-                 f"in {_total(report)}  model={report.model} "
+    lines.append(f"{outcome_summary(report)}  model={report.model} "
                  f"device={report.device} attention={report.attention_backend} "
                  f"config={report.config_hash}" + (f"  ({', '.join(flags)})" if flags else ""))
     return "\n".join(line.rstrip() for line in lines)
+
+
+def outcome_summary(report: pb.WarmupReport) -> str:
+    """`outcome SUCCEEDED in 33.598 s (load 2.273 s + warmup 31.325 s)`."""
+    return (f"outcome {enum_name(pb.WarmupOutcome, report.outcome, 'WARMUP_OUTCOME_')} "
+            f"in {_total(report)}")
 
 
 def _total(report: pb.WarmupReport) -> str:
@@ -84,6 +89,14 @@ def status_line(status: pb.WarmupStatus, *, elapsed: bool = True) -> str:
     if status.failure_reason:
         parts.append(f"reason={status.failure_reason}")
     return " ".join(parts)
+
+
+def watch_line(status: pb.WarmupStatus) -> str:
+    """A `watch` line: the status line while a run goes on; once it settled with a report,
+    the run's time as `status` gives it (the load named) instead of the warmup's alone."""
+    if status.state in SETTLED and status.HasField("last_report"):
+        return f"{status_line(status, elapsed=False)} {outcome_summary(status.last_report)}"
+    return status_line(status)
 
 
 def status_text(status: pb.WarmupStatus) -> str:

@@ -29,7 +29,7 @@ class _StatusClient(Protocol):
 def add_report_command(subparsers: Any) -> argparse.ArgumentParser:
     """Register `report` on the CLI's subparsers (argparse's add_subparsers() result)."""
     report = subparsers.add_parser(
-        "report", help="draw a warmup report as a phase timeline (needs warmgate[plot])",
+        "report", help="draw a warmup report as a phase timeline (needs the [plot] extra)",
         description="Draw the phases of a warmup report end to end, coloured by status, with "
                     "their seconds and skip reasons. Without --input, the server's last "
                     "finished warmup is drawn (nothing is run).")

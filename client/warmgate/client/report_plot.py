@@ -145,8 +145,8 @@ def plot_report(report: dict[str, Any], path: str) -> None:
         from matplotlib.figure import Figure
         from matplotlib.patches import Patch
     except ImportError as exc:
-        raise PlotDependencyError("plotting needs matplotlib: pip install 'warmgate[plot]'"
-                                  ) from exc
+        raise PlotDependencyError("plotting needs matplotlib (warmgate's [plot] extra): "
+                                  "pip install matplotlib") from exc
 
     report = unwrap_report(report)
     phases = timeline(report)

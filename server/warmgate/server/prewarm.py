@@ -16,6 +16,9 @@ from typing import TextIO
 from warmgate.server.app import local_engine
 from warmgate.server.config.server_config import ServerConfig
 from warmgate.server.core.failures import FatalDeviceError
+from warmgate.server.core.phases import LOAD
+from warmgate.server.core.progress import ProgressEvent
+from warmgate.server.core.progress_log import ProgressLog, plan_names
 from warmgate.server.core.results import (
     PhaseStatus,
     WarmupOutcome,
@@ -45,8 +48,12 @@ def run_warmup_only(config: ServerConfig, *, out: TextIO | None = None) -> int:
     # server's GIL, and a warmup-only run has no gRPC server.
     engine = local_engine(config)
     start = time.perf_counter()
+    # A line every few seconds while a phase runs long: a Job's log has no WatchStatus.
+    progress = ProgressLog(plan_names(config.runner.parallel.tensor_parallel_size)).start()
     try:
+        progress.begin(LOAD)
         load = engine.load()
+        progress(ProgressEvent(LOAD, 1, 1))
         if load.status is PhaseStatus.FAILED:
             device = config.runner.device  # resolved at start-up: names what failed to load
             report = WarmupReport(WarmupOutcome.FAILED, [load], time.perf_counter() - start,
@@ -56,11 +63,12 @@ def run_warmup_only(config: ServerConfig, *, out: TextIO | None = None) -> int:
             report.compile_cache = engine.compile_cache_info()
         else:
             report = engine.run_plan(mixed_num_tokens=config.mixed_num_tokens, force=False,
-                                     progress=lambda _e: None)
+                                     progress=progress)
     except FatalDeviceError as exc:
         logger.critical("fatal device error during %s: %s", exc.phase, exc.cause)
         return EXIT_FATAL
     finally:
+        progress.stop()
         monitor = getattr(engine, "jit_monitor", None)  # its compiler hooks are process-wide
         if monitor is not None:
             monitor.close()

@@ -15,6 +15,9 @@ from collections.abc import Mapping
 
 from warmgate.server.config.runner_config import ConfigError, RunnerConfig
 from warmgate.server.config.server_config import RUNNER_FLAGS, add_options, report_config_error
+from warmgate.server.core.phases import LOAD
+from warmgate.server.core.progress import ProgressEvent
+from warmgate.server.core.progress_log import ProgressLog, plan_names
 from warmgate.server.jit import JitMonitor
 from warmgate.server.startup import checked_runner_config
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
@@ -51,9 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         report_config_error(parser, exc)  # exits 2, naming the flag
     monitor = JitMonitor()  # so the table's phases carry their compile counts
-    runner, load_phase = load_runner(config, jit_monitor=monitor)
-    report = run_warmup_plan(runner, load_phase=load_phase,
-                             mixed_num_tokens=args.mixed_num_tokens)
+    # A line every few seconds while a phase runs long (two minutes of sampler on a CPU).
+    with ProgressLog(plan_names(config.parallel.tensor_parallel_size)) as progress:
+        progress.begin(LOAD)
+        runner, load_phase = load_runner(config, jit_monitor=monitor)
+        progress(ProgressEvent(LOAD, 1, 1))
+        report = run_warmup_plan(runner, load_phase=load_phase,
+                                 mixed_num_tokens=args.mixed_num_tokens, progress=progress)
     if args.json:  # the schema `warmgate --json warmup` and `--warmup-only --json` print
         from warmgate.client.render import to_json
         from warmgate.server.api.convert import report_to_proto
