@@ -1,6 +1,7 @@
 """A GrammarSpec to xgrammar: its parsed Grammar, the reasons to refuse it before compiling
-(a schema keyword xgrammar would not enforce, a grammar that admits no string), and the
-compile. Shared by the probe process (probe_worker.py) and the server's own compiles."""
+(a schema keyword xgrammar would not enforce, a grammar that admits no string) and after (no
+token can start it), and the compile. The checks run in the probe (probe_worker.py), the
+compile also where the grammar is served."""
 
 from __future__ import annotations
 
@@ -46,6 +47,19 @@ def check_grammar(spec: GrammarSpec, grammar: xgr.Grammar) -> None:
     if admits_no_string(grammar.serialize_json()):
         raise GrammarError(spec.field, f"the {spec.kind} admits no string at all, so no "
                            "output can match it")
+
+
+def check_compiled(spec: GrammarSpec, compiled: xgr.CompiledGrammar) -> None:
+    """GrammarError when no token of the vocabulary can start the compiled grammar (a
+    grammar that admits only strings no token sequence spells)."""
+    matcher = xgr.GrammarMatcher(compiled)
+    if matcher.is_terminated():
+        return
+    bitmask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
+    matcher.fill_next_token_bitmask(bitmask)
+    if not bool(bitmask.any()):
+        raise GrammarError(spec.field, f"no output can match the {spec.kind}: no token of "
+                           "the model's vocabulary can start it")
 
 
 def compile_grammar(compiler: xgr.GrammarCompiler, spec: GrammarSpec) -> xgr.CompiledGrammar:
