@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import xgrammar as xgr
 
-from warmgate.server.serving.grammar.emptiness import admits_no_string
+from warmgate.server.serving.grammar.emptiness import NestedTooDeep, admits_no_string
 from warmgate.server.serving.grammar.schema_checks import unenforced_schema_reason
+from warmgate.server.serving.grammar.schema_rewrite import enforceable_schema
 from warmgate.server.serving.grammar.spec import GrammarError, GrammarSpec, one_line
 
 # Whitespace characters allowed between two JSON elements when free whitespace is on
@@ -24,7 +25,7 @@ def parse(spec: GrammarSpec) -> xgr.Grammar:
     try:
         if spec.kind == "json_schema":
             return xgr.Grammar.from_json_schema(
-                spec.text, any_whitespace=spec.json_whitespace,
+                enforceable_schema(spec.text), any_whitespace=spec.json_whitespace,
                 max_whitespace_cnt=MAX_JSON_WHITESPACE if spec.json_whitespace else None)
         if spec.kind == "regex":
             return xgr.Grammar.from_regex(spec.text)
@@ -43,8 +44,14 @@ def check_text(spec: GrammarSpec) -> None:
 
 
 def check_grammar(spec: GrammarSpec, grammar: xgr.Grammar) -> None:
-    """GrammarError when the parsed grammar admits no string at all."""
-    if admits_no_string(grammar.serialize_json()):
+    """GrammarError when the parsed grammar admits no string at all, or nests too deeply
+    to tell."""
+    try:
+        empty = admits_no_string(grammar.serialize_json())
+    except NestedTooDeep:
+        raise GrammarError(spec.field, f"the {spec.kind} nests too deeply for the server to "
+                           "check that some output matches it; flatten it") from None
+    if empty:
         raise GrammarError(spec.field, f"the {spec.kind} admits no string at all, so no "
                            "output can match it")
 
