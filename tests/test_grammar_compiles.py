@@ -29,6 +29,7 @@ from warmgate.server.serving.grammar.emptiness import admits_no_string
 from warmgate.server.serving.grammar.front_end import parse
 from warmgate.server.serving.grammar.local_builds import LocalBuilds
 from warmgate.server.serving.grammar.matcher import RequestGrammar
+from warmgate.server.serving.grammar.probe_pool import ProbeTimeout
 from warmgate.server.serving.grammar.schema_checks import unenforced_schema_reason
 from warmgate.server.serving.grammar.spec import (
     GrammarDeadEnd,
@@ -277,3 +278,28 @@ def test_a_dead_end_mid_output_is_named_not_a_violation(backend: GrammarBackend,
 
 def test_the_metric_outcomes_are_the_compiles() -> None:
     assert GRAMMAR_COMPILE_OUTCOMES == COMPILE_OUTCOMES
+
+
+def test_a_probe_whose_time_ran_out_before_it_started_is_not_left_busy(
+        backend: GrammarBackend) -> None:
+    """No time left by the time a probe is taken (a request that waited out its budget for
+    a slot): the probe used to be taken and never given back, and after two of those every
+    grammar failed 'no grammar compile probe is free to start'."""
+    async def body() -> None:
+        compiles, _ = _metered(backend, 60.0)
+        compiles.start()
+        try:
+            await _probes_idle(compiles)
+            pool = compiles.pool
+            for _ in range(3):
+                with pytest.raises(ProbeTimeout):
+                    await pool.probe(GrammarSpec("json_schema", patterned_schema()), 0.0)
+                assert pool.num_busy == 0
+            await _probes_idle(compiles)
+            verdict = await pool.probe(GrammarSpec("regex", "(yes|no)"), 30.0)
+            assert verdict.ok and pool.num_busy == 0
+        finally:
+            compiles.close()
+            await compiles.wait_closed()
+
+    asyncio.run(asyncio.wait_for(body(), 120))
