@@ -1,7 +1,8 @@
 """Grammar compiles against a `warmgate-server` process: SIGTERM with heavy compiles in
-flight exits within --shutdown-grace + 2 s (the compiles' probe processes killed, not waited
-for), a cancelled request's compile stops, and the RSS after 12 distinct heavy schemas grows
-less than --grammar-cache-mib."""
+flight, in the probes or in the engine process's build, exits within --shutdown-grace + 2 s
+(the probes killed, the build not waited for), a cancelled request's compile stops, and the
+RSS of the server and its engine process after 12 distinct heavy schemas grows less than
+--grammar-cache-mib."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ GRACE_S = 1.0
 CACHE_MIB = 40
 PROBE_KILLED = re.compile(r"grammar compile probe (\d+) killed mid-compile")
 PROBE_READY = re.compile(r"grammar compile probe (\d+) ready in")
+ENGINE_BUILD_STARTED = re.compile(r"\[engine\] \S+: grammar build started: json_schema")
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +108,33 @@ def test_sigterm_with_heavy_compiles_in_flight_exits_within_the_grace(model_dir:
     assert exited_after < GRACE_S + 2.0, (exited_after, log)
     assert "stopped (exit code 0)" in log
     assert all(_gone(pid) for pid in in_flight)
+
+
+def test_sigterm_during_the_engines_build_of_a_grammar_exits_within_the_grace(
+        model_dir: Path) -> None:
+    """The grammar passed its probe (about 4 s of compile under a 120 s budget) and the
+    engine process builds it: its reader thread, which builds nothing, reads the end of file
+    at once. It used to build there, and the stop waited for the build."""
+    flags = ["--model", str(model_dir), "--shutdown-grace", str(GRACE_S),
+             "--grammar-compile-timeout", "120"]
+    with ServerProcess(flags, stop_signal=signal.SIGTERM) as p, \
+            WarmgateClient(p.target, timeout=120) as client, ThreadPoolExecutor(1) as pool:
+        client.wait_ready(120)
+        _wait_probes(p, 2)
+        request = pool.submit(lambda: list(client.generate(
+            [1, 2, 3], max_tokens=2, json_schema=patterned_schema(60, salt="engine"))))
+        p.wait_for(ENGINE_BUILD_STARTED, 60)
+        sent = time.monotonic()
+        p.proc.send_signal(signal.SIGTERM)
+        code = p.wait_exit(GRACE_S + 10)
+        exited_after = time.monotonic() - sent
+        error = request.exception(timeout=10)
+        log = p.log()
+    print(f"exit {code} {exited_after:.2f} s after SIGTERM during the engine's build")
+    assert isinstance(error, WarmgateRpcError), error
+    assert error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), error
+    assert code == 0, log
+    assert exited_after < GRACE_S + 2.0, (exited_after, log)
 
 
 def _serving_rss_mib(p: ServerProcess) -> float:

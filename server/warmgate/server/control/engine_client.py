@@ -36,7 +36,10 @@ from warmgate.server.text.model_text import ModelText
 logger = logging.getLogger(__name__)
 
 WATCHDOG_POLL_S = 0.5
-STOP_WAIT_S = 5.0
+# The engine exits at its end of file at once (its reader thread does nothing else, builds
+# and steps run elsewhere); this bounds one that does not, within the 2 s a stop may take
+# past its grace.
+STOP_WAIT_S = 1.0
 Handler = Callable[[Any], None]
 
 

@@ -82,7 +82,10 @@ class EngineGrammars:
                     self._held[key] = (compiled, spec)
             self._out.send(wire.GRAMMAR_BUILT, (key, self._error_to_wire(key, error)))
 
-        self._store_now().get(spec, memory_bytes, done)
+        try:
+            self._store_now().get(spec, memory_bytes, done)
+        except Exception as exc:  # answered, not raised: the reader thread must read on
+            done(None, exc)
 
     def _error_to_wire(self, key: str, error: BaseException | None) -> wire.ErrorWire | None:
         if error is None:

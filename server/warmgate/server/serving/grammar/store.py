@@ -72,6 +72,8 @@ class GrammarStore:
             with self._lock:
                 self.num_running += 1
             start = time.perf_counter()
+            logger.info("grammar build started: %s, %d chars, %.1f MiB by its probe",
+                        spec.kind, len(spec.text), memory_bytes / MIB)
             compiled: xgr.CompiledGrammar | None = None
             error: BaseException | None = None
             try:
