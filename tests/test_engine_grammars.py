@@ -15,8 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.grpc_harness import run, server_config, serving
-from tests.test_grpc_grammar_limits import probes_idle
+from tests.grpc_harness import grammar_probes_idle, run, server_config, serving
 from tests.test_grpc_structured import EOS
 from tests.test_grpc_text import CAPITAL, collect
 from tests.text_helpers import write_tiny_model
@@ -48,7 +47,7 @@ def test_text_files_replaced_after_start_up_change_nothing_served(
     async def body() -> None:
         async with serving(config) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.warmup_kernels()
-            await probes_idle(s)
+            await grammar_probes_idle(s)
             before, _ = await collect(c, [1, 2, 3], regex="(yes|no)", max_tokens=4)
             _break_text_files(model_dir, tmp_path)
             # New grammars (built now, in the engine when it serves) and a chat request

@@ -16,9 +16,9 @@ import pytest
 import xgrammar as xgr
 from tokenizers import Tokenizer
 
-from tests.grpc_harness import run, server_config, serving
+from tests.grpc_harness import grammar_probes_idle, run, server_config, serving
 from tests.test_grammar_compiles import HEAVY_PATTERN, VOCAB, patterned_schema
-from tests.test_grpc_grammar_limits import _error_of, probes_idle
+from tests.test_grpc_grammar_limits import _error_of
 from tests.test_grpc_structured import EOS
 from tests.test_grpc_text import collect
 from tests.text_helpers import write_tiny_model
@@ -45,7 +45,7 @@ def test_bursts_of_over_budget_schemas_fail_alone_and_a_new_grammar_compiles_aft
     async def body() -> None:
         async with serving(config) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.warmup_kernels()
-            await probes_idle(s)
+            await grammar_probes_idle(s)
             for burst in range(5):
                 # About 8 s each on this vocabulary, over a 1 s budget: 4 at once against 2
                 # compile slots, so two wait out a slot and find no time left.
@@ -76,7 +76,7 @@ def test_a_plain_request_beside_sixteen_grammar_requests_keeps_its_latency(
     async def body() -> None:
         async with serving(config) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.warmup_kernels()
-            await probes_idle(s)
+            await grammar_probes_idle(s)
             await collect(c, [1, 2, 3], regex="(yes|no)", max_tokens=4)  # compiled, cached
             alone = statistics.median([await plain(c) for _ in range(5)])
             grammars = [asyncio.ensure_future(collect(c, [4, 5, 6 + i], regex="(yes|no)",
@@ -132,7 +132,7 @@ def test_no_grammar_request_takes_longer_than_its_budget_before_its_first_token(
     async def body() -> None:
         async with serving(config) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.warmup_kernels()
-            await probes_idle(s)
+            await grammar_probes_idle(s)
             per_property = _seconds_per_property(model_dir)
             sizes = [2, *(max(3, round(share * budget / per_property))
                           for share in (0.6, 0.75, 0.9))]

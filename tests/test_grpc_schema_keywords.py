@@ -15,7 +15,7 @@ import grpc
 import jsonschema
 import pytest
 
-from tests.grpc_harness import run, server_config, serving
+from tests.grpc_harness import grammar_probes_idle, run, server_config, serving
 from tests.test_grpc_grammar_limits import _error_of
 from tests.test_grpc_structured import EOS
 from tests.test_grpc_text import collect
@@ -60,6 +60,7 @@ def test_schema_keywords_are_refused_by_name_or_enforced(model_dir: Path) -> Non
         async with serving(server_config("--model", str(model_dir))) as s, \
                 AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.warmup_kernels()
+            await grammar_probes_idle(s)
             for text, words in texts:
                 error, tokens = await _error_of(c, json_schema=text, max_tokens=8)
                 assert error.code is grpc.StatusCode.INVALID_ARGUMENT, (text, error)

@@ -195,7 +195,8 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
                                    metrics.serving, text)
     generate_pb2_grpc.add_GenerationServicer_to_server(generation, server)
     controller.add_ready_listener(generation.prepare)
-    generation.launch_grammar_probes()
+    if config.warmup_on_start:  # ready follows the load: its import overlaps the warmup
+        generation.launch_grammar_probes()
     if isinstance(engine, PlanEngine):  # a dead tensor-parallel worker ends the process
         loop = asyncio.get_running_loop()
         engine.on_fatal = lambda exc: asyncio.run_coroutine_threadsafe(
