@@ -150,8 +150,8 @@ class GrammarCompiles:
             raise
 
     async def _probed(self, spec: GrammarSpec, deadline: float) -> ProbeVerdict:
-        """The probe's verdict (one probe for every request waiting on the spec), by
-        `deadline` (loop time)."""
+        """The probe's verdict, the grammar then built once where it is served (one probe and
+        build for every request waiting on the spec), by `deadline` (loop time)."""
         flight = self._flights.get(spec)
         if flight is None:
             flight = _Flight(asyncio.ensure_future(self._flight(spec, deadline)))
