@@ -55,6 +55,13 @@ async def eventually(predicate: Any, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+async def grammar_probes_idle(running: RunningServer, count: int = 2) -> None:
+    """Every grammar compile probe started. Their zygote imports xgrammar (seconds on a
+    loaded machine) from the first warmup on when the server does not warm up on start, and
+    a grammar request's budget counts the wait for a probe."""
+    await eventually(lambda: running.generation.grammar_probes_idle >= count, 120)
+
+
 class CountingPlanEngine(PlanEngine):
     """The real runner and plan, counting how often the plan ran."""
 

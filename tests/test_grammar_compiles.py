@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 import pytest
 import torch
 import xgrammar as xgr
@@ -26,6 +27,9 @@ from warmgate.server.serving.grammar.compiles import (
 )
 from warmgate.server.serving.grammar.emptiness import admits_no_string
 from warmgate.server.serving.grammar.front_end import parse
+from warmgate.server.serving.grammar.local_builds import LocalBuilds
+from warmgate.server.serving.grammar.matcher import RequestGrammar
+from warmgate.server.serving.grammar.probe_pool import ProbeTimeout
 from warmgate.server.serving.grammar.schema_checks import unenforced_schema_reason
 from warmgate.server.serving.grammar.spec import (
     GrammarDeadEnd,
@@ -135,9 +139,27 @@ def test_compact_json_by_default_free_whitespace_on_request(backend: GrammarBack
 def _metered(backend: GrammarBackend, timeout_s: float, cache_mib: int = 64
              ) -> tuple[GrammarCompiles, list[tuple[str, float]]]:
     seen: list[tuple[str, float]] = []
-    compiles = GrammarCompiles(backend, CompileLimits(timeout_s, 2, cache_mib << 20),
+    compiles = GrammarCompiles(backend.tokenizer_info.serialize_json(), backend.compile_threads,
+                               CompileLimits(timeout_s, 2, cache_mib << 20),
+                               LocalBuilds(backend, cache_mib << 20, 2),
                                lambda outcome, s: seen.append((outcome, s)))
     return compiles, seen
+
+
+async def _matcher(compiles: GrammarCompiles, spec: GrammarSpec) -> RequestGrammar:
+    grammar = await compiles.prepare(spec, "req")
+    assert grammar is not None  # built in this process
+    return grammar
+
+
+async def _probes_idle(compiles: GrammarCompiles, timeout_s: float = 90.0) -> None:
+    """Every probe process started and idle (a start, seconds on a loaded machine, counts
+    against a request's budget)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while compiles.pool.num_idle < 2:
+        assert loop.time() < deadline, "the probe processes did not start"
+        await asyncio.sleep(0.05)
 
 
 def test_one_compile_per_grammar_shared_by_concurrent_requests(backend: GrammarBackend
@@ -147,12 +169,12 @@ def test_one_compile_per_grammar_shared_by_concurrent_requests(backend: GrammarB
         compiles.start()
         try:
             schema = GrammarSpec("json_schema", patterned_schema(20, "[a-z]{1,5}"))
-            matchers = await asyncio.gather(*(compiles.matcher(schema) for _ in range(12)))
+            matchers = await asyncio.gather(*(_matcher(compiles, schema) for _ in range(12)))
             assert len({id(m.matcher) for m in matchers}) == 12  # a matcher per request
-            await compiles.matcher(schema)  # later: from the cache
+            await _matcher(compiles, schema)  # later: from the cache
             assert [o for o, _ in seen] == ["compiled"]
             # The same text under another kind or whitespace rule is another grammar.
-            await compiles.matcher(GrammarSpec("json_schema", schema.text,
+            await _matcher(compiles, GrammarSpec("json_schema", schema.text,
                                                json_whitespace=True))
             assert [o for o, _ in seen] == ["compiled", "compiled"]
             for spec in (GrammarSpec("regex", NO_STRING),
@@ -160,7 +182,7 @@ def test_one_compile_per_grammar_shared_by_concurrent_requests(backend: GrammarB
                          GrammarSpec("json_schema", json.dumps(
                              {"type": "string", "pattern": NO_STRING}))):
                 with pytest.raises(GrammarError, match="admits no string at all") as info:
-                    await compiles.matcher(spec)
+                    await _matcher(compiles, spec)
                 assert info.value.field == spec.field
             assert compiles.pool.num_killed == 0
         finally:
@@ -170,17 +192,24 @@ def test_one_compile_per_grammar_shared_by_concurrent_requests(backend: GrammarB
     asyncio.run(asyncio.wait_for(body(), 120))
 
 
-def _dead(compiles: GrammarCompiles) -> int:
-    return sum(p.returncode is not None for p in compiles.pool.processes)
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
-async def _one_more_dead(compiles: GrammarCompiles, count: int) -> None:
+def _dead(pids: list[int]) -> int:
+    return sum(_ended(pid) for pid in pids)
+
+
+async def _one_more_dead(pids: list[int], count: int) -> None:
     """The probe process stopped (killed: it had seconds of compile left)."""
     for _ in range(50):
-        if _dead(compiles) == count:
+        if _dead(pids) == count:
             return
         await asyncio.sleep(0.02)
-    raise AssertionError(f"{_dead(compiles)} probe processes ended, not {count}")
+    raise AssertionError(f"{_dead(pids)} probe processes ended, not {count}")
 
 
 def test_past_the_budget_or_when_nobody_waits_the_probe_is_killed(backend: GrammarBackend
@@ -188,29 +217,32 @@ def test_past_the_budget_or_when_nobody_waits_the_probe_is_killed(backend: Gramm
     async def body() -> None:
         compiles, seen = _metered(backend, 1.0)
         compiles.start()
-        await compiles.matcher(GrammarSpec("regex", "[ab]"))  # the probes are up
+        await _probes_idle(compiles)
         try:
             loop = asyncio.get_running_loop()
             start = loop.time()
+            probes = compiles.pool.pids
             with pytest.raises(GrammarTimeout, match=r"sampling\.json_schema: not compiled "
                                                      r"within the server's 1 s"):
-                await compiles.matcher(GrammarSpec("json_schema", patterned_schema()))
+                await _matcher(compiles, GrammarSpec("json_schema", patterned_schema()))
             assert loop.time() - start < 1.0 + 0.5
             assert seen[-1][0] == "timeout"
-            await _one_more_dead(compiles, 1)
+            await _one_more_dead(probes, 1)
             # Every waiting request cancelled: the compile stops with them.
+            await _probes_idle(compiles)
+            probes = compiles.pool.pids
             spec = GrammarSpec("json_schema", patterned_schema(salt="x"))
-            waiting = [asyncio.ensure_future(compiles.matcher(spec)) for _ in range(2)]
-            await asyncio.sleep(0.3)
+            waiting = [asyncio.ensure_future(_matcher(compiles, spec)) for _ in range(2)]
+            await asyncio.sleep(0.2)
             waiting[0].cancel()
-            await asyncio.sleep(0.3)
-            assert _dead(compiles) == 1  # one still waits
+            await asyncio.sleep(0.2)
+            assert _dead(probes) == 0  # one still waits
             waiting[1].cancel()
-            await _one_more_dead(compiles, 2)
+            await _one_more_dead(probes, 1)
             assert seen[-1][0] == "cancelled"
             # Shutdown kills a compile in progress; its request is told so.
-            await compiles.matcher(GrammarSpec("regex", "[cd]"))  # a probe is up again
-            pending = asyncio.ensure_future(compiles.matcher(
+            await _probes_idle(compiles)
+            pending = asyncio.ensure_future(_matcher(compiles,
                 GrammarSpec("json_schema", patterned_schema(salt="y"))))
             await asyncio.sleep(0.3)
             compiles.close()
@@ -246,3 +278,28 @@ def test_a_dead_end_mid_output_is_named_not_a_violation(backend: GrammarBackend,
 
 def test_the_metric_outcomes_are_the_compiles() -> None:
     assert GRAMMAR_COMPILE_OUTCOMES == COMPILE_OUTCOMES
+
+
+def test_a_probe_whose_time_ran_out_before_it_started_is_not_left_busy(
+        backend: GrammarBackend) -> None:
+    """No time left by the time a probe is taken (a request that waited out its budget for
+    a slot): the probe used to be taken and never given back, and after two of those every
+    grammar failed 'no grammar compile probe is free to start'."""
+    async def body() -> None:
+        compiles, _ = _metered(backend, 60.0)
+        compiles.start()
+        try:
+            await _probes_idle(compiles)
+            pool = compiles.pool
+            for _ in range(3):
+                with pytest.raises(ProbeTimeout):
+                    await pool.probe(GrammarSpec("json_schema", patterned_schema()), 0.0)
+                assert pool.num_busy == 0
+            await _probes_idle(compiles)
+            verdict = await pool.probe(GrammarSpec("regex", "(yes|no)"), 30.0)
+            assert verdict.ok and pool.num_busy == 0
+        finally:
+            compiles.close()
+            await compiles.wait_closed()
+
+    asyncio.run(asyncio.wait_for(body(), 120))

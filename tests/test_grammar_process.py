@@ -1,10 +1,12 @@
 """Grammar compiles against a `warmgate-server` process: SIGTERM with heavy compiles in
-flight exits within --shutdown-grace + 2 s (the compiles' probe processes killed, not waited
-for), a cancelled request's compile stops, and the RSS after 12 distinct heavy schemas grows
-less than --grammar-cache-mib."""
+flight, in the probes or in the engine process's build, exits within --shutdown-grace + 2 s
+(the probes killed, the build not waited for), a cancelled request's compile stops, and the
+RSS of the server and its engine process after 12 distinct heavy schemas grows less than
+--grammar-cache-mib."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import time
@@ -21,12 +23,14 @@ from tests.text_helpers import write_tiny_model
 from warmgate.client.api import WarmgateClient
 from warmgate.client.errors import WarmgateRpcError
 from warmgate.server.devtools.server_process import ServerProcess
-from warmgate.server.serving.grammar.probe_pool import WORKER_MODULE
+from warmgate.server.serving.grammar.probe_zygote import WORKER_MODULE
 
+ENGINE_MODULE = "warmgate.server.engine_main"
 GRACE_S = 1.0
 CACHE_MIB = 40
 PROBE_KILLED = re.compile(r"grammar compile probe (\d+) killed mid-compile")
 PROBE_READY = re.compile(r"grammar compile probe (\d+) ready in")
+ENGINE_BUILD_STARTED = re.compile(r"\[engine\] \S+: grammar build started: json_schema")
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +39,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _probes(server_pid: int) -> list[psutil.Process]:
-    return [p for p in psutil.Process(server_pid).children()
-            if WORKER_MODULE in " ".join(p.cmdline())]
+    """The probes' zygote (the server's child) and the probes it forked, killed ones whose
+    exit the zygote has not collected yet left out."""
+    found = []
+    for p in psutil.Process(server_pid).children(recursive=True):
+        with contextlib.suppress(psutil.ZombieProcess, psutil.NoSuchProcess):
+            if WORKER_MODULE in " ".join(p.cmdline()):
+                found.append(p)
+    return found
 
 
 def _wait_probes(p: ServerProcess, count: int, timeout_s: float = 60.0) -> list[int]:
@@ -102,8 +112,45 @@ def test_sigterm_with_heavy_compiles_in_flight_exits_within_the_grace(model_dir:
 
 
 @pytest.mark.slow
+def test_sigterm_during_the_engines_build_of_a_grammar_exits_within_the_grace(
+        model_dir: Path) -> None:
+    """The grammar passed its probe (about 4 s of compile under a 120 s budget) and the
+    engine process builds it: its reader thread, which builds nothing, reads the end of file
+    at once. It used to build there, and the stop waited for the build."""
+    flags = ["--model", str(model_dir), "--shutdown-grace", str(GRACE_S),
+             "--grammar-compile-timeout", "120"]
+    with ServerProcess(flags, stop_signal=signal.SIGTERM) as p, \
+            WarmgateClient(p.target, timeout=120) as client, ThreadPoolExecutor(1) as pool:
+        client.wait_ready(120)
+        _wait_probes(p, 2)
+        request = pool.submit(lambda: list(client.generate(
+            [1, 2, 3], max_tokens=2, json_schema=patterned_schema(60, salt="engine"))))
+        p.wait_for(ENGINE_BUILD_STARTED, 60)
+        sent = time.monotonic()
+        p.proc.send_signal(signal.SIGTERM)
+        code = p.wait_exit(GRACE_S + 10)
+        exited_after = time.monotonic() - sent
+        error = request.exception(timeout=10)
+        log = p.log()
+    print(f"exit {code} {exited_after:.2f} s after SIGTERM during the engine's build")
+    assert isinstance(error, WarmgateRpcError), error
+    assert error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), error
+    assert code == 0, log
+    assert exited_after < GRACE_S + 2.0, (exited_after, log)
+
+
+def _serving_rss_mib(p: ServerProcess) -> float:
+    """The resident memory of the server and of its engine process, where the grammars are
+    built and cached when it is on (the probes' processes come and go with their compiles)."""
+    server = psutil.Process(p.proc.pid)
+    engines = [c for c in server.children() if ENGINE_MODULE in " ".join(c.cmdline())]
+    return sum(proc.memory_info().rss for proc in (server, *engines)) / (1 << 20)
+
+
+@pytest.mark.slow
 def test_rss_after_twelve_distinct_heavy_schemas_grows_less_than_the_cache_budget(
         model_dir: Path) -> None:
+    """With the engine process (the default), which builds and caches the grammars."""
     flags = ["--model", str(model_dir), "--grammar-cache-mib", str(CACHE_MIB),
              "--grammar-compile-timeout", "120"]
     with ServerProcess(flags) as p, WarmgateClient(p.target, timeout=120) as client:
@@ -112,13 +159,14 @@ def test_rss_after_twelve_distinct_heavy_schemas_grows_less_than_the_cache_budge
         list(client.generate([1, 2, 3], json_schema=patterned_schema(60, "[a-z]{1,20}",
                                                                      salt="base"),
                              max_tokens=2))
-        before = p.rss_mib()
+        before = _serving_rss_mib(p)
         for i in range(12):
             # About 10 MiB each as xgrammar counts (the issue's 55 MB on SmolLM2).
             list(client.generate([1, 2, 3], max_tokens=2, json_schema=patterned_schema(
                 60, "([a-z]{1,20}[0-9]{1,20}){1,10}", salt=f"s{i}")))
-        grown = p.rss_mib() - before
+        grown = _serving_rss_mib(p) - before
         log = p.log()
     print(f"RSS +{grown:.1f} MiB after 12 distinct schemas, cache budget {CACHE_MIB} MiB")
     assert len(re.findall(r"grammar compiled: json_schema", log)) == 13
+    assert len(re.findall(r"grammar built: json_schema", log)) == 13
     assert grown < CACHE_MIB, log[-3000:]

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from tokenizers import Tokenizer
 
-from tests.grpc_harness import run, server_config, serving
+from tests.grpc_harness import grammar_probes_idle, run, server_config, serving
 from tests.test_grammar_compiles import NO_STRING, patterned_schema
 from tests.test_grpc_structured import EOS, SCHEMA, _check_schema
 from tests.test_grpc_text import collect
@@ -63,6 +63,7 @@ def test_a_schema_past_the_budget_fails_while_plain_requests_keep_their_latency(
         async with serving(_config(model_dir, "--grammar-compile-timeout", str(BUDGET_S))
                            ) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.warmup_kernels()  # loads the model; the probes start before ready
+            await grammar_probes_idle(s)  # their start counts against a request's budget
             await collect(c, [1, 2, 3], regex="(yes|no)", max_tokens=4)
             latencies: list[float] = []
             stop = asyncio.Event()
@@ -106,6 +107,7 @@ def test_a_repeated_schema_compiles_once_and_concurrent_requests_share_it(
         async with serving(_config(model_dir)) as s, \
                 AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.warmup_kernels()
+            await grammar_probes_idle(s)
             for _ in range(3):
                 got, _ = await collect(c, prompt="The capital of France is", max_tokens=200,
                                        json_schema=json.dumps(SCHEMA))
@@ -140,6 +142,7 @@ def test_grammars_without_a_valid_output_are_invalid_argument_before_any_token(
         async with serving(_config(model_dir, "--num-speculative-steps", str(k))) as s, \
                 AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.warmup_kernels()
+            await grammar_probes_idle(s)
             for kwargs, field, words in cases:
                 error, tokens = await _error_of(c, max_tokens=8, **kwargs)
                 assert error.code is grpc.StatusCode.INVALID_ARGUMENT, (kwargs, error)
@@ -168,6 +171,7 @@ def test_free_whitespace_in_json_is_the_servers_option(model_dir: Path) -> None:
         async with serving(_config(model_dir, "--grammar-json-whitespace")) as s, \
                 AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.warmup_kernels()
+            await grammar_probes_idle(s)
             got, _ = await collect(c, prompt="The capital of France is", max_tokens=200,
                                    json_schema=json.dumps(SCHEMA))
             assert "\n" in got.text or "  " in got.text, got.text

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.grpc_harness import ServerThread, run, server_config, serving
+from tests.grpc_harness import ServerThread, grammar_probes_idle, run, server_config, serving
 from tests.test_grpc_text import collect
 from tests.text_helpers import write_tiny_model
 from warmgate.client import cli
@@ -55,6 +55,7 @@ def test_constrained_outputs_match_their_grammar_beside_a_plain_request(model_di
         async with serving(config) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             report = await c.warmup_kernels()
             assert report.outcome == pb.WARMUP_OUTCOME_SUCCEEDED
+            await grammar_probes_idle(s)
             plain, _ = await collect(c, prompt="The capital of France is", max_tokens=12,
                                      ignore_eos=True)
             cases: list[tuple[dict[str, Any], Any]] = [
@@ -101,6 +102,7 @@ def test_grammars_that_do_not_compile_are_invalid_argument_with_xgrammars_messag
                                          "--no-warmup-on-start")
                            ) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.warmup_kernels()
+            await grammar_probes_idle(s)
             with pytest.raises(WarmgateRpcError) as info:
                 await collect(c, [5, 6, 7], **kwargs)
             assert info.value.code is grpc.StatusCode.INVALID_ARGUMENT
@@ -163,6 +165,7 @@ def test_cli_generate_with_a_json_schema_file_and_a_regex(model_dir: Path,
     schema_file.write_text(json.dumps(SCHEMA))
     with ServerThread(server_config("--model", str(model_dir))) as server:
         server.call(server.running.controller.warmup_kernels())
+        server.call(grammar_probes_idle(server.running))
         out, err = io.StringIO(), io.StringIO()
         assert cli.main(["--target", server.target, "generate", "--prompt", "Hi",
                          "--max-tokens", "200", "--json-schema", str(schema_file)],

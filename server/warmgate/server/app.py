@@ -127,18 +127,19 @@ def _bind(server: grpc.aio.Server, host: str, port: int, security: ServerSecurit
     return bound
 
 
-def _default_engine(config: ServerConfig) -> PlanEngine | RemoteEngine:
+def _default_engine(config: ServerConfig, text: ModelText) -> PlanEngine | RemoteEngine:
     if config.engine_process:
-        return RemoteEngine.start(config)
-    return local_engine(config)
+        return RemoteEngine.start(config, text)
+    return local_engine(config, text)
 
 
-def local_engine(config: ServerConfig) -> PlanEngine:
-    """The runner and plan in this process."""
+def local_engine(config: ServerConfig, text: ModelText | None = None) -> PlanEngine:
+    """The runner and plan in this process; `text`: the model's text files as loaded at
+    start-up (None: the warmup reads them)."""
     faults = FaultInjector(config.faults) if config.faults else None
     if faults is not None:
         logger.warning("FAULT INJECTION ON (test only): %s", config.faults)
-    return PlanEngine(config.runner, faults=faults, cache=compile_cache_of(config))
+    return PlanEngine(config.runner, faults=faults, cache=compile_cache_of(config), text=text)
 
 
 def _threadsafe(fn: Callable[[FatalDeviceError], Coroutine[Any, Any, None]],
@@ -171,7 +172,7 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     metrics = Metrics(config.runner.parallel.tensor_parallel_size,
                       deterministic=config.runner.numerics.deterministic)
     health = WarmgateHealth()
-    engine = engine if engine is not None else _default_engine(config)
+    engine = engine if engine is not None else _default_engine(config, text)
     # Fakes in tests have none; the real engine's counts every compile of its runner.
     jit_monitor = engine.jit_monitor
     if jit_monitor is not None:
@@ -194,6 +195,8 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
                                    metrics.serving, text)
     generate_pb2_grpc.add_GenerationServicer_to_server(generation, server)
     controller.add_ready_listener(generation.prepare)
+    if config.warmup_on_start:  # ready follows the load: its import overlaps the warmup
+        generation.launch_grammar_probes()
     if isinstance(engine, PlanEngine):  # a dead tensor-parallel worker ends the process
         loop = asyncio.get_running_loop()
         engine.on_fatal = lambda exc: asyncio.run_coroutine_threadsafe(

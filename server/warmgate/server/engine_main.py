@@ -6,7 +6,8 @@ runner, the warmup plan and the serving loop (control/engine_host.py) in a proce
 own, so the step loop shares no GIL with gRPC. Under tensor parallel it is rank 0 and starts
 the worker ranks itself.
 
-It reads its ServerConfig from stdin, then commands until stdin ends (the front stopped or
+It reads its ServerConfig and the model's text (tokenizer, EOS ids) from stdin, then
+commands until stdin ends (the front stopped or
 died: it exits at once, and its TP workers read end of file in turn) or its parent changes;
 everything it has to say goes back on the pipe F.
 """
@@ -38,12 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     exit_with_parent()
     stdin = sys.stdin.buffer
     config = receive(stdin)
-    if config is None:
-        return 0  # the front went away before it sent anything
+    # The model's tokenizer and EOS ids as the front loaded them at start-up: the engine
+    # never reads the model directory's text files again.
+    text = receive(stdin) if config is not None else None
+    if config is None or text is None:
+        return 0  # the front went away before it sent everything
     logging.basicConfig(level=getattr(logging, config.log_level),
                         format="%(asctime)s %(levelname)s [engine] %(name)s: %(message)s")
     apply_cpu_threads(config.cpu_threads, config.runner.device.device)
-    host = EngineHost(config, ReplyChannel(os.fdopen(args.reply_fd, "wb")))
+    host = EngineHost(config, ReplyChannel(os.fdopen(args.reply_fd, "wb")), text)
 
     def front_gone() -> None:
         # Debug: the front logs the stop (its own last line may be a start-up error).

@@ -26,6 +26,7 @@ from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.config.serving_config import ServingConfig
 from warmgate.server.control.controller import WarmupController
 from warmgate.server.control.engine import WarmupEngine
+from warmgate.server.control.remote_engine import RemoteEngine
 from warmgate.server.control.serving_driver import ServingDriver
 from warmgate.server.core.errors import (
     FailedPrecondition,
@@ -126,7 +127,8 @@ class GenerationService(gen_grpc.GenerationServicer):
         self._ids = itertools.count()
         self._grammars = GrammarRequests(
             self._text, runner_config.model.vocab_size, serving_config,
-            metrics.observe_grammar_compile if metrics is not None else None)
+            metrics.observe_grammar_compile if metrics is not None else None,
+            engine.process if isinstance(engine, RemoteEngine) else None)
         self._closing = False
 
     @property
@@ -141,23 +143,29 @@ class GenerationService(gen_grpc.GenerationServicer):
         arrival = time.perf_counter()
         parsed = await parse_generate_request_async(request, self._runner_config, self._text)
         self._admit()
-        grammar = (await self._grammars.matcher(parsed.grammar) if parsed.grammar is not None
-                   else None)
         req_id = f"gen-{next(self._ids)}"
-        k = self._limits.num_speculative_steps
-        drafter = NgramIndex(self._config.ngram_min, self._config.ngram_max) if k else None
-        req = ServingRequest(req_id, parsed.prompt_token_ids, parsed.params, arrival, drafter,
-                             grammar)
-        tokenizer = self._text.tokenizer
-        stream = _Stream(req, tokenizer.detokenizer() if tokenizer is not None else None)
-        logger.debug("generate %s%s: %d prompt tokens from %s, max_tokens %d, stop ids %s",
-                     req_id,
-                     f" ({parsed.client_request_id})" if parsed.client_request_id else "",
-                     len(req.prompt_token_ids), parsed.prompt_field, req.params.max_tokens,
-                     list(req.params.stop_token_ids))
-        if self._metrics is not None:
-            self._metrics.observe_features(req.params, structured=grammar is not None)
-        queue = self._driver.submit(req)
+        structured = parsed.grammar is not None
+        grammar = (await self._grammars.ready(parsed.grammar, req_id)
+                   if parsed.grammar is not None else None)
+        try:
+            k = self._limits.num_speculative_steps
+            drafter = NgramIndex(self._config.ngram_min, self._config.ngram_max) if k else None
+            req = ServingRequest(req_id, parsed.prompt_token_ids, parsed.params, arrival,
+                                 drafter, grammar, engine_grammar=structured and grammar is None)
+            tokenizer = self._text.tokenizer
+            stream = _Stream(req, tokenizer.detokenizer() if tokenizer is not None else None)
+            logger.debug("generate %s%s: %d prompt tokens from %s, max_tokens %d, stop ids %s",
+                         req_id,
+                         f" ({parsed.client_request_id})" if parsed.client_request_id else "",
+                         len(req.prompt_token_ids), parsed.prompt_field, req.params.max_tokens,
+                         list(req.params.stop_token_ids))
+            if self._metrics is not None:
+                self._metrics.observe_features(req.params, structured=structured)
+            queue = self._driver.submit(req)
+        except BaseException:
+            if structured:  # not submitted: what the engine holds for it goes
+                self._grammars.release(req_id)
+            raise
         outcome = "cancelled"
         held: StepEvent | None = None  # an error that followed tokens still to send
         try:
@@ -225,9 +233,20 @@ class GenerationService(gen_grpc.GenerationServicer):
             self._driver.build(runner)
         self._grammars.prepare()
 
+    def launch_grammar_probes(self) -> None:
+        """Start the grammar compile probes' zygote beside the model's load (see
+        GrammarRequests.launch_probes_early)."""
+        self._grammars.launch_probes_early()
+
     def build_grammar_backend_early(self) -> None:
         """An engine process warms its own grammar backend; this process's is built now."""
         self._grammars.build_backend_early()
+
+    @property
+    def grammar_probes_idle(self) -> int:
+        """Grammar compile probes started and idle: the grammar requests that can start
+        compiling at once."""
+        return self._grammars.probes_idle
 
     @property
     def num_compiles_running(self) -> int:

@@ -41,18 +41,22 @@ class ServingConfig:
     chat_template_workers: int = field(default=2, metadata=flag(
         "--chat-template-workers", "chat template renders running at once, each in its own "
         "worker process; more requests wait for one"))
-    # Structured output (serving/grammar/compiles.py). The budget covers the wait for a compile
-    # slot and the compile in a killable probe process.
+    # Structured output (serving/grammar/compiles.py). The budget covers everything before the
+    # first step: the wait for a compile slot and a probe, the compile in the killable probe,
+    # and the build where the grammar is served.
     grammar_compile_timeout_s: float = field(default=GRAMMAR_COMPILE_TIMEOUT_S, metadata=flag(
         "--grammar-compile-timeout", "seconds a request's grammar (JSON schema, regex, EBNF) may "
-        "take to compile, waiting for a compile slot included; past it the request fails "
-        "RESOURCE_EXHAUSTED", parse=flag_values.positive_float))
+        "take to be ready before its first step, waiting for a compile slot included; it "
+        "compiles twice (a killable probe, then where it is served), so one that takes more "
+        "than half of what is left fails early; past it the request fails RESOURCE_EXHAUSTED",
+        parse=flag_values.positive_float))
     grammar_max_compiles: int = field(default=2, metadata=flag(
-        "--grammar-max-compiles", "grammar compiles running at once (each in its own probe "
-        "process, about 260 MiB); more grammar requests wait, within their budget"))
+        "--grammar-max-compiles", "grammar compiles running at once: probes (each a process "
+        "forked from one zygote of about 260 MiB), and as many builds where grammars are "
+        "served; more grammar requests wait, within their budget"))
     grammar_cache_mib: int = field(default=512, metadata=flag(
-        "--grammar-cache-mib", "resident memory compiled grammars may hold, least recently "
-        "used dropped first"))
+        "--grammar-cache-mib", "resident memory compiled grammars may hold where they are "
+        "served (the engine process when it is on), least recently used dropped first"))
     async_scheduling: bool = field(default=True, metadata=flag(
         "--async-scheduling", "overlap the host's work with the device: build and launch step "
         "N+1 while step N runs and only then wait for N's sampled tokens; a step that needs "

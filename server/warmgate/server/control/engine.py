@@ -30,6 +30,7 @@ from warmgate.server.core.progress import ProgressCallback
 from warmgate.server.core.results import PhaseResult, PhaseStatus, WarmupReport
 from warmgate.server.jit import JitMonitor
 from warmgate.server.telemetry.report_log import log_phase
+from warmgate.server.text.model_text import ModelText
 
 if TYPE_CHECKING:  # warmup's package imports the torch-heavy plan; the checker only needs this
     from warmgate.server.control.remote_serving import RemoteRunner
@@ -83,9 +84,12 @@ class PlanEngine:
     """
 
     def __init__(self, config: RunnerConfig, *, faults: FaultInjector | None = None,
-                 cache: CompileCache | None = None) -> None:
+                 cache: CompileCache | None = None, text: ModelText | None = None) -> None:
         self._config = config
         self._faults = faults
+        # The tokenizer and EOS ids the server loaded at start-up, for the structured phase
+        # (None: that phase reads the model directory itself).
+        self._text = text
         # The --cache-dir entry: opened before the runner is built, marked READY after the
         # first successful plan (warmgate.server.cache.store has the protocol).
         self._cache = cache
@@ -149,7 +153,7 @@ class PlanEngine:
         runner = self._loaded_runner()
         return run_plan_with_cache(self._cache, lambda: plan.run_warmup_plan(
             runner, load_phase=load_phase, mixed_num_tokens=mixed_num_tokens,
-            progress=progress, force=force))
+            progress=progress, force=force, text=self._text))
 
     def compile_cache_info(self) -> dict[str, Any] | None:
         """The entry's state, key, directory and size (refreshed at most every few seconds)."""

@@ -14,6 +14,8 @@ reported once to `on_lost`, and every waiter is woken with the loss.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import logging
 import os
 import queue
@@ -29,11 +31,15 @@ from warmgate.server.control import engine_wire as wire
 from warmgate.server.core.errors import ShuttingDown
 from warmgate.server.core.failures import FatalDeviceError
 from warmgate.server.distributed.channel import encode, receive, send_encoded
+from warmgate.server.text.model_text import ModelText
 
 logger = logging.getLogger(__name__)
 
 WATCHDOG_POLL_S = 0.5
-STOP_WAIT_S = 5.0
+# The engine exits at its end of file at once (its reader thread does nothing else, builds
+# and steps run elsewhere); this bounds one that does not, within the 2 s a stop may take
+# past its grace.
+STOP_WAIT_S = 1.0
 Handler = Callable[[Any], None]
 
 
@@ -41,9 +47,21 @@ class EngineLost(RuntimeError):
     """The engine process exited, or was killed for hanging, while the server needed it."""
 
 
+def engine_text(text: ModelText) -> ModelText:
+    """What the engine gets of the model's text files as the front loaded them at start-up:
+    the tokenizer (the grammars' vocabulary) and EOS ids. The chat template (and its worker
+    processes) stays in the front, which renders the prompts."""
+    tokenizer = text.tokenizer
+    if tokenizer is not None and tokenizer.chat_template is not None:
+        tokenizer = copy.copy(tokenizer)
+        tokenizer.chat_template = None
+    return dataclasses.replace(text, tokenizer=tokenizer)
+
+
 class EngineProcess:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, text: ModelText | None = None) -> None:
         self._config = config
+        self._text = engine_text(text if text is not None else ModelText())
         # The job in flight (load, a plan, a serving run) reads its messages here.
         self.jobs: queue.Queue[tuple[Any, ...]] = queue.Queue()
         # Set by the owners (RemoteEngine, RemoteServingLoop, app.py) before the first job.
@@ -74,6 +92,7 @@ class EngineProcess:
                     "there", self.proc.pid)
         self._replies = os.fdopen(read_fd, "rb")
         self._send(encode(self._config))
+        self._send(encode(self._text))
         self._reader = threading.Thread(target=self._read, name="engine-replies", daemon=True)
         self._reader.start()
         self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog",

@@ -6,8 +6,9 @@ front's commands off stdin: jobs go to the main thread's queue; submits and abor
 straight into the serving loop (which takes them at its next step, so a request that
 arrives mid-run is picked up without waiting for the run to end); a yield sets the flag the
 loop's should_yield reads between steps; a cancel the flag the warmup's progress callback
-raises WarmupCancelled on; readiness goes to the JIT monitor. End of file (the front stopped
-or died) ends the process at once.
+raises WarmupCancelled on; readiness goes to the JIT monitor; grammar builds go to their own
+threads (engine_grammars.py), so the reader is never held up by a compile. End of file (the
+front stopped or died) ends the process at once.
 """
 
 from __future__ import annotations
@@ -19,34 +20,27 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from warmgate.server.cache.store import compile_cache_of
 from warmgate.server.config.server_config import ServerConfig
 from warmgate.server.control import engine_wire as wire
 from warmgate.server.control.engine import PlanEngine
+from warmgate.server.control.engine_grammars import EngineGrammars
 from warmgate.server.control.faults import FaultInjector
 from warmgate.server.control.worker import WarmupCancelled
 from warmgate.server.core.failures import FatalDeviceError
 from warmgate.server.core.progress import ProgressEvent
+from warmgate.server.core.tracebacks import log_failure
 from warmgate.server.distributed.channel import encode, receive, send_encoded
 from warmgate.server.serving.limits import SchedulerLimits
 from warmgate.server.serving.loop import ServingLoop
 from warmgate.server.serving.ngram import NgramIndex
 from warmgate.server.serving.request import ServingRequest, StepEvent
 from warmgate.server.serving.scheduler import Scheduler
-
-if TYPE_CHECKING:
-    import xgrammar as xgr
-
-    from warmgate.server.serving.grammar.matcher import RequestGrammar
-    from warmgate.server.serving.grammar.spec import GrammarSpec
+from warmgate.server.text.model_text import ModelText
 
 logger = logging.getLogger(__name__)
-
-# Compiled grammars kept for the next request with the same spec (the front's cache has the
-# byte budget; this one only saves recompiling what the front just sent).
-GRAMMAR_CACHE_ENTRIES = 32
 
 
 class ReplyChannel:
@@ -65,13 +59,18 @@ class ReplyChannel:
 
 
 class EngineHost:
-    def __init__(self, config: ServerConfig, out: ReplyChannel) -> None:
+    def __init__(self, config: ServerConfig, out: ReplyChannel, text: ModelText) -> None:
+        """text: what the front loaded from the model directory at start-up (the warmup's
+        grammars and the requests' are built on its vocabulary)."""
         self._config = config
         self._out = out
         faults = FaultInjector(config.faults) if config.faults else None
         if faults is not None:
             logger.warning("FAULT INJECTION ON (test only): %s", config.faults)
-        self.engine = PlanEngine(config.runner, faults=faults, cache=compile_cache_of(config))
+        self.engine = PlanEngine(config.runner, faults=faults, cache=compile_cache_of(config),
+                                 text=text)
+        self.grammars = EngineGrammars(text, config.runner.model.vocab_size, config.serving,
+                                       out)
         self.engine.jit_monitor.add_listener(lambda event: out.send(wire.JIT, event))
         self.engine.on_fatal = self._worker_lost
         self._limits = SchedulerLimits.of_config(
@@ -80,7 +79,6 @@ class EngineHost:
         self._yield = threading.Event()
         self._cancel = threading.Event()
         self._serving: ServingLoop | None = None
-        self._grammars: dict[GrammarSpec, xgr.CompiledGrammar] = {}
 
     # -- the reader thread --------------------------------------------------------------
 
@@ -90,7 +88,12 @@ class EngineHost:
             if kind == wire.SUBMIT:
                 self._submit(message[1])
             elif kind == wire.ABORT:
+                self.grammars.release(message[1])
                 self._require_serving().abort(message[1])
+            elif kind == wire.GRAMMAR_BUILD:
+                self.grammars.build(*message[1:])
+            elif kind == wire.GRAMMAR_RELEASE:
+                self.grammars.release(message[1])
             elif kind == wire.YIELD:
                 self._yield.set()
             elif kind == wire.CANCEL:
@@ -106,32 +109,16 @@ class EngineHost:
         try:
             drafter = (NgramIndex(self._config.serving.ngram_min, self._config.serving.ngram_max)
                        if self._limits.num_speculative_steps else None)
-            grammar = self._grammar(request.grammar) if request.grammar is not None else None
+            grammar = self.grammars.take(request.req_id) if request.grammar else None
             req = ServingRequest(request.req_id, request.prompt_token_ids, request.params,
                                  request.arrival_s, drafter, grammar)
         except Exception as exc:  # the stream ends with it; the engine serves on
-            logger.exception("request %s could not be rebuilt in the engine", request.req_id)
+            # Logged here with its traceback, and marked so: the front logs one line for it.
+            log_failure(logger, exc, "request %s could not be rebuilt in the engine",
+                        request.req_id)
             self._emit([StepEvent(request.req_id, [], time.perf_counter(), error=exc)])
             return
         self._require_serving().submit(req)
-
-    def _grammar(self, spec: GrammarSpec) -> RequestGrammar:
-        import xgrammar as xgr
-
-        from warmgate.server.serving.grammar.backend import grammar_backend
-        from warmgate.server.serving.grammar.matcher import RequestGrammar
-        from warmgate.server.text.model_text import load_model_text
-
-        vocab_size = self._config.runner.model.vocab_size
-        backend = grammar_backend(load_model_text(self._config.runner.model,
-                                                  self._config.serving), vocab_size)
-        compiled = self._grammars.get(spec)
-        if compiled is None:
-            compiled = backend.compile(spec)
-            if len(self._grammars) >= GRAMMAR_CACHE_ENTRIES:
-                self._grammars.pop(next(iter(self._grammars)))
-            self._grammars[spec] = compiled
-        return RequestGrammar(xgr.GrammarMatcher(compiled), backend.vocab_size, spec.field, spec)
 
     # -- the main thread ----------------------------------------------------------------
 
@@ -142,7 +129,8 @@ class EngineHost:
                 value = self._run(kind, job[1:])
             except BaseException as exc:  # WarmupCancelled too: the front re-raises it
                 if not isinstance(exc, (WarmupCancelled, FatalDeviceError)):
-                    logger.exception("the engine's %s job raised", kind)
+                    # Marked as logged: the front, which raises it again, logs one line.
+                    log_failure(logger, exc, "the engine's %s job raised", kind)
                 self._out.send(wire.FAILED, *wire.failure_to_wire(exc))
             else:
                 self._out.send(wire.DONE, value)

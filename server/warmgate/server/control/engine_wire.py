@@ -19,7 +19,6 @@ from warmgate.server.runner.scheduler_output import SamplingParams, TokenLogprob
 from warmgate.server.serving.request import FinishReason, StepEvent, Usage
 
 if TYPE_CHECKING:
-    from warmgate.server.serving.grammar.spec import GrammarSpec
     from warmgate.server.serving.request import ServingRequest
 
 # front -> engine
@@ -32,6 +31,10 @@ ABORT = "abort"  # (req_id,)
 YIELD = "yield"  # (): a warmup waits; the running RUN preempts and returns
 CANCEL = "cancel"  # (): the server stops; the running PLAN/MIXED stops at its next step
 READY = "ready"  # (bool,): the JIT monitor's readiness, ahead of the submits it covers
+# (key, GrammarSpec, memory_bytes, hold) -> GRAMMAR_BUILT: build a grammar the front's probe
+# accepted; hold: keep it for the request whose id is `key`, until its SUBMIT.
+GRAMMAR_BUILD = "grammar_build"
+GRAMMAR_RELEASE = "grammar_release"  # (key,): the request gave up; drop what is held for it
 # engine -> front
 DONE = "done"  # (value,): the job in flight ended
 FAILED = "failed"  # (exception,): the job in flight raised
@@ -42,26 +45,28 @@ OCCUPANCY = "occupancy"  # (Occupancy,)
 JIT = "jit"  # (JitEvent,): as distributed/replies.py
 CACHE_INFO = "cache_info"  # (dict | None,): the --cache-dir entry for GetStatus
 LOST = "lost"  # (FatalDeviceError,): a tensor-parallel worker of the engine died
+GRAMMAR_BUILT = "grammar_built"  # ((key, ErrorWire | None),): a GRAMMAR_BUILD's answer
 
 
 @dataclass(frozen=True)
 class RequestWire:
-    """A ServingRequest as data: the engine rebuilds the n-gram drafter and the grammar's
-    matcher (from the spec the front already compiled and validated)."""
+    """A ServingRequest as data: the engine rebuilds the n-gram drafter, and takes the
+    grammar it built and holds for the request (GRAMMAR_BUILD) when `grammar` says so."""
 
     req_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     # time.perf_counter() on the front: CLOCK_MONOTONIC, the same clock in both processes.
     arrival_s: float
-    grammar: GrammarSpec | None = None
+    grammar: bool = False
 
     @classmethod
     def of(cls, req: ServingRequest) -> RequestWire:
-        spec = getattr(req.grammar, "spec", None) if req.grammar is not None else None
-        if req.grammar is not None and spec is None:
-            raise ValueError(f"{req.req_id}: its grammar carries no spec to rebuild it from")
-        return cls(req.req_id, list(req.prompt_token_ids), req.params, req.arrival_s, spec)
+        if req.grammar is not None:  # a matcher of this process cannot cross
+            raise ValueError(f"{req.req_id}: its grammar was built in the front, not in the "
+                             "engine that serves it")
+        return cls(req.req_id, list(req.prompt_token_ids), req.params, req.arrival_s,
+                   req.engine_grammar)
 
 
 # A StepEvent as a tuple: pickling 128 slotted dataclasses costs 7x the tuples' time on both

@@ -29,6 +29,7 @@ from warmgate.server.core.progress import ProgressCallback
 from warmgate.server.core.results import PhaseResult, WarmupReport
 from warmgate.server.jit import JitMonitor
 from warmgate.server.jit.events import JitEvent
+from warmgate.server.text.model_text import ModelText
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +70,11 @@ class RemoteEngine:
         self._loaded = False
 
     @classmethod
-    def start(cls, config: ServerConfig) -> RemoteEngine:
-        return cls(EngineProcess(config), config.engine_step_timeout_s)
+    def start(cls, config: ServerConfig, text: ModelText | None = None) -> RemoteEngine:
+        """text: the model's text files as loaded at start-up (None: none, as for a model
+        without a directory)."""
+        return cls(EngineProcess(config, text if text is not None else ModelText()),
+                   config.engine_step_timeout_s)
 
     @property
     def on_fatal(self) -> Callable[[FatalDeviceError], None] | None:

@@ -46,6 +46,9 @@ class ServingRequest:
     drafter: NgramIndex | None = None
     # Structured output: the grammar its tokens must follow (its state is the outputs so far).
     grammar: RequestGrammar | None = None
+    # Structured output served by an engine process: the engine holds the request's grammar
+    # (built there under its req_id) and `grammar` stays None on this side.
+    engine_grammar: bool = False
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     # Tokens whose KV is in this request's blocks (0 while waiting).

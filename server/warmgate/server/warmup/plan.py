@@ -54,6 +54,7 @@ from warmgate.server.core.results import (
 )
 from warmgate.server.jit import JitMonitor
 from warmgate.server.telemetry.report_log import log_phase
+from warmgate.server.text.model_text import ModelText
 from warmgate.server.warmup.compile_phase import run_compile_warmup
 from warmgate.server.warmup.determinism import run_determinism_check
 from warmgate.server.warmup.gemm_background import (
@@ -192,11 +193,13 @@ def _require_resources(phases: list[PhaseResult]) -> list[PhaseResult]:
 def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = None,
                     mixed_num_tokens: int | None = None,
                     progress: ProgressCallback | None = None,
-                    force: bool = False) -> WarmupReport:
+                    force: bool = False, text: ModelText | None = None) -> WarmupReport:
     """Run every phase after `load` (whose result, if given, heads the report).
 
     `force` re-captures CUDA graphs that an earlier plan captured; without it that phase
-    comes back SKIPPED (ALREADY_CAPTURED).
+    comes back SKIPPED (ALREADY_CAPTURED). `text`: the model's tokenizer and EOS ids as the
+    server loaded them at start-up, for the structured phase (None: read from the model
+    directory).
     """
     start = time.perf_counter()
     # Unset means the default; an explicit 0, 1 or 2 is kept, and the mixed phase skips it.
@@ -243,7 +246,7 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
         ((CUDA_GRAPHS,), cuda_graphs),
         ((SAMPLER,), sampler),
         ((STRUCTURED,), lambda report: [run_structured_warmup(
-            runner, runner.execute_model, runner.sample_tokens, progress=report)]),
+            runner, runner.execute_model, runner.sample_tokens, text=text, progress=report)]),
         ((DETERMINISM,), lambda _: [run_determinism_check(
             runner, runner.execute_model, runner.sample_tokens)]),
     ]

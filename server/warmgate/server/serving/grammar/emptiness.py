@@ -70,14 +70,18 @@ def _productive(arena: _Arena, expr_id: int, rules: set[int]) -> bool:
     return True
 
 
+class NestedTooDeep(Exception):
+    """An expression nested deeper than the analysis can follow (Python's recursion limit):
+    whether any string matches is unknown, so the grammar is not served."""
+
+
 def admits_no_string(serialized_grammar: str) -> bool:
     """True when the grammar (xgrammar's Grammar.serialize_json) matches no string: its root
-    rule can never finish. False where it cannot tell (an expression nested deeper than
-    Python's recursion limit)."""
+    rule can never finish. NestedTooDeep where it cannot tell."""
     try:
         return _root_unproductive(_Arena(serialized_grammar))
     except RecursionError:
-        return False
+        raise NestedTooDeep() from None
 
 
 def _root_unproductive(arena: _Arena) -> bool:
