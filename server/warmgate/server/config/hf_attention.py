@@ -85,10 +85,12 @@ def sliding_window(hf: dict[str, Any], arch: str, path: Path,
         return None
     window = hf.get("sliding_window", _DEFAULT_SLIDING_WINDOW)
     start = hf.get("max_window_layers", _DEFAULT_MAX_WINDOW_LAYERS)
-    layer_types = hf.get("layer_types") or [
-        "sliding_attention" if i >= start else "full_attention"
-        for i in range(hf["num_hidden_layers"])]
-    if "sliding_attention" not in layer_types:
+    layer_types = hf.get("layer_types")
+    if layer_types:
+        slides = "sliding_attention" in layer_types
+    else:  # layers max_window_layers.. slide; not listed one by one: the count may be huge
+        slides = max(start, 0) < hf["num_hidden_layers"]
+    if not slides:
         note(notes, "sliding_window", f"{window} is not applied: no layer is a sliding one "
              f"({'layer_types' if hf.get('layer_types') else f'max_window_layers {start}'})")
         return None
