@@ -195,8 +195,8 @@ def test_eos_ids_are_bounded_and_the_log_keeps_a_losing_list_short(
     assert "49152 items" in record.getMessage()
 
 
-def test_a_token_file_without_end_is_refused_at_the_bound(tmp_path: Path) -> None:
-    """Read to the bound, not to its end: /dev/zero filled the host's memory."""
+def test_a_token_file_past_the_bound_is_refused(tmp_path: Path) -> None:
+    """The bound the read stops at (the next test reads /dev/zero, which has no end)."""
     endless = tmp_path / "tokens"
     endless.write_bytes(b"t" * (MAX_FILE_BYTES + 1))
     with pytest.raises(SecurityConfigError, match=f"more than {MAX_FILE_BYTES >> 20} MiB"):
