@@ -151,9 +151,16 @@ def _threadsafe(fn: Callable[[FatalDeviceError], Coroutine[Any, Any, None]],
     return call
 
 
-def _describe_security(security: ServerSecurity) -> str:
+def describe_security(security: ServerSecurity) -> str:
+    """The main port's security for the start-up line. Without tokens that line also says
+    what anyone who reaches the port may do: force a warmup, which preempts every stream and
+    turns health NOT_SERVING while it runs (deploy/README.md, "Who may start a warmup")."""
     tls = ("mTLS" if security.tls_client_ca else "TLS") if security.tls else "plaintext"
-    return f"{tls}, {'bearer token' if security.auth else 'no'} auth"
+    if security.auth:
+        return f"{tls}, bearer token auth"
+    return (f"{tls}, no auth: any client may force a warmup (WarmupKernels with force, "
+            "MixedWarmup), which preempts every stream and turns health NOT_SERVING while it "
+            "runs; --auth-token-file restricts them")
 
 
 async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = None,
@@ -234,7 +241,7 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
                     config.host, health_link.port, health_link.proc.pid)
     logger.info("serving warmgate.v1.Warmup on %s:%d (model %s, %s, %s attention; %s)",
                 config.host, port, config.runner.model.name, config.runner.device.device,
-                config.runner.device.attention_backend, _describe_security(config.security))
+                config.runner.device.attention_backend, describe_security(config.security))
     return RunningServer(server, port, controller, health, metrics, endpoint, generation,
                          health_link, jit_monitor, owns_link, heartbeat,
                          engine if isinstance(engine, RemoteEngine) else None)
