@@ -177,7 +177,7 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     text = text if text is not None else load_model_text(config.runner.model, config.serving)
     metrics = Metrics(config.runner.parallel.tensor_parallel_size,
                       deterministic=config.runner.numerics.deterministic)
-    health = WarmgateHealth()
+    health = WarmgateHealth(max_watchers=config.max_health_watchers)
     engine = engine if engine is not None else _default_engine(config)
     # Fakes in tests have none; the real engine's counts every compile of its runner.
     jit_monitor = engine.jit_monitor
@@ -222,7 +222,8 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
                        "--tls-key unless the network is trusted", port)
     owns_link = health_link is None and config.health_port_enabled
     if owns_link:
-        health_link = start_health_link(config.host, config.health_port)
+        health_link = start_health_link(config.host, config.health_port,
+                                        config.max_health_watchers)
     endpoint = (MetricsEndpoint(metrics, config.host, config.metrics_port)
                 if config.metrics_enabled else None)
     # NOT_SERVING before the first RPC can arrive: HealthServicer starts "" at SERVING.

@@ -49,6 +49,11 @@ from warmgate.server.config.serving_config import ServingConfig
 # kubelet kills the pod and it queues again. .ci/check_manifests.py checks the fit.
 CACHE_LOCK_TIMEOUT_S = 240.0
 METRICS_DISABLED = HEALTH_PORT_DISABLED = flag_values.PORT_DISABLED
+# grpc.health.v1 Watch streams open at once, on each port that serves health. Clients that
+# check health on their side (a gRPC channel's health-checking load balancing) hold one per
+# channel, so the cap is for a fleet of them, not for a few tools as WatchStatus's is; each
+# stream holds about 18 KiB of the serving process (10,000 unbounded ones: 182 MiB).
+MAX_HEALTH_WATCHERS = 1024
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,10 @@ class ServerConfig:
     # answers health; 3,000 unbounded follow streams slowed a health Check to 1.7 s.
     max_status_watchers: int = field(default=64, metadata=flag(
         "--max-status-watchers", "WatchStatus streams open at once, at most; more are answered "
+        "RESOURCE_EXHAUSTED", parse=flag_values.positive))
+    max_health_watchers: int = field(default=MAX_HEALTH_WATCHERS, metadata=flag(
+        "--max-health-watchers", "grpc.health.v1 Watch streams open at once on each port "
+        "that serves health (the main port, --health-port); more are answered "
         "RESOURCE_EXHAUSTED", parse=flag_values.positive))
     # The default is plaintext and open.
     security: ServerSecurity = field(default_factory=ServerSecurity)
