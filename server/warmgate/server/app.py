@@ -224,7 +224,9 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     if owns_link:
         health_link = start_health_link(config.host, config.health_port,
                                         config.max_health_watchers)
-    endpoint = (MetricsEndpoint(metrics, config.host, config.metrics_port)
+    endpoint = (MetricsEndpoint(metrics, config.host, config.metrics_port,
+                                max_connections=config.metrics_max_connections,
+                                idle_timeout_s=config.metrics_idle_timeout_s)
                 if config.metrics_enabled else None)
     # NOT_SERVING before the first RPC can arrive: HealthServicer starts "" at SERVING.
     await controller.start(warmup_on_start=config.warmup_on_start)

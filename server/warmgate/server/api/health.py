@@ -8,7 +8,7 @@ and HealthListener, which makes health follow the controller's readiness.
   while `liveness` stays SERVING until the process exits: a kubelet that saw liveness fail
   would restart the pod and cut its grace short. A fatal device error still uses
   enter_graceful_shutdown, which turns every service, liveness included, NOT_SERVING.
-- Watch: at most --max-health-watchers streams at once (api/stream_cap.py), as the health
+- Watch: at most --max-health-watchers streams at once (core/stream_cap.py), as the health
   process caps its own.
 """
 
@@ -21,9 +21,9 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from warmgate.server.api.stream_cap import health_watch_cap
 from warmgate.server.config.server_config import MAX_HEALTH_WATCHERS
 from warmgate.server.core.errors import ResourceExhausted
+from warmgate.server.core.stream_cap import health_watch_cap
 
 logger = logging.getLogger(__name__)
 

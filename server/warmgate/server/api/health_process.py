@@ -37,8 +37,8 @@ from grpc_health.v1 import health_pb2
 
 from warmgate.server.api.grpc_options import SERVER_OPTIONS
 from warmgate.server.api.port_check import PortInUse, check_port
-from warmgate.server.api.stream_cap import StreamCap, health_watch_cap
 from warmgate.server.core import health_wire as wire
+from warmgate.server.core.stream_cap import StreamCap, health_watch_cap
 
 SERVICE = "grpc.health.v1.Health"
 PR_SET_PDEATHSIG = 1

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from warmgate.server.api.convert import shared_report_to_proto, status_to_proto
-from warmgate.server.api.stream_cap import StreamCap
 from warmgate.server.control.controller import WarmupController
 from warmgate.server.core.errors import ResourceExhausted
+from warmgate.server.core.stream_cap import StreamCap
 from warmgate.v1 import warmup_pb2 as pb
 from warmgate.v1 import warmup_pb2_grpc as pb_grpc
 

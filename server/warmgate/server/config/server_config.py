@@ -54,6 +54,11 @@ METRICS_DISABLED = HEALTH_PORT_DISABLED = flag_values.PORT_DISABLED
 # channel, so the cap is for a fleet of them, not for a few tools as WatchStatus's is; each
 # stream holds about 18 KiB of the serving process (10,000 unbounded ones: 182 MiB).
 MAX_HEALTH_WATCHERS = 1024
+# The metrics port: a scraper or two, each with one connection per scrape; an idle one is
+# closed after this long (Prometheus sends its request at once, and its default scrape
+# timeout is 10 s).
+METRICS_MAX_CONNECTIONS = 16
+METRICS_IDLE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,12 @@ class ServerConfig:
     metrics_port: int = field(default=9464, metadata=flag(
         "--metrics-port", "Prometheus port; 0 picks a free one, -1 disables the endpoint",
         parse=flag_values.optional_port))
+    metrics_max_connections: int = field(default=METRICS_MAX_CONNECTIONS, metadata=flag(
+        "--metrics-max-connections", "connections the metrics port serves at once (a thread "
+        "each); more are answered HTTP 503 and closed", parse=flag_values.positive))
+    metrics_idle_timeout_s: float = field(default=METRICS_IDLE_TIMEOUT_S, metadata=flag(
+        "--metrics-idle-timeout", "seconds a metrics connection may go without a byte either "
+        "way before it is closed", parse=flag_values.positive_float))
     warmup_on_start: bool = field(default=True, metadata=flag(
         "--warmup-on-start", "run the warmup plan once the model is loaded (health answers "
         "meanwhile)"))

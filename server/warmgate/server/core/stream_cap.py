@@ -1,11 +1,16 @@
-"""A cap on the open streams of one kind (WatchStatus, the health Watch): each open stream
-holds memory in the process that serves it and gets a message per status change on the loop
-that answers health, so an unauthenticated client must not be able to open them without end
-(10,000 health Watch streams grew the server by 182 MiB). Past the cap a new stream is
-refused RESOURCE_EXHAUSTED, by its caller, with the message this gives; a closed one frees
-its slot.
+"""A cap on the open streams of one kind (WatchStatus, the health Watch), or on the metrics
+port's connections (telemetry/metrics.py).
 
-Only one event loop touches a cap: no lock. Imports nothing of warmgate's, so the health
+Each open stream holds memory in the process that serves it and gets a message per status
+change on the loop that answers health, and each metrics connection holds a thread of the
+gRPC front process: an unauthenticated client must not be able to open them without end
+(10,000 health Watch streams grew the server by 182 MiB; 3,000 idle metrics connections made
+3,026 threads, and closing them pushed health past its deadline). Past the cap a new one is
+refused (RESOURCE_EXHAUSTED, HTTP 503) by its caller, with the message this gives; a closed
+one frees its slot.
+
+A cap has no lock: one event loop touches the streams' caps; the metrics port's connection
+cap is taken under its server's own lock. Imports nothing of warmgate's, so the health
 process (api/health_process.py) uses it too.
 """
 
@@ -22,8 +27,9 @@ Log = Callable[[int, str], None]
 
 class StreamCap:
     def __init__(self, kind: str, flag: str, limit: int, advice: str,
-                 log: Log = logger.log) -> None:
+                 log: Log = logger.log, *, unit: str = "streams") -> None:
         self.kind, self.flag, self.limit, self.advice = kind, flag, limit, advice
+        self.unit = unit  # what is counted, for the messages
         self.open = 0
         self._log = log
         self._refusing = False  # logged once per stretch at the cap, not once per refusal
@@ -34,10 +40,11 @@ class StreamCap:
         if self.open >= self.limit:
             if not self._refusing:
                 self._refusing = True
-                self._log(logging.WARNING, f"{self.kind} at its cap: {self.open} streams open "
-                          f"({self.flag} {self.limit}); refusing new ones until one closes")
-            return (f"{self.open} {self.kind} streams are open, the most this server allows "
-                    f"({self.flag} {self.limit}); {self.advice}")
+                self._log(logging.WARNING, f"{self.kind} at its cap: {self.open} {self.unit} "
+                          f"open ({self.flag} {self.limit}); refusing new ones until one "
+                          "closes")
+            return (f"{self.open} {self.kind} {self.unit} are open, the most this server "
+                    f"allows ({self.flag} {self.limit}); {self.advice}")
         self.open += 1
         return None
 
@@ -47,7 +54,7 @@ class StreamCap:
         if self._refusing and self.open < self.limit:
             self._refusing = False
             self._log(logging.INFO, f"{self.kind} below its cap again: {self.open} of "
-                      f"{self.limit} streams open")
+                      f"{self.limit} {self.unit} open")
 
 
 def health_watch_cap(limit: int, log: Log = logger.log) -> StreamCap:
