@@ -89,10 +89,22 @@ async def _alone(client: AsyncWarmgateClient) -> float:
     return min([await _chat(client, PLAIN, 30) for _ in range(3)])
 
 
+async def _start_every_worker(client: AsyncWarmgateClient, server: ServerThread) -> None:
+    """Plain chats side by side until every worker is started and idle: the slow renders
+    then all begin at once, each in a worker, rather than some while their worker starts."""
+    tokenizer = server.running.generation.text.tokenizer
+    assert tokenizer is not None and tokenizer.chat_template is not None
+    deadline = time.monotonic() + 30
+    while tokenizer.chat_template.idle_workers < WORKERS:
+        assert time.monotonic() < deadline
+        await asyncio.gather(*(_chat(client, PLAIN, 30) for _ in range(4 * WORKERS)))
+
+
 def test_cancelled_renders_do_not_hold_up_the_next_chat(server: ServerThread) -> None:
     async def body() -> None:
         async with AsyncWarmgateClient(server.target) as client:
             alone = await _alone(client)
+            await _start_every_worker(client, server)
             errors = await asyncio.gather(*(_failure(client, SLOW_MESSAGES, CANCEL_AFTER_S)
                                             for _ in range(CANCELLED)))
             assert {e.code for e in errors} == {grpc.StatusCode.DEADLINE_EXCEEDED}, errors

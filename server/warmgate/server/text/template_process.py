@@ -179,6 +179,12 @@ class BoundedChatTemplate:
         except _Failure as exc:
             raise TextLoadError(origin, str(exc)) from None
 
+    @property
+    def idle_workers(self) -> int:
+        """Workers started, with the template compiled, waiting for a render."""
+        with self._lock:
+            return len(self._idle)
+
     def close(self) -> None:
         self._finalizer()
         self._threads.shutdown(wait=False, cancel_futures=True)
