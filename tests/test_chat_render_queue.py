@@ -21,7 +21,7 @@ from warmgate.server.config.serving_config import CHAT_TEMPLATE_QUEUE
 from warmgate.server.startup import load_server_config
 
 # Longer than the tests take: a slow render ends only when its request is cancelled.
-TIMEOUT_S = 5.0
+TIMEOUT_S = 10.0
 WORKERS = 2
 CANCELLED = 20
 # All the cancelled ones are admitted, as with the default queue of 16 all but 2 would be.
@@ -140,6 +140,40 @@ def test_renders_past_the_queue_are_refused_at_once(server: ServerThread) -> Non
             await asyncio.gather(*admitted, return_exceptions=True)
             after = await _next_chat(client)
             assert after < alone + SLACK_S, (alone, after)
+
+    run(body(), 120)
+
+
+def test_a_cancelled_request_leaves_the_queue_while_the_workers_are_busy(
+        server: ServerThread) -> None:
+    """Two slow renders nobody cancels hold both workers; the requests queued behind them
+    and cancelled give their places back at once, not when a worker frees."""
+    async def body() -> None:
+        async with AsyncWarmgateClient(server.target) as client:
+            await _start_every_worker(client, server)
+            busy = [asyncio.create_task(_chat(client, SLOW_MESSAGES, 60))
+                    for _ in range(WORKERS)]
+            await asyncio.sleep(0.5)  # both rendering
+            queued = await asyncio.gather(*(_failure(client, SLOW_MESSAGES, CANCEL_AFTER_S)
+                                            for _ in range(QUEUE)))
+            assert {e.code for e in queued} == {grpc.StatusCode.DEADLINE_EXCEEDED}, queued
+            # Room for a whole queue again, while both workers still render: each of these
+            # is admitted and waits (until its deadline), none is refused.
+            deadline = time.monotonic() + SLACK_S
+            while True:
+                again = await asyncio.gather(*(_failure(client, SLOW_MESSAGES, 1.0)
+                                               for _ in range(QUEUE)))
+                codes = {e.code for e in again}
+                if codes == {grpc.StatusCode.DEADLINE_EXCEEDED}:
+                    break
+                assert codes <= {grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 grpc.StatusCode.RESOURCE_EXHAUSTED}, again
+                assert time.monotonic() < deadline, codes  # the cancels not seen yet
+            assert not any(task.done() for task in busy)
+            for task in busy:
+                task.cancel()
+            await asyncio.gather(*busy, return_exceptions=True)
+            await _next_chat(client)
 
     run(body(), 120)
 

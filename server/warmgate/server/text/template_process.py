@@ -238,7 +238,9 @@ class BoundedChatTemplate:
                     worker = self._idle.pop() if self._idle else None
                 if worker is None:
                     worker = self._start_worker(at_load=False)
-                if cancelled is not None and cancelled.is_set():  # while the worker started
+                # Cancelled while it waited for the slot, or for its worker to start: the
+                # template never sees its messages.
+                if cancelled is not None and cancelled.is_set():
                     self._park(worker)
                     raise RenderCancelled()
                 try:
@@ -254,16 +256,14 @@ class BoundedChatTemplate:
 
     def _take_slot(self, cancelled: threading.Event | None) -> None:
         """Wait for one of the `workers` slots; RenderCancelled if the request is cancelled
-        meanwhile."""
+        meanwhile: it leaves the queue at once, its place free for another request while
+        the workers are still busy."""
         if cancelled is None:
             self._slots.acquire()
             return
         while not self._slots.acquire(timeout=CANCEL_POLL_S):
             if cancelled.is_set():
                 raise RenderCancelled()
-        if cancelled.is_set():
-            self._slots.release()
-            raise RenderCancelled()
 
     def _park(self, worker: _Worker) -> None:
         """A worker back among the idle ones, if it is still of use."""
