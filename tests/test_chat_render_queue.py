@@ -19,6 +19,7 @@ from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.errors import WarmgateRpcError
 from warmgate.server.config.serving_config import CHAT_TEMPLATE_QUEUE
 from warmgate.server.startup import load_server_config
+from warmgate.server.text.template_process import BoundedChatTemplate
 
 # Longer than the tests take: a slow render ends only when its request is cancelled.
 TIMEOUT_S = 10.0
@@ -89,13 +90,17 @@ async def _alone(client: AsyncWarmgateClient) -> float:
     return min([await _chat(client, PLAIN, 30) for _ in range(3)])
 
 
+def _template(server: ServerThread) -> BoundedChatTemplate:
+    tokenizer = server.running.generation.text.tokenizer
+    assert tokenizer is not None and tokenizer.chat_template is not None
+    return tokenizer.chat_template
+
+
 async def _start_every_worker(client: AsyncWarmgateClient, server: ServerThread) -> None:
     """Plain chats side by side until every worker is started and idle: the slow renders
     then all begin at once, each in a worker, rather than some while their worker starts."""
-    tokenizer = server.running.generation.text.tokenizer
-    assert tokenizer is not None and tokenizer.chat_template is not None
     deadline = time.monotonic() + 30
-    while tokenizer.chat_template.idle_workers < WORKERS:
+    while _template(server).idle_workers < WORKERS:
         assert time.monotonic() < deadline
         await asyncio.gather(*(_chat(client, PLAIN, 30) for _ in range(4 * WORKERS)))
 
@@ -138,6 +143,34 @@ def test_renders_past_the_queue_are_refused_at_once(server: ServerThread) -> Non
             for task in admitted:
                 task.cancel()
             await asyncio.gather(*admitted, return_exceptions=True)
+            after = await _next_chat(client)
+            assert after < alone + SLACK_S, (alone, after)
+
+    run(body(), 120)
+
+
+def test_a_request_cancelled_while_its_worker_starts_is_not_rendered(
+        server: ServerThread) -> None:
+    """With no worker idle, a render starts one first (an interpreter and jinja2: a good
+    part of a second); a request cancelled meanwhile is not rendered on it, so the new
+    worker is kept, idle, for the next request (a render it had begun would be stopped by
+    killing it)."""
+    async def body() -> None:
+        async with AsyncWarmgateClient(server.target) as client:
+            alone = await _alone(client)
+            await _start_every_worker(client, server)
+            # Slow renders cancelled while rendering: their workers are killed, none is idle.
+            await asyncio.gather(*(_failure(client, SLOW_MESSAGES, CANCEL_AFTER_S)
+                                   for _ in range(WORKERS)))
+            await asyncio.sleep(0.2)  # the server has seen those cancels
+            # These take the slots at once and are cancelled while their workers start.
+            starting = await asyncio.gather(*(_failure(client, SLOW_MESSAGES, 0.1)
+                                              for _ in range(WORKERS)))
+            assert {e.code for e in starting} == {grpc.StatusCode.DEADLINE_EXCEEDED}
+            deadline = time.monotonic() + 30
+            while _template(server).idle_workers < WORKERS:  # they start, then wait unused
+                assert time.monotonic() < deadline, _template(server).idle_workers
+                await asyncio.sleep(0.05)
             after = await _next_chat(client)
             assert after < alone + SLACK_S, (alone, after)
 
