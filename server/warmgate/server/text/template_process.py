@@ -169,6 +169,8 @@ class BoundedChatTemplate:
         # Renders admitted by `submit`, running or waiting for a worker (under _lock), and
         # a thread for each: one admitted never waits for a thread.
         self._admitted = 0
+        # Workers killed (past a bound, or rendering for a request since cancelled).
+        self.workers_killed = 0
         self._refusing = False  # logged once per stretch at the bound, not once per refusal
         self._threads = ThreadPoolExecutor(max_workers=limits.workers + limits.queue,
                                            thread_name_prefix="chat-template")
@@ -184,6 +186,12 @@ class BoundedChatTemplate:
         """Workers started, with the template compiled, waiting for a render."""
         with self._lock:
             return len(self._idle)
+
+    @property
+    def in_flight(self) -> int:
+        """Renders `submit` admitted that have not ended: running or waiting for a worker."""
+        with self._lock:
+            return self._admitted
 
     def close(self) -> None:
         self._finalizer()
@@ -293,6 +301,7 @@ class BoundedChatTemplate:
     def _drop(self, worker: _Worker) -> None:
         worker.kill()
         with self._lock:
+            self.workers_killed += 1
             if worker in self._all:
                 self._all.remove(worker)
 
