@@ -279,10 +279,9 @@ def _refuse(request: socket.socket, refusal: str) -> None:
 
 class _QuietHandler(WSGIRequestHandler):
     def setup(self) -> None:
-        # StreamRequestHandler sets this timeout on the connection: each read and write then
-        # fails past it, and the connection's thread ends.
-        self.timeout = getattr(self.server, "idle_timeout_s", None)
         super().setup()
+        # Each read and write of the connection then fails past it, and its thread ends.
+        self.connection.settimeout(getattr(self.server, "idle_timeout_s", None))
 
     def log_message(self, format: str, *args: object) -> None:
         """Scrapes every few seconds would flood the log; stay silent."""
