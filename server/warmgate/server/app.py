@@ -38,7 +38,8 @@ from warmgate.server.control.remote_engine import RemoteEngine
 from warmgate.server.control.status import Identity
 from warmgate.server.core.failures import FatalDeviceError
 from warmgate.server.jit import JitMonitor
-from warmgate.server.telemetry.metrics import Metrics, MetricsEndpoint
+from warmgate.server.telemetry.metrics import Metrics
+from warmgate.server.telemetry.metrics_endpoint import MetricsEndpoint
 from warmgate.server.telemetry.ready_gauge import ReadyGauge
 from warmgate.server.text.model_text import ModelText, load_model_text
 from warmgate.v1 import generate_pb2, generate_pb2_grpc, warmup_pb2, warmup_pb2_grpc

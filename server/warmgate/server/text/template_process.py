@@ -15,33 +15,28 @@ held the next chat request for 11 s.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import select
-import subprocess
-import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 from warmgate.server.config.serving_config import CHAT_TEMPLATE_QUEUE
 from warmgate.server.text.errors import PromptError, RenderBusy, RenderCancelled, TextLoadError
-from warmgate.server.text.template_worker import HEADER, encode_message
+from warmgate.server.text.template_pipe import (
+    CANCEL_POLL_S,
+    TemplateWorker,
+    WorkerCancelled,
+    WorkerDied,
+    WorkerTimeout,
+    close_all,
+)
 
 logger = logging.getLogger(__name__)
 
-# Starting an interpreter and importing jinja2: not the template's time, so not its bound;
-# generous for a loaded machine.
-STARTUP_TIMEOUT_S = 30.0
-_READ_CHUNK = 1 << 16
-# How often a render waiting for a worker, or for its worker's answer, looks whether its
-# request was cancelled.
-CANCEL_POLL_S = 0.02
 T = TypeVar("T")
 
 
@@ -55,94 +50,6 @@ class TemplateLimits:
     workers: int = 2
     # Renders waiting for a worker, at most; more are refused (RenderBusy).
     queue: int = CHAT_TEMPLATE_QUEUE
-
-
-class _Timeout(Exception):
-    pass
-
-
-class _Died(Exception):
-    pass
-
-
-class _Cancelled(Exception):
-    pass
-
-
-class _Worker:
-    """One worker process and its pipes."""
-
-    def __init__(self, limits: TemplateLimits) -> None:
-        # -I would drop PYTHONPATH, which a checkout run without installing needs.
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "warmgate.server.text.template_worker",
-             str(limits.memory_mib << 20), str(limits.timeout_s)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            close_fds=True)
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._stdin: IO[bytes] = self._proc.stdin
-        self._stdout_fd = self._proc.stdout.fileno()
-        self.pid = self._proc.pid
-        self._killed = False
-        try:
-            self._read(STARTUP_TIMEOUT_S)
-        except BaseException:
-            self.kill()
-            raise
-
-    def call(self, request: dict[str, Any], timeout_s: float,
-             cancelled: threading.Event | None = None) -> dict[str, Any]:
-        try:
-            self._stdin.write(encode_message(request))
-            self._stdin.flush()
-        except OSError as exc:
-            raise _Died(f"its pipe closed ({exc})") from None
-        return self._read(timeout_s, cancelled)
-
-    def _read(self, timeout_s: float, cancelled: threading.Event | None = None
-              ) -> dict[str, Any]:
-        """The next message; _Timeout past timeout_s, _Cancelled once `cancelled` is set
-        (the answer then still comes, so the caller must not use this worker again)."""
-        deadline = time.monotonic() + timeout_s
-        data = bytearray()
-        size: int | None = None
-        while size is None or len(data) < HEADER.size + size:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _Timeout()
-            wait = left if cancelled is None else min(left, CANCEL_POLL_S)
-            if not select.select([self._stdout_fd], [], [], wait)[0]:
-                if cancelled is not None and cancelled.is_set():
-                    raise _Cancelled()
-                continue
-            chunk = os.read(self._stdout_fd, _READ_CHUNK)
-            if not chunk:
-                code = self._proc.poll()
-                raise _Died(f"it exited (code {code})" if code is not None else "it closed")
-            data += chunk
-            if size is None and len(data) >= HEADER.size:
-                (size,) = HEADER.unpack(data[:HEADER.size])
-        message: dict[str, Any] = json.loads(bytes(data[HEADER.size:]).decode(
-            "utf-8", "surrogatepass"))
-        return message
-
-    @property
-    def alive(self) -> bool:
-        return not self._killed and self._proc.poll() is None
-
-    def kill(self) -> None:
-        self._killed = True
-        if self._proc.poll() is None:
-            self._proc.kill()
-        self._proc.wait()
-        self._stdin.close()
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
-
-
-def _close_all(workers: list[_Worker]) -> None:
-    for worker in list(workers):
-        worker.kill()
 
 
 class _Failure(Exception):
@@ -163,8 +70,8 @@ class BoundedChatTemplate:
                                  "special_tokens": dict(special_tokens),
                                  "max_chars": max_chars}
         self._lock = threading.Lock()
-        self._idle: list[_Worker] = []
-        self._all: list[_Worker] = []
+        self._idle: list[TemplateWorker] = []
+        self._all: list[TemplateWorker] = []
         self._slots = threading.BoundedSemaphore(limits.workers)
         # Renders admitted by `submit`, running or waiting for a worker (under _lock), and
         # a thread for each: one admitted never waits for a thread.
@@ -175,7 +82,7 @@ class BoundedChatTemplate:
         self._threads = ThreadPoolExecutor(max_workers=limits.workers + limits.queue,
                                            thread_name_prefix="chat-template")
         # Workers die with this object (and each exits at its stdin's end when we do).
-        self._finalizer = weakref.finalize(self, _close_all, self._all)
+        self._finalizer = weakref.finalize(self, close_all, self._all)
         try:
             self._idle.append(self._start_worker(at_load=True))
         except _Failure as exc:
@@ -273,17 +180,17 @@ class BoundedChatTemplate:
             if cancelled.is_set():
                 raise RenderCancelled()
 
-    def _park(self, worker: _Worker) -> None:
+    def _park(self, worker: TemplateWorker) -> None:
         """A worker back among the idle ones, if it is still of use."""
         if worker.alive:
             with self._lock:
                 self._idle.append(worker)
 
-    def _start_worker(self, *, at_load: bool) -> _Worker:
+    def _start_worker(self, *, at_load: bool) -> TemplateWorker:
         try:
-            worker = _Worker(self.limits)
-        except (_Timeout, _Died, OSError) as exc:
-            what = "did not start" if isinstance(exc, _Timeout) else f"failed to start: {exc}"
+            worker = TemplateWorker(self.limits.memory_mib, self.limits.timeout_s)
+        except (WorkerTimeout, WorkerDied, OSError) as exc:
+            what = "did not start" if isinstance(exc, WorkerTimeout) else f"failed to start: {exc}"
             raise _Failure(f"its worker process {what}") from None
         with self._lock:
             self._all.append(worker)
@@ -298,30 +205,30 @@ class BoundedChatTemplate:
                    self.limits.memory_mib, self.max_chars)
         return worker
 
-    def _drop(self, worker: _Worker) -> None:
+    def _drop(self, worker: TemplateWorker) -> None:
         worker.kill()
         with self._lock:
             self.workers_killed += 1
             if worker in self._all:
                 self._all.remove(worker)
 
-    def _call(self, worker: _Worker, request: dict[str, Any], doing: str,
+    def _call(self, worker: TemplateWorker, request: dict[str, Any], doing: str,
               cancelled: threading.Event | None = None) -> dict[str, Any]:
         """The worker's reply to `request`, or _Failure; a worker past the time or memory
         bound is killed, and so is one whose request was cancelled (RenderCancelled)."""
         start = time.monotonic()
         try:
             reply = worker.call(request, self.limits.timeout_s, cancelled)
-        except _Cancelled:
+        except WorkerCancelled:
             self._drop(worker)  # its answer would come to the next request
             logger.debug("chat template: a render of a cancelled request stopped after "
                          "%.2f s (worker %d killed)", time.monotonic() - start, worker.pid)
             raise RenderCancelled() from None
-        except _Timeout:
+        except WorkerTimeout:
             self._drop(worker)
             raise self._bound(doing, f"did not finish within {self.limits.timeout_s} s (the "
                               "time bound, --chat-template-timeout)") from None
-        except _Died as exc:
+        except WorkerDied as exc:
             self._drop(worker)
             # Past RLIMIT_CPU, or killed: the time bound, or a crash of the interpreter.
             raise self._bound(doing, f"ended its worker process ({exc}) after "
