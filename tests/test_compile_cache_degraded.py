@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -180,6 +181,78 @@ def test_full_cache_disk_at_start_warmup_only_succeeds_degraded(small_fs: Path) 
     assert report["compile_cache"]["state"] == "error"
     degraded_lines = [line for line in done.stderr.splitlines() if "degraded" in line]
     assert len(degraded_lines) == 1, done.stderr
+
+
+# Pages left free for inductor: its C++ source (one page) fits, the library it links does not.
+FREE_PAGES = 3
+PAGE_BYTES = 4096
+
+
+def leave_free(directory: Path, pages: int) -> None:
+    """Fill `directory`'s filesystem, then give `pages` pages back."""
+    fill_up(directory)
+    filler = directory / "filler"
+    os.truncate(filler, max(0, filler.stat().st_size - pages * PAGE_BYTES))
+
+
+@pytest.fixture
+def compilers_environ() -> Iterator[None]:
+    """The compilers' cache variables of this process, as the test found them, afterwards:
+    inductor reads os.environ, so the cache under test points the real ones."""
+    saved = {var: os.environ.get(var) for var in CACHE_ENV_VARS}
+    for var in CACHE_ENV_VARS:
+        os.environ.pop(var, None)
+    yield
+    for var, value in saved.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+
+
+class LinkingPlan:
+    """Stands in for the compile phase: inductor's C++ code cache compiles and links a
+    library into TORCHINDUCTOR_CACHE_DIR, as a compiled model's kernels are."""
+
+    def __init__(self) -> None:
+        # A source of its own: the code cache is per process and keyed by the source.
+        self.source = f'// {uuid.uuid4()}\nextern "C" int answer() {{ return 42; }}\n'
+        self.failures: list[str] = []
+
+    def __call__(self) -> WarmupReport:
+        from torch._inductor.codecache import CppCodeCache
+
+        try:
+            assert CppCodeCache.load(self.source).answer() == 42
+            phase = PhaseResult(name="compile", status=PhaseStatus.RAN)
+        except Exception as exc:  # what the phase runner does with a phase's exception
+            self.failures.append(str(exc))
+            phase = PhaseResult(name="compile", status=PhaseStatus.FAILED,
+                                detail=describe_failure("compile", exc))
+        outcome = (WarmupOutcome.SUCCEEDED if phase.status is PhaseStatus.RAN
+                   else WarmupOutcome.FAILED)
+        return WarmupReport(outcome, [phase], 0.1, "hash")
+
+
+def test_a_cpp_link_that_hit_the_full_disk_links_again_in_the_private_cache(
+        small_fs: Path, compilers_environ: None) -> None:
+    """`--compile --warmup-only` on a 1 MB cache volume: inductor's link ran out of space,
+    the cache degraded, and the second run re-raised the same link error. inductor keeps a
+    loader per source bound to the library path in the given-up directory (and a failed
+    build's error); the degrade must make it build again in the private cache."""
+    cache = CompileCache(small_fs, environ=os.environ)
+    assert cache.open(RunnerConfig(), inputs=INPUTS).state == "miss"
+    leave_free(small_fs, FREE_PAGES)
+    plan = LinkingPlan()
+
+    report = run_plan_with_cache(cache, plan)
+
+    assert len(plan.failures) == 1 and "No space left on device" in plan.failures[0], \
+        plan.failures
+    assert report.succeeded, report.phases
+    assert cache.info.degraded
+    assert not os.environ["TORCHINDUCTOR_CACHE_DIR"].startswith(str(small_fs))
+    cache.close()
 
 
 def _trash_entry(root: Path, name: str, moved_at: int, size: int) -> Path:

@@ -216,3 +216,28 @@ def test_cli_takes_token_and_tls_from_flags_or_environment(pki: Pki, token_file:
         # A token file that is not there is a local error, one line naming it, before any RPC.
         code, err = cli("--token-file", str(token_file) + ".missing", "status")
         assert code == EXIT_LOCAL and ".missing" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("with_tokens", [False, True], ids=["open", "tokens"])
+def test_the_start_up_line_says_who_may_force_a_warmup(
+        with_tokens: bool, token_file: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Without tokens anyone who reaches the port may preempt every stream with a forced
+    warmup: the line that says the server is up says so, and what restricts it."""
+    flags = ["--auth-token-file", str(token_file)] if with_tokens else []
+
+    async def body() -> str:
+        with caplog.at_level("INFO", logger="warmgate.server.app"):
+            async with serving(server_config(*flags), engine=FakeEngine()):
+                pass
+        [line] = [r.getMessage() for r in caplog.records
+                  if r.getMessage().startswith("serving warmgate.v1.Warmup on ")]
+        return line
+
+    line = run(body())
+    warning = "no auth: any client may force a warmup"
+    if with_tokens:
+        assert line.endswith("(model tiny, cpu, torch attention; plaintext, bearer token "
+                             "auth)"), line
+    else:
+        assert warning in line and "preempts every stream" in line, line
+        assert "--auth-token-file restricts them" in line, line

@@ -211,7 +211,7 @@ def test_the_health_process_imports_nothing_heavy() -> None:
                          text=True, check=True).stdout.split()
     assert set(out) <= {"warmgate", "warmgate.server", "warmgate.server.api",
                         "warmgate.server.api.grpc_options", "warmgate.server.api.health_process",
-                        "warmgate.server.api.port_check",
+                        "warmgate.server.api.port_check", "warmgate.server.core.stream_cap",
                         "warmgate.server.core", "warmgate.server.core.health_wire"}, out
 
 

@@ -10,7 +10,8 @@ import pytest
 from tests.grpc_harness import ServerThread, server_config
 from warmgate.client.api import WarmgateClient
 from warmgate.server.config.listen_address import grpc_address
-from warmgate.server.telemetry.metrics import Metrics, MetricsEndpoint
+from warmgate.server.telemetry.metrics import Metrics
+from warmgate.server.telemetry.metrics_endpoint import MetricsEndpoint
 
 
 def scrape(url: str) -> str:

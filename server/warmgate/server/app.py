@@ -38,7 +38,8 @@ from warmgate.server.control.remote_engine import RemoteEngine
 from warmgate.server.control.status import Identity
 from warmgate.server.core.failures import FatalDeviceError
 from warmgate.server.jit import JitMonitor
-from warmgate.server.telemetry.metrics import Metrics, MetricsEndpoint
+from warmgate.server.telemetry.metrics import Metrics
+from warmgate.server.telemetry.metrics_endpoint import MetricsEndpoint
 from warmgate.server.telemetry.ready_gauge import ReadyGauge
 from warmgate.server.text.model_text import ModelText, load_model_text
 from warmgate.v1 import generate_pb2, generate_pb2_grpc, warmup_pb2, warmup_pb2_grpc
@@ -152,9 +153,16 @@ def _threadsafe(fn: Callable[[FatalDeviceError], Coroutine[Any, Any, None]],
     return call
 
 
-def _describe_security(security: ServerSecurity) -> str:
+def describe_security(security: ServerSecurity) -> str:
+    """The main port's security for the start-up line. Without tokens that line also says
+    what anyone who reaches the port may do: force a warmup, which preempts every stream and
+    turns health NOT_SERVING while it runs (deploy/README.md, "Who may start a warmup")."""
     tls = ("mTLS" if security.tls_client_ca else "TLS") if security.tls else "plaintext"
-    return f"{tls}, {'bearer token' if security.auth else 'no'} auth"
+    if security.auth:
+        return f"{tls}, bearer token auth"
+    return (f"{tls}, no auth: any client may force a warmup (WarmupKernels with force, "
+            "MixedWarmup), which preempts every stream and turns health NOT_SERVING while it "
+            "runs; --auth-token-file restricts them")
 
 
 async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = None,
@@ -171,7 +179,7 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
     text = text if text is not None else load_model_text(config.runner.model, config.serving)
     metrics = Metrics(config.runner.parallel.tensor_parallel_size,
                       deterministic=config.runner.numerics.deterministic)
-    health = WarmgateHealth()
+    health = WarmgateHealth(max_watchers=config.max_health_watchers)
     engine = engine if engine is not None else _default_engine(config, text)
     # Fakes in tests have none; the real engine's counts every compile of its runner.
     jit_monitor = engine.jit_monitor
@@ -218,8 +226,11 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
                        "--tls-key unless the network is trusted", port)
     owns_link = health_link is None and config.health_port_enabled
     if owns_link:
-        health_link = start_health_link(config.host, config.health_port)
-    endpoint = (MetricsEndpoint(metrics, config.host, config.metrics_port)
+        health_link = start_health_link(config.host, config.health_port,
+                                        config.max_health_watchers)
+    endpoint = (MetricsEndpoint(metrics, config.host, config.metrics_port,
+                                max_connections=config.metrics_max_connections,
+                                idle_timeout_s=config.metrics_idle_timeout_s)
                 if config.metrics_enabled else None)
     # NOT_SERVING before the first RPC can arrive: HealthServicer starts "" at SERVING.
     await controller.start(warmup_on_start=config.warmup_on_start)
@@ -237,7 +248,7 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
                     config.host, health_link.port, health_link.proc.pid)
     logger.info("serving warmgate.v1.Warmup on %s:%d (model %s, %s, %s attention; %s)",
                 config.host, port, config.runner.model.name, config.runner.device.device,
-                config.runner.device.attention_backend, _describe_security(config.security))
+                config.runner.device.attention_backend, describe_security(config.security))
     return RunningServer(server, port, controller, health, metrics, endpoint, generation,
                          health_link, jit_monitor, owns_link, heartbeat,
                          engine if isinstance(engine, RemoteEngine) else None)

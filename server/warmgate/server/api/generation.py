@@ -132,6 +132,11 @@ class GenerationService(gen_grpc.GenerationServicer):
         self._closing = False
 
     @property
+    def text(self) -> ModelText:
+        """The model's tokenizer, chat template and EOS ids, as this service serves them."""
+        return self._text
+
+    @property
     def serving_loop(self) -> ServingLoop | None:
         """The loop, once the first request built it (tests read its scheduler)."""
         return self._driver.serving_loop

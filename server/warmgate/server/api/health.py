@@ -8,6 +8,8 @@ and HealthListener, which makes health follow the controller's readiness.
   while `liveness` stays SERVING until the process exits: a kubelet that saw liveness fail
   would restart the pod and cut its grace short. A fatal device error still uses
   enter_graceful_shutdown, which turns every service, liveness included, NOT_SERVING.
+- Watch: at most --max-health-watchers streams at once (core/stream_cap.py), as the health
+  process caps its own.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
+from warmgate.server.config.server_config import MAX_HEALTH_WATCHERS
+from warmgate.server.core.errors import ResourceExhausted
+from warmgate.server.core.stream_cap import health_watch_cap
+
 logger = logging.getLogger(__name__)
 
 LIVENESS_SERVICE = "liveness"
@@ -29,11 +35,27 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class WarmgateHealth(health_aio.HealthServicer):
-    def __init__(self, live_through_drain: Iterable[str] = (LIVENESS_SERVICE,)) -> None:
+    def __init__(self, live_through_drain: Iterable[str] = (LIVENESS_SERVICE,), *,
+                 max_watchers: int = MAX_HEALTH_WATCHERS) -> None:
         super().__init__()
         self._live_through_drain = frozenset(live_through_drain)
         self._draining = False
         self._mirror: Callable[[str, int], None] | None = None
+        self._watchers = health_watch_cap(max_watchers)
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest,
+                    context: grpc.aio.ServicerContext[health_pb2.HealthCheckRequest,
+                                                      health_pb2.HealthCheckResponse]
+                    ) -> None:
+        """The stock Watch, past --max-health-watchers open ones refused: a stream is
+        unauthenticated (probes and load balancers speak no tokens) and was uncapped."""
+        refusal = self._watchers.take()
+        if refusal is not None:
+            raise ResourceExhausted(refusal)
+        try:
+            await super().Watch(request, context)
+        finally:
+            self._watchers.release()
 
     def mirror_to(self, push: Callable[[str, int], None]) -> None:
         """From now on every status change also goes to `push` (the health process's table),

@@ -25,7 +25,11 @@ from warmgate.server.api.health import LIVENESS_SERVICE, READINESS_SERVICES
 from warmgate.server.api.port_check import PortInUse, check_ports
 from warmgate.server.config.flags import startup_error
 from warmgate.server.config.listen_address import grpc_address
-from warmgate.server.config.server_config import HEALTH_PORT_DISABLED, build_parser
+from warmgate.server.config.server_config import (
+    HEALTH_PORT_DISABLED,
+    MAX_HEALTH_WATCHERS,
+    build_parser,
+)
 from warmgate.server.core import health_wire as wire
 
 logger = logging.getLogger(__name__)
@@ -58,11 +62,12 @@ class HealthLink:
     @classmethod
     def start(cls, host: str, port: int, statuses: Mapping[str, int], *, liveness: str,
               heartbeat_timeout_s: float = wire.HEARTBEAT_TIMEOUT_S,
-              timeout_s: float = wire.START_TIMEOUT_S) -> HealthLink:
+              timeout_s: float = wire.START_TIMEOUT_S,
+              max_watchers: int = MAX_HEALTH_WATCHERS) -> HealthLink:
         """Start the child and wait for its bind report; HealthPortError if it could not."""
         return PendingHealthLink(host, port, statuses, liveness=liveness,
                                  heartbeat_timeout_s=heartbeat_timeout_s,
-                                 timeout_s=timeout_s).confirm()
+                                 timeout_s=timeout_s, max_watchers=max_watchers).confirm()
 
     def _send(self, data: bytes) -> None:
         with self._lock:
@@ -118,13 +123,15 @@ class PendingHealthLink:
 
     def __init__(self, host: str, port: int, statuses: Mapping[str, int], *, liveness: str,
                  heartbeat_timeout_s: float = wire.HEARTBEAT_TIMEOUT_S,
-                 timeout_s: float = wire.START_TIMEOUT_S) -> None:
+                 timeout_s: float = wire.START_TIMEOUT_S,
+                 max_watchers: int = MAX_HEALTH_WATCHERS) -> None:
         self._address = grpc_address(host, port)
         self._timeout_s = timeout_s
         self._ours, theirs = socket.socketpair()
         spec = {"host": host, "port": port, "address": self._address,
                 "statuses": dict(statuses), "liveness": liveness,
-                "heartbeat_timeout_s": heartbeat_timeout_s, "parent": os.getpid()}
+                "heartbeat_timeout_s": heartbeat_timeout_s, "max_watchers": max_watchers,
+                "parent": os.getpid()}
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [SOURCE_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
         with theirs:
@@ -155,17 +162,18 @@ class PendingHealthLink:
         return HealthLink(proc, ours, int(message[1]), reply)
 
 
-def spawn_health_process(host: str, port: int) -> PendingHealthLink:
+def spawn_health_process(host: str, port: int, max_watchers: int) -> PendingHealthLink:
     """The health process for --health-port: readiness NOT_SERVING and liveness SERVING until
     the server pushes its own."""
     statuses = {**{name: wire.NOT_SERVING for name in READINESS_SERVICES},
                 LIVENESS_SERVICE: wire.SERVING}
-    return PendingHealthLink(host, port, statuses, liveness=LIVENESS_SERVICE)
+    return PendingHealthLink(host, port, statuses, liveness=LIVENESS_SERVICE,
+                             max_watchers=max_watchers)
 
 
-def start_health_link(host: str, port: int) -> HealthLink:
+def start_health_link(host: str, port: int, max_watchers: int) -> HealthLink:
     """spawn_health_process, waiting for its bind report."""
-    return spawn_health_process(host, port).confirm()
+    return spawn_health_process(host, port, max_watchers).confirm()
 
 
 def start_health_link_early(argv: Sequence[str], environ: Mapping[str, str]
@@ -184,7 +192,7 @@ def start_health_link_early(argv: Sequence[str], environ: Mapping[str, str]
                                 ("--metrics-port", args.metrics_port)))
     except PortInUse as exc:
         startup_error(str(exc))
-    return spawn_health_process(args.host, args.health_port)
+    return spawn_health_process(args.host, args.health_port, args.max_health_watchers)
 
 
 def confirm_health_link(pending: PendingHealthLink | None) -> HealthLink | None:

@@ -1,14 +1,17 @@
 """The health process: `--health-port` served by a child of warmgate-server, with its own GIL.
 
 `python -m warmgate.server.api.health_process SPEC FD` (api/health_link.py starts it): SPEC
-is JSON {"host", "port", "address", "statuses", "liveness", "heartbeat_timeout_s", "parent"},
-FD its end of the socketpair (core/health_wire.py). It imports grpc, grpc_health's messages,
-that module, grpc_options and port_check, nothing else of ours, so it answers within a
-fraction of a second of its start, while the parent still imports torch and loads the model;
-and a burst of probes never competes with the model server's event loop.
+is JSON {"host", "port", "address", "statuses", "liveness", "heartbeat_timeout_s",
+"max_watchers", "parent"}, FD its end of the socketpair (core/health_wire.py). It imports
+grpc, grpc_health's messages, that module, grpc_options, port_check and stream_cap, nothing
+else of ours, so it answers within a fraction of a second of its start, while the parent
+still imports torch and loads the model; and a burst of probes never competes with the model
+server's event loop.
 
-- Check answers from a table of pre-serialized responses; Watch streams every change; List
-  answers the table. The parent pushes each status change (readiness, liveness, the drain).
+- Check answers from a table of pre-serialized responses; Watch streams every change, at
+  most max_watchers (--max-health-watchers) streams at once, more refused
+  RESOURCE_EXHAUSTED; List answers the table. The parent pushes each status change
+  (readiness, liveness, the drain).
 - Liveness is honest: the parent's event loop sends a heartbeat a second; after
   heartbeat_timeout_s without one, the liveness service answers NOT_SERVING until they resume.
 - The child ends with its parent: end of file on the socket, or PR_SET_PDEATHSIG (a SIGKILLed
@@ -35,6 +38,7 @@ from grpc_health.v1 import health_pb2
 from warmgate.server.api.grpc_options import SERVER_OPTIONS
 from warmgate.server.api.port_check import PortInUse, check_port
 from warmgate.server.core import health_wire as wire
+from warmgate.server.core.stream_cap import StreamCap, health_watch_cap
 
 SERVICE = "grpc.health.v1.Health"
 PR_SET_PDEATHSIG = 1
@@ -123,8 +127,13 @@ def _service_of(data: bytes) -> str | None:
         return None
 
 
-def handlers(table: HealthTable, counts: collections.Counter[tuple[str, str]]
-             ) -> grpc.GenericRpcHandler:
+def _log(level: int, message: str) -> None:
+    # The parent's log is not this process's: its lines go to stderr, named.
+    print(f"warmgate health process: {message}", file=sys.stderr, flush=True)
+
+
+def handlers(table: HealthTable, counts: collections.Counter[tuple[str, str]],
+             watchers: StreamCap) -> grpc.GenericRpcHandler:
     """Check, Watch and List on bytes: no (de)serializer runs but the request's parse."""
     check_name, watch_name, list_name = (f"/{SERVICE}/{m}" for m in ("Check", "Watch", "List"))
 
@@ -149,6 +158,10 @@ def handlers(table: HealthTable, counts: collections.Counter[tuple[str, str]]
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "not a valid grpc.health.v1.HealthCheckRequest")
         assert service is not None
+        refusal = watchers.take()
+        if refusal is not None:
+            counts[(watch_name, "RESOURCE_EXHAUSTED")] += 1
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         queue, last = table.watch(service), b""
         try:
             while True:
@@ -158,6 +171,7 @@ def handlers(table: HealthTable, counts: collections.Counter[tuple[str, str]]
                     last = answer
         finally:
             table.unwatch(service, queue)
+            watchers.release()
             counts[(watch_name, "CANCELLED")] += 1  # a Watch ends only when its caller leaves
 
     async def list_(data: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
@@ -192,7 +206,8 @@ async def serve(spec: dict[str, Any], sock: Any) -> int:
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    server.add_generic_rpc_handlers((handlers(table, counts),))
+    server.add_generic_rpc_handlers((handlers(
+        table, counts, health_watch_cap(int(spec["max_watchers"]), _log)),))
     error, port = "", 0
     try:
         if spec["port"]:  # main's check, again: gRPC says only "0" (and C-core log lines)

@@ -5,7 +5,6 @@ Errors are raised, not handled here: ErrorInterceptor maps them to statuses in o
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -13,19 +12,16 @@ import grpc
 from warmgate.server.api.convert import shared_report_to_proto, status_to_proto
 from warmgate.server.control.controller import WarmupController
 from warmgate.server.core.errors import ResourceExhausted
+from warmgate.server.core.stream_cap import StreamCap
 from warmgate.v1 import warmup_pb2 as pb
 from warmgate.v1 import warmup_pb2_grpc as pb_grpc
-
-logger = logging.getLogger(__name__)
 
 
 class WarmupService(pb_grpc.WarmupServicer):
     def __init__(self, controller: WarmupController, *, max_watchers: int) -> None:
         self._controller = controller
-        # Open WatchStatus streams; only the event loop touches them, so no lock.
-        self._watchers = 0
-        self._max_watchers = max_watchers
-        self._refusing = False  # logged once per stretch at the cap, not once per refusal
+        self._watchers = StreamCap("WatchStatus", "--max-status-watchers", max_watchers,
+                                   "close one or poll GetStatus")
 
     async def WarmupKernels(
             self, request: pb.WarmupKernelsRequest,
@@ -53,27 +49,11 @@ class WarmupService(pb_grpc.WarmupServicer):
             self, request: pb.WatchStatusRequest,
             context: grpc.aio.ServicerContext[pb.WatchStatusRequest, pb.WarmupStatus],
     ) -> AsyncIterator[pb.WarmupStatus]:
-        self._take_watch_slot()
+        refusal = self._watchers.take()
+        if refusal is not None:
+            raise ResourceExhausted(refusal)
         try:
             async for snapshot in self._controller.watch(follow=request.follow):
                 yield status_to_proto(snapshot)
         finally:
-            self._watchers -= 1
-            if self._refusing and self._watchers < self._max_watchers:
-                self._refusing = False
-                logger.info("WatchStatus below its cap again: %d of %d streams open",
-                            self._watchers, self._max_watchers)
-
-    def _take_watch_slot(self) -> None:
-        """Count one more open watch, or refuse it at --max-status-watchers: every watch
-        holds memory and gets a message per status change, on the loop health answers on."""
-        if self._watchers >= self._max_watchers:
-            if not self._refusing:
-                self._refusing = True
-                logger.warning("WatchStatus at its cap: %d streams open "
-                               "(--max-status-watchers %d); refusing new ones until one closes",
-                               self._watchers, self._max_watchers)
-            raise ResourceExhausted(
-                f"{self._watchers} WatchStatus streams are open, the most this server allows "
-                f"(--max-status-watchers {self._max_watchers}); close one or poll GetStatus")
-        self._watchers += 1
+            self._watchers.release()

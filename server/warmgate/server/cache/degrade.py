@@ -5,6 +5,12 @@ A full disk, a quota or a read-only mount shows up in a compiler, mid-warmup, as
 Triton compile error naming no errno at all. So a failed warmup is blamed on the cache when a
 failed phase names a write errno, or when a small write into the entry now fails; then the
 entry is given up and the compilers get a private temporary directory, removed at exit.
+
+Pointing the compilers' variables elsewhere is not enough for inductor: it remembers, in
+memory, a loader per C++ source it compiled, bound to the file it built in the old directory,
+and a build that failed keeps its error. The plan's second run compiles the same sources, so
+it would re-raise the full disk's link error from a directory already given up; those
+in-memory caches are cleared with the move (`forget_compiled_paths`).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import contextlib
 import errno
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -65,3 +72,15 @@ def private_cache_dir() -> Path:
     path = Path(tempfile.mkdtemp(prefix="warmgate-private-cache-"))
     atexit.register(shutil.rmtree, path, True)
     return path
+
+
+def forget_compiled_paths() -> None:
+    """Drop what the compilers remember in memory about the directory they compiled into, so
+    the next compile of the same source builds again under the new one. Only inductor keeps
+    such loaders (Triton and FlashInfer look their cache directory up on each use); it is
+    not imported here when nothing has imported it yet: then it remembers nothing."""
+    if "torch._inductor.codecache" not in sys.modules:
+        return
+    from torch._inductor.utils import clear_caches
+
+    clear_caches()

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from warmgate.client import cache_fs
-from warmgate.server.cache.degrade import private_cache_dir
+from warmgate.server.cache.degrade import forget_compiled_paths, private_cache_dir
 from warmgate.server.cache.env import EnvResult, apply_cache_env, repoint_cache_env
 from warmgate.server.cache.key import cache_key, dist_versions, key_inputs
 from warmgate.server.cache.trash import bound_trash
@@ -106,6 +106,7 @@ class CompileCache:
             self.env = repoint_cache_env(self.env, private, self._environ)
         else:
             self.env = apply_cache_env(private, self._environ)
+        forget_compiled_paths()
         self.info.degraded = True
         self.info.detail = reason
         self.info.respected_env = self.env.respected

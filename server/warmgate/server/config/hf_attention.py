@@ -82,10 +82,12 @@ def sliding_window(hf: dict[str, Any], arch: str, path: Path,
     start = hf.get("max_window_layers")
     if start is None:  # only Qwen2 and Qwen3 come here, both with a default (28)
         start = HF_DEFAULTS[arch].max_window_layers or 0
-    layer_types = hf.get("layer_types") or [
-        "sliding_attention" if i >= start else "full_attention"
-        for i in range(hf["num_hidden_layers"])]
-    if "sliding_attention" not in layer_types:
+    layer_types = hf.get("layer_types")
+    if layer_types:
+        slides = "sliding_attention" in layer_types
+    else:  # layers max_window_layers.. slide; not listed one by one: the count may be huge
+        slides = max(start, 0) < hf["num_hidden_layers"]
+    if not slides:
         note(notes, "sliding_window", f"{window} is not applied: no layer is a sliding one "
              f"({'layer_types' if hf.get('layer_types') else f'max_window_layers {start}'})")
         return None

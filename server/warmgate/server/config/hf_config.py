@@ -13,7 +13,6 @@ choice wins and a ConfigNote records it (`read_model_dir`); the load phase logs 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from warmgate.server.config.hf_fp8 import (
 )
 from warmgate.server.config.hf_moe import moe_fields, moe_hf_keys
 from warmgate.server.config.hf_rope import rope_from_hf
+from warmgate.server.config.json_text import parse_json
 from warmgate.server.config.model_load_error import ModelLoadError
 from warmgate.server.config.runner_config import ConfigError, ModelConfig
 from warmgate.server.config.tied_head import HEAD, file_head
@@ -63,6 +63,8 @@ _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
 # automatic KV cache and block tables) would be absurd.
 MAX_POSITIONS_LIMIT = 2**24
 _INT = ("an integer", (int,))
+# Counts and sizes config.json gives: each must be >= 1 where present.
+_SIZE_KEYS = (*_REQUIRED, "num_key_value_heads", "head_dim")
 # config.json keys read here -> the JSON type they must have when present and not null.
 _TYPED_KEYS: tuple[tuple[str, str, tuple[type, ...]], ...] = (
     *((key, *_INT) for key in (*_REQUIRED, "max_position_embeddings", "num_key_value_heads",
@@ -121,8 +123,8 @@ def _read(path: Path) -> tuple[dict[str, Any], str]:
     if not path.is_file():
         raise ModelLoadError(path, "config.json", "not found; a model directory needs it")
     try:
-        hf = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        hf = parse_json(path.read_text())
+    except (OSError, ValueError) as exc:  # ValueError: undecodable, not JSON, or too deep
         raise ModelLoadError(path, "config.json", f"unreadable: {exc}") from None
     if not isinstance(hf, dict):
         raise ModelLoadError(path, "config.json", "is not a JSON object")
@@ -135,6 +137,7 @@ def _read(path: Path) -> tuple[dict[str, Any], str]:
                 "max_position_embeddings": HF_DEFAULTS[arch].max_position_embeddings}
     hf = {**hf, **{k: v for k, v in defaults.items() if hf.get(k) is None}}
     _check_types(hf, path)
+    _check_sizes(hf, path)
     positions = hf["max_position_embeddings"]
     if not 1 <= positions <= MAX_POSITIONS_LIMIT:
         raise ModelLoadError(path, "max_position_embeddings", f"{positions} is outside "
@@ -151,6 +154,16 @@ def _check_types(hf: dict[str, Any], path: Path) -> None:
         if value is not None and (isinstance(value, bool) != (types == (bool,))
                                   or not isinstance(value, types)):
             raise ModelLoadError(path, key, f"{value!r} is not {kind}")
+
+
+def _check_sizes(hf: dict[str, Any], path: Path) -> None:
+    """A count of heads, layers or features below 1 is refused by name: the head size is
+    derived from hidden_size / num_attention_heads before ModelConfig checks its fields, so
+    num_attention_heads 0 ended the start-up with a ZeroDivisionError."""
+    for key in _SIZE_KEYS:
+        value = hf.get(key)
+        if value is not None and value < 1:
+            raise ModelLoadError(path, key, f"{value} must be >= 1")
 
 
 def max_position_embeddings(directory: str | Path) -> int:

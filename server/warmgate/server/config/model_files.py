@@ -5,10 +5,16 @@ tokenizer, chat template, weights) that is a symlink to somewhere else would be 
 Symlinks are followed and the real path must lie under the directory's real path. One place
 outside is allowed: a Hugging Face hub cache snapshot (`models--org--name/snapshots/<rev>/`)
 keeps every file as a symlink into that repository's own `blobs/` folder.
+
+And each must be a regular file: a directory or FIFO named chat_template.jinja was taken as
+"no chat template" (the readers ask is_file()), and opening a FIFO named *.safetensors would
+block the start-up until something wrote to it.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 # What the loader opens by name (config.hf_config, config.weight_files, text.*).
@@ -57,3 +63,28 @@ def check_inside_model_dir(directory: str | Path) -> None:
             raise ModelFileError(path, f"resolves to {real}, outside the model directory "
                                  f"{roots[0]}; copy the file into the directory (a symlink "
                                  "may point only inside it)")
+        _check_regular(path)
+
+
+def _check_regular(path: Path) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:  # a dangling symlink: the loader reports its absence
+        if not path.is_symlink():
+            raise ModelFileError(path, f"cannot be read ({exc.strerror})") from None
+        return
+    if not stat.S_ISREG(mode):
+        raise ModelFileError(path, f"is {_kind(mode)}; it must be a regular file (or a "
+                             "symlink to one inside the directory)")
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a special file"

@@ -4,16 +4,21 @@ loading in the background.
 
 Every tensor's byte span is checked against its dtype and shape here, at start-up: a header
 that claims F64 over F32-sized data would otherwise pass and fail half-way through the load.
+And no two tensors' spans may overlap, as the safetensors library requires: two tensors
+reading the same bytes are a corrupt (or crafted) file, which the loader would otherwise
+serve.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmgate.server.config.json_text import parse_json
 from warmgate.server.config.model_load_error import ModelLoadError
 
 # Bytes per element of the safetensors dtypes the loader (runner.weight_stream) can copy.
@@ -49,7 +54,7 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
             (length,) = struct.unpack("<Q", f.read(8))
             if length > size - 8:
                 raise ValueError(f"a {length}-byte header in a {size}-byte file")
-            header = json.loads(f.read(length))
+            header = parse_json(f.read(length))
         header.pop("__metadata__", None)
         base = 8 + length
         entries = {name: TensorEntry(name, info["dtype"], tuple(info["shape"]),
@@ -62,7 +67,18 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
                              f"{type(exc).__name__}: {exc}") from exc
     for e in entries.values():
         _check_entry(path, e, size)
+    _check_disjoint(path, entries.values())
     return entries
+
+
+def _check_disjoint(path: Path, entries: Iterable[TensorEntry]) -> None:
+    """ModelLoadError naming two tensors whose byte spans overlap (empty ones take none)."""
+    spans = sorted((e for e in entries if e.end > e.begin), key=lambda e: (e.begin, e.end))
+    for before, after in itertools.pairwise(spans):
+        if after.begin < before.end:
+            raise ModelLoadError(path, after.name, f"bytes {after.begin}..{after.end} overlap "
+                                 f"{before.name}'s {before.begin}..{before.end} (a corrupt "
+                                 "file: each tensor must have bytes of its own)")
 
 
 def _check_entry(path: Path, e: TensorEntry, size: int) -> None:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from warmgate.server.config.flags import flag
+
+# More than any token list, certificate chain or CA bundle (a system's whole bundle of
+# public roots is about 200 KiB).
+MAX_FILE_BYTES = 4 << 20
 
 
 class SecurityConfigError(ValueError):
@@ -49,10 +52,17 @@ class ServerSecurity:
 
 
 def _read(flag: str, path: str) -> bytes:
+    """The file's bytes, read to at most MAX_FILE_BYTES: `--auth-token-file /dev/zero` was
+    read without end until the process ran out of memory."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise SecurityConfigError(flag, f"cannot read {path}: {exc.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise SecurityConfigError(flag, f"{path} holds more than {MAX_FILE_BYTES >> 20} MiB; a "
+                                        "token list, certificate chain or CA bundle is far "
+                                        "smaller (is it the right file?)")
     if not data.strip():
         raise SecurityConfigError(flag, f"{path} is empty")
     return data

@@ -49,6 +49,16 @@ from warmgate.server.config.serving_config import ServingConfig
 # kubelet kills the pod and it queues again. .ci/check_manifests.py checks the fit.
 CACHE_LOCK_TIMEOUT_S = 240.0
 METRICS_DISABLED = HEALTH_PORT_DISABLED = flag_values.PORT_DISABLED
+# grpc.health.v1 Watch streams open at once, on each port that serves health. Clients that
+# check health on their side (a gRPC channel's health-checking load balancing) hold one per
+# channel, so the cap is for a fleet of them, not for a few tools as WatchStatus's is; each
+# stream holds about 18 KiB of the serving process (10,000 unbounded ones: 182 MiB).
+MAX_HEALTH_WATCHERS = 1024
+# The metrics port: a scraper or two, each with one connection per scrape; an idle one is
+# closed after this long (Prometheus sends its request at once, and its default scrape
+# timeout is 10 s).
+METRICS_MAX_CONNECTIONS = 16
+METRICS_IDLE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,12 @@ class ServerConfig:
     metrics_port: int = field(default=9464, metadata=flag(
         "--metrics-port", "Prometheus port; 0 picks a free one, -1 disables the endpoint",
         parse=flag_values.optional_port))
+    metrics_max_connections: int = field(default=METRICS_MAX_CONNECTIONS, metadata=flag(
+        "--metrics-max-connections", "connections the metrics port serves at once (a thread "
+        "each); more are answered HTTP 503 and closed", parse=flag_values.positive))
+    metrics_idle_timeout_s: float = field(default=METRICS_IDLE_TIMEOUT_S, metadata=flag(
+        "--metrics-idle-timeout", "seconds a metrics connection may go without a byte either "
+        "way before it is closed", parse=flag_values.positive_float))
     warmup_on_start: bool = field(default=True, metadata=flag(
         "--warmup-on-start", "run the warmup plan once the model is loaded (health answers "
         "meanwhile)"))
@@ -81,6 +97,10 @@ class ServerConfig:
     # answers health; 3,000 unbounded follow streams slowed a health Check to 1.7 s.
     max_status_watchers: int = field(default=64, metadata=flag(
         "--max-status-watchers", "WatchStatus streams open at once, at most; more are answered "
+        "RESOURCE_EXHAUSTED", parse=flag_values.positive))
+    max_health_watchers: int = field(default=MAX_HEALTH_WATCHERS, metadata=flag(
+        "--max-health-watchers", "grpc.health.v1 Watch streams open at once on each port "
+        "that serves health (the main port, --health-port); more are answered "
         "RESOURCE_EXHAUSTED", parse=flag_values.positive))
     # The default is plaintext and open.
     security: ServerSecurity = field(default_factory=ServerSecurity)

@@ -15,6 +15,9 @@ MIN_TEMPLATE_MEMORY_MIB = 64
 # of 150 patterned properties took 133 s on SmolLM2's vocabulary), and its request waits for
 # it: past this, it fails.
 GRAMMAR_COMPILE_TIMEOUT_S = 10.0
+# Chat template renders waiting for a worker: past them a request is refused rather than
+# queued, each waiting out up to --chat-template-timeout / --chat-template-workers.
+CHAT_TEMPLATE_QUEUE = 16
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,9 @@ class ServingConfig:
     chat_template_workers: int = field(default=2, metadata=flag(
         "--chat-template-workers", "chat template renders running at once, each in its own "
         "worker process; more requests wait for one"))
+    chat_template_queue: int = field(default=CHAT_TEMPLATE_QUEUE, metadata=flag(
+        "--chat-template-queue", "chat template renders waiting for a worker, at most; more "
+        "requests are answered RESOURCE_EXHAUSTED", parse=flag_values.non_negative))
     # Structured output (serving/grammar/compiles.py). The budget covers everything before the
     # first step: the wait for a compile slot and a probe, the compile in the killable probe,
     # and the build where the grammar is served.

@@ -134,10 +134,12 @@ def index_weight_files(directory: str | Path, config: ModelConfig) -> dict[str, 
     listed = weight_files(directory)
     if not listed.files:
         raise ModelLoadError(directory, "*.safetensors", "no weight files in the directory")
+    headers = [(f, read_header(f)) for f in listed.files]
+    _check_layer_count(directory, config, sum(len(h) for _, h in headers))
     expected = expected_tensor_shapes(config)
     where: dict[str, Path] = {}
-    for f in listed.files:
-        for name, entry in read_header(f).items():
+    for f, header in headers:
+        for name, entry in header.items():
             if name in where:
                 raise ModelLoadError(f, name, f"also in {where[name].name}")
             indexed = listed.weight_map.get(name, f) if listed.weight_map else f
@@ -161,6 +163,18 @@ def index_weight_files(directory: str | Path, config: ModelConfig) -> dict[str, 
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ModelLoadError(directory, missing[0], f"missing tensor{more}")
     return {name: where[name] for name in expected}
+
+
+def _check_layer_count(directory: Path, config: ModelConfig, num_tensors: int) -> None:
+    """Every layer (every expert of it) holds tensors of its own: a config.json claiming
+    more layers than the files hold tensors is refused before the expected names are listed,
+    which for num_hidden_layers 1e30 would fill the host's memory."""
+    per_layer = max(1, config.num_experts)
+    if config.num_layers * per_layer > num_tensors:
+        raise ModelLoadError(directory / "config.json", "num_hidden_layers",
+                             f"{config.num_layers} layers"
+                             f"{f' of {per_layer} experts' if per_layer > 1 else ''}, but the "
+                             f"weight files hold {num_tensors} tensors in all")
 
 
 def check_config_matches(config: ModelConfig, directory: str | Path) -> None:

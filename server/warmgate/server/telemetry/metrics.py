@@ -1,4 +1,4 @@
-"""Prometheus metrics on their own registry and HTTP port.
+"""Prometheus metrics on their own registry (served over HTTP by telemetry.metrics_endpoint).
 
 A registry per server (not prometheus_client's global one) lets tests run several servers in
 one process. Every label value comes from a fixed set; anything else is folded into "other" so
@@ -15,17 +15,10 @@ others (the usual enum pattern: `warmgate_warmup_state == 1` selects the current
 
 from __future__ import annotations
 
-import logging
-import socket
-import threading
 from collections.abc import Iterable
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from warmgate.server.config.listen_address import address_family, bare_host, is_ipv6
 from warmgate.server.core.phases import DISTRIBUTED, LOAD, TP_PLAN_PHASES
 from warmgate.server.core.results import PhaseStatus, SkipReason, WarmupReport
 from warmgate.server.jit.events import (
@@ -35,8 +28,6 @@ from warmgate.server.jit.events import (
     JitEvent,
 )
 from warmgate.server.telemetry.serving_metrics import FINISH_REASONS, ServingMetrics
-
-logger = logging.getLogger(__name__)
 
 OTHER = "other"
 STATES = ("pending", "running", "ready", "failed")
@@ -187,47 +178,3 @@ class Metrics:
     def count_rpcs(self, method: str, code: str, count: int) -> None:
         """Calls another process handled (the health process): counted, not timed."""
         self.rpc_requests.labels(method=_label(method, RPC_METHODS), code=code).inc(count)
-
-
-class HostWSGIServer(ThreadingWSGIServer):
-    """The metrics HTTP server on the address family of --host; on `::` IPv4 too (dual stack,
-    as gRPC binds `[::]`)."""
-
-    def __init__(self, address: tuple[str, int], handler: Any) -> None:
-        self.address_family = address_family(address[0])
-        super().__init__(address, handler)
-
-    def server_bind(self) -> None:
-        if self.address_family == socket.AF_INET6:
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        """Scrapes every few seconds would flood the log; stay silent."""
-
-
-class MetricsEndpoint:
-    """/metrics over HTTP on a daemon thread; port 0 binds a free port (see `port`).
-
-    prometheus_client's start_http_server would do, except that its serve_forever polls
-    for shutdown every 0.5 s, which every server stop (and every test) would wait out.
-    """
-
-    POLL_S = 0.05
-
-    def __init__(self, metrics: Metrics, host: str, port: int) -> None:
-        host = bare_host(host)  # the same --host the gRPC server binds
-        self._httpd = make_server(host, port, make_wsgi_app(metrics.registry), HostWSGIServer,
-                                  handler_class=_QuietHandler)
-        self.port: int = self._httpd.server_port
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(self.POLL_S,),
-                                        name="warmgate-metrics", daemon=True)
-        self._thread.start()
-        logger.info("metrics on http://%s:%d/metrics",
-                    f"[{host}]" if is_ipv6(host) else host, self.port)
-
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()

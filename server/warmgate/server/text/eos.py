@@ -18,6 +18,12 @@ logger = logging.getLogger(__name__)
 
 EOS_SOURCES = ("generation_config.json", "config.json")
 EOS_KEY = "eos_token_id"
+# Models end their sequences with one to a handful of ids; each is checked per generated
+# token, and listed in the start-up log. 49,152 ids (a whole vocabulary) made one 333 KB log
+# line: past this many the file is refused.
+MAX_EOS_TOKEN_IDS = 64
+# What a log line shows of a value the server does not use.
+MAX_LOGGED_CHARS = 200
 
 
 def read_eos_token_ids(directory: Path, vocab_size: int) -> tuple[tuple[int, ...], str | None]:
@@ -38,7 +44,7 @@ def read_eos_token_ids(directory: Path, vocab_size: int) -> tuple[tuple[int, ...
         listed = other if isinstance(other, list) else [other]
         if not (all(isinstance(v, int) for v in listed) and set(listed) == set(ids)):
             logger.warning("EOS ids: %s's %s win over %s's %s, as in transformers' generate",
-                           source, list(ids), name, other)
+                           source, list(ids), name, _short(other))
     if source != EOS_SOURCES[0] and EOS_SOURCES[0] in values:
         logger.warning("EOS ids: %s sets no %s, so %s's %s are used (transformers' generate "
                        "would stop at none)", EOS_SOURCES[0], EOS_KEY, source, list(ids))
@@ -49,9 +55,22 @@ def _checked_ids(path: Path, value: object, vocab_size: int) -> tuple[int, ...]:
     values = value if isinstance(value, list) else [value]
     # bool is an int in Python; true/false as a token id is a broken file, not id 1/0.
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise TextLoadError(path, f"{EOS_KEY}: {value!r} is not a token id or a list of them")
+        raise TextLoadError(path, f"{EOS_KEY}: {_short(value)} is not a token id or a list of "
+                                  "them")
+    if len(values) > MAX_EOS_TOKEN_IDS:
+        raise TextLoadError(path, f"{EOS_KEY}: {len(values)} ids, at most {MAX_EOS_TOKEN_IDS} "
+                                  "(a model ends its sequences with a few)")
     outside = [v for v in values if not 0 <= v < vocab_size]
     if outside:
         raise TextLoadError(path, f"{EOS_KEY}: {outside} outside the vocabulary "
                                   f"[0, {vocab_size})")
     return tuple(dict.fromkeys(values))
+
+
+def _short(value: object) -> str:
+    """repr(value), cut to a log line's share."""
+    text = repr(value)
+    if len(text) <= MAX_LOGGED_CHARS:
+        return text
+    size = f", {len(value)} items" if isinstance(value, list) else ""
+    return f"{text[:MAX_LOGGED_CHARS]}... ({len(text)} characters{size})"

@@ -23,3 +23,15 @@ class PromptError(ValueError):
         self.fields = (fields,) if isinstance(fields, str) else fields
         super().__init__(f"{', '.join(self.fields)}: {message}")
         self.message = message
+
+
+class RenderBusy(Exception):
+    """The chat template's workers are all busy and its queue full: the request is refused
+    (RESOURCE_EXHAUSTED), not queued without bound."""
+
+
+class RenderCancelled(Exception):
+    """The request was cancelled before its chat template render ended: nothing to answer."""
+
+    def __init__(self) -> None:
+        super().__init__("the request was cancelled")

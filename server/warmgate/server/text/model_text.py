@@ -54,7 +54,8 @@ def load_model_text(model: ModelConfig, serving: ServingConfig | None = None) ->
 
         serving = serving if serving is not None else ServingConfig()
         limits = TemplateLimits(serving.chat_template_timeout_s,
-                                serving.chat_template_memory_mib, serving.chat_template_workers)
+                                serving.chat_template_memory_mib, serving.chat_template_workers,
+                                serving.chat_template_queue)
         tokenizer = TextTokenizer.load(directory, model.vocab_size, model.max_model_len, limits)
     template = tokenizer.chat_template if tokenizer is not None else None
     logger.info("text: %s; %s; EOS ids %s",

@@ -4,6 +4,7 @@ them, and detokenizers for response streams."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -99,15 +100,17 @@ class TextTokenizer:
         [encoding] = self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
         return list(encoding.ids)
 
-    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    def encode_chat(self, messages: Sequence[Mapping[str, str]],
+                    cancelled: threading.Event | None = None) -> list[int]:
         """apply_chat_template(messages, add_generation_prompt=True): the rendered text,
-        tokenized without adding special tokens (the template writes them)."""
+        tokenized without adding special tokens (the template writes them). RenderCancelled
+        once `cancelled` is set (the request is gone: its render stops)."""
         if self.chat_template is None:
             raise PromptError("messages", f"the model directory has no chat template "
                                           f"(chat_template.jinja, or chat_template in "
                                           f"{TOKENIZER_CONFIG_FILE}); send prompt or "
                                           f"prompt_token_ids instead")
-        text = self.chat_template.render(messages)
+        text = self.chat_template.render(messages, cancelled)
         return self._encode(text, add_special_tokens=False)
 
     def decode(self, token_ids: Sequence[int]) -> str:
