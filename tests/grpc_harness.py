@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from warmgate.server.app import RunningServer, create_server
@@ -178,3 +178,17 @@ class ServerThread:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(TEST_TIMEOUT_S)
             self._loop.close()
+
+
+@contextlib.contextmanager
+def warmed_server_thread(config: ServerConfig) -> Iterator[ServerThread]:
+    """A ServerThread whose warmup has run (a WarmupKernels call), as a fixture yields it."""
+    from warmgate.client.aio import AsyncWarmgateClient
+
+    async def warm(target: str) -> None:
+        async with AsyncWarmgateClient(target) as client:
+            await client.warmup_kernels()
+
+    with ServerThread(config) as thread:
+        run(warm(thread.target), 120)
+        yield thread

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 
-from tests.grpc_harness import ServerThread, run, server_config
+from tests.grpc_harness import ServerThread, run, server_config, warmed_server_thread
 from tests.text_helpers import CHATML_TEMPLATE, write_tiny_model
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.errors import WarmgateRpcError
@@ -46,13 +46,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     config = server_config("--model", str(model), "--chat-template-timeout", str(TIMEOUT_S),
                            "--chat-template-workers", str(WORKERS),
                            "--chat-template-queue", str(QUEUE))
-
-    async def warm(target: str) -> None:
-        async with AsyncWarmgateClient(target) as client:
-            await client.warmup_kernels()
-
-    with ServerThread(config) as thread:
-        run(warm(thread.target), 120)
+    with warmed_server_thread(config) as thread:
         yield thread
 
 

@@ -15,7 +15,7 @@ import grpc
 import psutil
 import pytest
 
-from tests.grpc_harness import ServerThread, run, server_config
+from tests.grpc_harness import ServerThread, run, server_config, warmed_server_thread
 from tests.text_helpers import CHATML_TEMPLATE, write_tiny_model
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.errors import WarmgateRpcError
@@ -54,13 +54,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(model_dir: Path) -> Iterator[ServerThread]:
     config = server_config("--model", str(model_dir), "--chat-template-timeout",
                            str(TIMEOUT_S))
-
-    async def warm(target: str) -> None:
-        async with AsyncWarmgateClient(target) as client:
-            await client.warmup_kernels()
-
-    with ServerThread(config) as thread:
-        run(warm(thread.target), 120)
+    with warmed_server_thread(config) as thread:
         yield thread
 
 
