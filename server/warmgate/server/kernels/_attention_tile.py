@@ -20,10 +20,15 @@ M_INIT = tl.constexpr(-1.0e30)
 
 @triton.jit
 def mm(a, b, UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    """a @ b with float32 accumulation; see _launch.upcast_dots / ieee_dots for the flags."""
+    """a @ b with float32 accumulation; see _launch.upcast_dots / ieee_dots for the flags.
+
+    UPCAST means the Triton interpreter, whose tl.dot is the host BLAS's matrix product: its
+    kernels may sum a row's products in an order that depends on the row's place in the tile
+    (OpenBLAS on AMD Zen does), so a row's result would depend on the rows beside it, as it
+    never does on the GPU's tensor cores. The products summed along K one by one give every
+    row the same order wherever it sits."""
     if UPCAST:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
+        return tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
     return tl.dot(a, b, input_precision="ieee") if IEEE else tl.dot(a, b)
 
 

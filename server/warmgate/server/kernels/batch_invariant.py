@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from warmgate.server.kernels._attention_tile import mm
 from warmgate.server.kernels._launch import (
     elementwise_warps,
     ieee_dots,
@@ -87,13 +88,7 @@ def _matmul_kernel(
         k_mask = offs_k < K - k0 * BLOCK_K
         a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        if IEEE:
-            acc += tl.dot(a, b, input_precision="ieee")
-        else:
-            acc += tl.dot(a, b)
+        acc += mm(a, b, UPCAST, IEEE)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
