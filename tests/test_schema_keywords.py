@@ -24,11 +24,8 @@ from warmgate.server.serving.grammar.emptiness import (
     admits_no_string,
 )
 from warmgate.server.serving.grammar.front_end import check_grammar, parse
-from warmgate.server.serving.grammar.schema_checks import (
-    MAX_SCHEMA_DEPTH,
-    nesting_depth,
-    unenforced_schema_reason,
-)
+from warmgate.server.serving.grammar.schema_checks import unenforced_schema_reason
+from warmgate.server.serving.grammar.schema_text import MAX_SCHEMA_DEPTH, nesting_depth
 from warmgate.server.serving.grammar.spec import GrammarError, GrammarSpec
 from warmgate.server.serving.grammar.tokenizer_info import tokenizer_info_of
 

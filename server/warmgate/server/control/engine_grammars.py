@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from warmgate.server.config.serving_config import ServingConfig
 from warmgate.server.control import engine_wire as wire
@@ -26,7 +26,6 @@ from warmgate.server.text.model_text import ModelText
 if TYPE_CHECKING:  # xgrammar loads with the first grammar
     import xgrammar as xgr
 
-    from warmgate.server.control.engine_host import ReplyChannel
     from warmgate.server.serving.grammar.backend import GrammarBackend
     from warmgate.server.serving.grammar.matcher import RequestGrammar
     from warmgate.server.serving.grammar.spec import GrammarSpec
@@ -36,9 +35,15 @@ logger = logging.getLogger(__name__)
 MIB = 1 << 20
 
 
+class Replies(Protocol):
+    """The pipe back to the front (engine_host.ReplyChannel, which holds these builders)."""
+
+    def send(self, *message: Any) -> None: ...
+
+
 class EngineGrammars:
     def __init__(self, text: ModelText, vocab_size: int, serving: ServingConfig,
-                 out: ReplyChannel) -> None:
+                 out: Replies) -> None:
         self._text = text
         self._vocab_size = vocab_size
         self._serving = serving

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from warmgate.server.serving.grammar.schema_checks import walk
+from warmgate.server.serving.grammar.schema_text import walk
 
 
 def _length_pattern(node: dict[str, Any]) -> str | None:
