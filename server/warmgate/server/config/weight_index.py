@@ -11,11 +11,11 @@ that does not exist fails the load, naming the index and the entry.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmgate.server.config.json_text import parse_json
 from warmgate.server.config.model_load_error import ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -40,8 +40,8 @@ def _read_index(path: Path) -> dict[str, str]:
         if path.stat().st_size > MAX_INDEX_BYTES:
             raise ModelLoadError(path, "weight_map", f"the file is larger than "
                                  f"{MAX_INDEX_BYTES // 2**20} MiB; an index lists names only")
-        index = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        index = parse_json(path.read_text())
+    except (OSError, ValueError) as exc:  # ValueError: undecodable, not JSON, or too deep
         raise ModelLoadError(path, INDEX_NAME, f"unreadable: {exc}") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
