@@ -21,7 +21,7 @@ from warmgate.server.config.hf_config import (
 from warmgate.server.config.hf_moe import moe_weight_names
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.config.safetensors_header import TensorEntry, read_header
-from warmgate.server.config.weight_index import weight_files
+from warmgate.server.config.weight_index import WeightFiles, weight_files
 
 __all__ = ["MATCH_FIELDS", "TensorEntry", "check_config_matches", "expected_tensor_shapes",
            "index_weight_files", "read_header"]
@@ -126,12 +126,14 @@ def _ignorable(name: str, config: ModelConfig) -> bool:
     return name == "lm_head.weight" and (config.tie_word_embeddings or config.is_pooling_model)
 
 
-def index_weight_files(directory: str | Path, config: ModelConfig) -> dict[str, Path]:
+def index_weight_files(directory: str | Path, config: ModelConfig,
+                       listed: WeightFiles | None = None) -> dict[str, Path]:
     """{tensor name: file} for every tensor the config needs, from the files an index lists
-    (config.weight_index); ModelLoadError naming the file and tensor for a duplicate,
-    missing, misshapen or unexpected one, or one the index places in another file."""
+    (config.weight_index; `listed` when the caller has read them); ModelLoadError naming the
+    file and tensor for a duplicate, missing, misshapen or unexpected one, or one the index
+    places in another file."""
     directory = Path(directory)
-    listed = weight_files(directory)
+    listed = weight_files(directory) if listed is None else listed
     if not listed.files:
         raise ModelLoadError(directory, "*.safetensors", "no weight files in the directory")
     headers = [(f, read_header(f)) for f in listed.files]

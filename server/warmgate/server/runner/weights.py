@@ -237,8 +237,9 @@ def load_weights(directory: str | Path, model: LlamaModel) -> int:
     if cfg.fp8 is not None:
         logger.info("model %s: %s", directory, describe(cfg.fp8))
     start = time.perf_counter()
-    where = index_weight_files(directory, model.config)  # names and shapes checked
-    log_unlisted(weight_files(directory), directory)
+    listed = weight_files(directory)
+    log_unlisted(listed, directory)
+    where = index_weight_files(directory, model.config, listed)  # names and shapes checked
     headers = {f: read_header(f) for f in set(where.values())}
     # Each target is a view into its fused parameter, so landing the bytes there is the fusion.
     # FP8 scales land in place, or (per-tensor and input scales) in temporaries spread or
