@@ -27,13 +27,12 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from tests.runner_helpers import make_runner, prompt
 from warmgate.server.kernels.fused_moe import ALIGN_KERNEL_MAX_BUCKET, fused_moe
-from warmgate.server.kernels.moe_route import route_topk
+from warmgate.server.kernels.moe_route import _route_kernel, route_topk
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.moe import MoEBlock, route
 
-DEVICE = "cpu" if isinstance(route_topk.__globals__["_route_kernel"], InterpretedFunction) \
-    else "cuda"
+DEVICE = "cpu" if isinstance(_route_kernel, InterpretedFunction) else "cuda"
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("the kernels were compiled for the GPU (TRITON_INTERPRET is off) and there is "
                 "no CUDA device", allow_module_level=True)

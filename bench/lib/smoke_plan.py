@@ -4,6 +4,7 @@ run's output says (bench/lib/smoke.py runs them)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -53,6 +54,7 @@ def matrix(presets: list[str] | None, backends: list[str], ks: list[int]
     return [SmokeConfig(p, b, k) for p in names for b in backends for k in ks]
 
 
+@functools.cache  # the scheduler asks it of every running configuration, every loop
 def memory_bytes(config: SmokeConfig) -> int:
     """Device memory a server of this configuration needs, about: weights (FP8 projections at
     a byte, the rest in bf16), its KV cache at the smoke's shape, and OVERHEAD_BYTES."""
