@@ -205,7 +205,8 @@ def _run_all(queue: list[SmokeConfig], backends: list[str], device: str, total: 
             running.remove(run)
             gated.discard(run.row.config.backend)
             done.append(run.row)
-            print(f"[+{time.monotonic() - start:4.0f} s] {format_row(run.row)}", flush=True)
+            print(f"[+{time.monotonic() - start:4.0f} s, ran {run.row.wall_s:3.0f} s] "
+                  f"{format_row(run.row)}", flush=True)
         time.sleep(0.2)
     return done, queue
 
