@@ -192,7 +192,7 @@ def main() -> int:
         runner = build(args.model, backend, args.prompt_len, decode_steps, args.layers)
         moe = run_moe_warmup(runner)  # a MoE model's launches, as a warmup gives them
         if moe.status is PhaseStatus.RAN:
-            print(f"{backend}: {moe.detail}", flush=True)
+            print(f"{backend}: {moe.detail}: {moe.shapes['launches']}", flush=True)
         driver = BatchDriver(runner)
         reqs = prefill(driver, max(SIZES), args.prompt_len, chunk=8)
         results[backend] = time_backend(runner, driver, reqs, args.steps)
