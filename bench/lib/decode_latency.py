@@ -2,7 +2,7 @@
 and each step against the HBM roofline of the parameters it reads.
 
     python bench/serve.py decode-latency [--model llama-3.2-1b | qwen3-30b-a3b | mixtral-8x7b]
-        [--layers N] [--backends torch,triton,flashinfer]
+        [--layers N] [--backends torch,triton,flashinfer] [--grouped-moe]
 
 For every backend one runner is built (random weights), its requests prefilled, decode steps
 timed eagerly, then graphs captured and the same steps timed again. A MoE model's fused kernel
