@@ -85,8 +85,10 @@ def test_launch_table_covers_every_token_count_in_order() -> None:
     assert launch_for(bounds[0]) == LAUNCH_TABLE[0][1]
     assert launch_for(bounds[0] + 1) == LAUNCH_TABLE[1][1]
     assert launch_for(10**9) == LAUNCH_TABLE[-1][1]
-    for _, launch in LAUNCH_TABLE:  # tl.dot needs tiles of at least 16
-        assert min(launch.block_m, launch.block_n, launch.block_k) >= 16
+    for _, launch in LAUNCH_TABLE:  # tl.dot needs tiles of at least 16 (the grouped GEMMs')
+        assert launch.per_slot or min(launch.block_m, launch.block_n, launch.block_k) >= 16
+    # The first bucket alone takes the per-slot kernels (kernels.moe_gemv).
+    assert [launch.per_slot for _, launch in LAUNCH_TABLE] == [True] + [False] * (len(bounds) - 1)
 
 
 def test_moe_block_runs_the_kernels_on_cuda_and_both_paths_agree() -> None:

@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from warmgate.server.config.moe_kernel import (
+    GEMV_MAX_TOKENS,
     LAUNCH_TABLE,
     MAX_EXPERTS,
+    MAX_GEMV_TILE_ELEMENTS,
     MAX_TILE_ELEMENTS,
     ExpertShape,
     MoELaunch,
@@ -38,16 +40,17 @@ MIXTRAL = ExpertShape(num_experts=8, top_k=2, hidden_size=4096, intermediate_siz
 
 
 def test_buckets_cover_every_token_count_in_order() -> None:
-    assert bucket_of(1) == bucket_of(32) == 32 and bucket_of(33) == 256
+    assert bucket_of(1) == bucket_of(GEMV_MAX_TOKENS) == GEMV_MAX_TOKENS
+    assert bucket_of(GEMV_MAX_TOKENS + 1) == bucket_of(32) == 32 and bucket_of(33) == 256
     assert bucket_of(10**9) == LAUNCH_TABLE[-1][0]
-    assert buckets_up_to(1) == (32,) and buckets_up_to(300) == (32, 256, 2048)
+    assert buckets_up_to(1) == (8,) and buckets_up_to(300) == (8, 32, 256, 2048)
 
 
 def test_the_table_is_fitted_to_the_expert_shape() -> None:
     # 256 tokens x top-8 over 128 experts: 16 rows per expert, so a 32-row tile is half
     # padding; Mixtral's 2 of 8 expect 64 rows there, and keep the table's 32.
     assert table_launch(256, QWEN3_30B).block_m == 16
-    assert table_launch(256, MIXTRAL) == LAUNCH_TABLE[1][1]
+    assert table_launch(256, MIXTRAL) == dict(LAUNCH_TABLE)[256]
     # The token budget caps the open-ended last bucket's rows.
     assert table_launch(LAUNCH_TABLE[-1][0], QWEN3_30B, max_tokens=4096).block_m == 128
     assert table_launch(LAUNCH_TABLE[-1][0], QWEN3_30B, max_tokens=2049).block_m == 128
@@ -59,9 +62,12 @@ def test_the_table_is_fitted_to_the_expert_shape() -> None:
         found = candidates(bucket, QWEN3_30B, max_tokens=8192)
         assert found[0] == table_launch(bucket, QWEN3_30B, max_tokens=8192)
         assert len(found) == len(set(found)) >= 4
-        assert all(min(c.block_m, c.block_n, c.block_k) >= 16 for c in found)
+        grouped = [c for c in found if not c.per_slot]
+        assert all(min(c.block_m, c.block_n, c.block_k) >= 16 for c in grouped)
         # Two float32 accumulators of BLOCK_M x BLOCK_N must fit the registers.
-        assert all(c.block_m * c.block_n <= MAX_TILE_ELEMENTS for c in found)
+        assert all(c.block_m * c.block_n <= MAX_TILE_ELEMENTS for c in grouped)
+        # The per-slot kernels' two of BLOCK_N x BLOCK_K likewise.
+        assert all(c.block_n * c.block_k <= MAX_GEMV_TILE_ELEMENTS for c in found if c.per_slot)
     assert MoELaunch(256, 128, 64, 8, 3) not in candidates(LAUNCH_TABLE[-1][0], MIXTRAL)
 
 
@@ -80,7 +86,7 @@ class FakeTimer:
 
 def test_a_bucket_is_tuned_once_and_its_winner_kept() -> None:
     launches = MoELaunches(MIXTRAL, max_tokens=8192)
-    assert launches.launch(5) == table_launch(32, MIXTRAL)  # no timer: the table's
+    assert launches.launch(20) == table_launch(32, MIXTRAL)  # no timer: the table's
     timer = FakeTimer(best_m=64)
     launches.timer = timer
     tuned: list[str] = []
@@ -91,7 +97,7 @@ def test_a_bucket_is_tuned_once_and_its_winner_kept() -> None:
     assert [c for c, _ in timer.calls] == candidates(256, MIXTRAL, 8192)
     assert tuned == [f"fused_moe {MIXTRAL.key()} bucket<=256"]
     timer.calls.clear()
-    assert launches.launch(33) == winner and launches.launch(5).block_m == 16
+    assert launches.launch(33) == winner and launches.launch(20).block_m == 16
     assert timer.calls == [] and len(tuned) == 1  # tuned buckets are looked up, not timed
     # While a CUDA graph is captured nothing is timed (a sync would break the capture).
     launches.capturing = lambda: True

@@ -26,6 +26,7 @@ pytest.importorskip("triton")
 from triton.runtime.interpreter import InterpretedFunction
 
 from tests.runner_helpers import make_runner, prompt
+from warmgate.server.config.moe_kernel import GEMV_MAX_TOKENS
 from warmgate.server.kernels.fused_moe import ALIGN_KERNEL_MAX_BUCKET, fused_moe
 from warmgate.server.kernels.moe_route import _route_kernel, route_topk
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
@@ -114,13 +115,16 @@ def test_capturing_the_largest_ragged_bucket_of_a_moe_model(uninitialized_is_nan
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bucket", [32, MAX_TOKENS])
+@pytest.mark.parametrize(("bucket", "prompts"), [
+    (GEMV_MAX_TOKENS, (5,)), (32, (9, 5)), (MAX_TOKENS, (9, 5))])
 def test_a_padded_moe_batch_gives_its_real_tokens_the_unpadded_rows(
-        bucket: int, uninitialized_is_nan: None) -> None:
-    """Two prefills padded to a bucket (the kernel alignment at 32 tokens, the torch one at
-    512) against the same two prefills unpadded."""
+        bucket: int, prompts: tuple[int, ...], uninitialized_is_nan: None) -> None:
+    """Prefills padded to a bucket (the per-slot kernels at 8 tokens, the kernel alignment at
+    32, the torch one at 264) against the same prefills unpadded."""
     runner, graphs = _kernel_runner()
     from tests.runner_helpers import MiniScheduler
+
+    assert runner.model.moe_launches.launch(bucket).per_slot is (bucket <= GEMV_MAX_TOKENS)
 
     original = runner._run_model
     checked: list[int] = []
@@ -139,7 +143,7 @@ def test_a_padded_moe_batch_gives_its_real_tokens_the_unpadded_rows(
 
     runner._run_model = compare  # type: ignore[method-assign]
     sched = MiniScheduler(runner)
-    sched.add("a", prompt(9))
-    sched.add("b", prompt(5, offset=3))
+    for i, length in enumerate(prompts):
+        sched.add(f"r{i}", prompt(length, offset=3 * i))
     sched.step()
-    assert checked == [14]
+    assert checked == [sum(prompts)]

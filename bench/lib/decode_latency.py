@@ -2,7 +2,7 @@
 and each step against the HBM roofline of the parameters it reads.
 
     python bench/serve.py decode-latency [--model llama-3.2-1b | qwen3-30b-a3b | mixtral-8x7b]
-        [--layers N] [--backends torch,triton,flashinfer]
+        [--layers N] [--backends torch,triton,flashinfer] [--grouped-moe]
 
 For every backend one runner is built (random weights), its requests prefilled, decode steps
 timed eagerly, then graphs captured and the same steps timed again. A MoE model's fused kernel
@@ -14,6 +14,11 @@ of B tokens touches: E * (1 - (1 - k/E)^B) expected distinct of E with top-k) an
 stream's KV cache from HBM (devtools/roofline.py). `--layers N` builds only the first N decoder
 layers (the roofline counts the same N): the full 48 layers of qwen3-30b-a3b take minutes to
 initialise on the device for each backend, and a decode step is layer after identical layer.
+
+`--grouped-moe` (a MoE model) times each backend a second time, on the same runner and graphs
+captured again, with the small token-count buckets that take the per-slot experts
+(kernels.moe_gemv) forced onto the grouped GEMMs they replaced: rows "<backend>/grouped", the
+two MoE paths side by side in one run.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from statistics import median
 
 import torch
 
+from warmgate.server.config.moe_kernel import grouped_launch
 from warmgate.server.config.presets import MODEL_PRESETS
 from warmgate.server.config.runner_config import (
     CacheConfig,
@@ -114,11 +120,33 @@ def median_decode_ms(driver: BatchDriver, reqs: list[DrivenRequest], steps: int,
     return 1000 * median(decode_s(driver, reqs) for _ in range(steps))
 
 
+def force_grouped_moe(runner: ModelRunner) -> str:
+    """Put every per-slot bucket of the runner's MoE launches on the grouped GEMMs; returns
+    what changed ("" when nothing did: a dense model, or no per-slot bucket)."""
+    launches = runner.model.moe_launches
+    if launches is None:
+        return ""
+    forced = {b: grouped_launch(b, launches.shape, launches.max_tokens)
+              for b, launch in launches.chosen.items() if launch.per_slot}
+    launches.preset(forced)
+    return ", ".join(f"<={b}: {launch}" for b, launch in sorted(forced.items()))
+
+
+def time_backend(runner: ModelRunner, driver: BatchDriver, reqs: list[DrivenRequest],
+                 steps: int) -> dict[str, dict[int, float]]:
+    """Eager steps at every size, then graphs captured (again, if they were) and graphed."""
+    runner.graph_runner = None  # eager: a capture of other launches is replaced below
+    eager = {n: median_decode_ms(driver, reqs[:n], steps) for n in SIZES}
+    runner.capture_cuda_graphs()
+    graph = {n: median_decode_ms(driver, reqs[:n], steps) for n in SIZES}
+    return {"eager": eager, "graph": graph}
+
+
 def format_table(results: dict[str, dict[str, dict[int, float]]], roof: dict[int, float]
                  ) -> str:
     """The medians, their ratios and the roofline: a row per backend and batch size; the
     ratios to torch where torch ran."""
-    lines = [f"{'backend':<11}{'batch':>6}{'eager':>9}{'graph':>9}{'graph/eager':>13}"
+    lines = [f"{'backend':<19}{'batch':>6}{'eager':>9}{'graph':>9}{'graph/eager':>13}"
              f"{'eager/torch':>13}{'graph/torch':>13}{'roofline':>10}{'graph/roof':>12}"]
     torch_r = results.get("torch")
     for backend, r in results.items():
@@ -126,7 +154,7 @@ def format_table(results: dict[str, dict[str, dict[int, float]]], roof: dict[int
             e, g = r["eager"][n], r["graph"][n]
             vs = (f"{e / torch_r['eager'][n]:>13.2f}{g / torch_r['graph'][n]:>13.2f}"
                   if torch_r is not None else f"{'-':>13}{'-':>13}")
-            lines.append(f"{backend:<11}{n:>6}{e:>9.3f}{g:>9.3f}{g / e:>13.2f}{vs}"
+            lines.append(f"{backend:<19}{n:>6}{e:>9.3f}{g:>9.3f}{g / e:>13.2f}{vs}"
                          f"{roof[n]:>10.3f}{g / roof[n]:>12.2f}")
     return "\n".join(lines)
 
@@ -142,6 +170,9 @@ def main() -> int:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--json", default=None, help="also write the numbers here")
+    p.add_argument("--grouped-moe", action="store_true",
+                   help="a MoE model: also time each backend with its per-slot buckets on the "
+                        "grouped GEMMs (rows '<backend>/grouped')")
     args = p.parse_args()
     if args.layers is not None and args.layers < 1:
         p.error("--layers must be at least 1")
@@ -155,18 +186,20 @@ def main() -> int:
         p.error(f"--backends {args.backends}: none of them is installed")
     results: dict[str, dict[str, dict[int, float]]] = {}
     for backend in backends:
-        # Request 0 decodes in every timed step: eager and graphed, every size, warm-ups too.
-        decode_steps = 2 * len(SIZES) * (args.steps + 3)
+        # Request 0 decodes in every timed step: eager and graphed, every size, warm-ups too,
+        # twice with --grouped-moe.
+        decode_steps = 2 * len(SIZES) * (args.steps + 3) * (2 if args.grouped_moe else 1)
         runner = build(args.model, backend, args.prompt_len, decode_steps, args.layers)
         moe = run_moe_warmup(runner)  # a MoE model's launches, as a warmup gives them
         if moe.status is PhaseStatus.RAN:
-            print(f"{backend}: {moe.detail}", flush=True)
+            print(f"{backend}: {moe.detail}: {moe.shapes['launches']}", flush=True)
         driver = BatchDriver(runner)
         reqs = prefill(driver, max(SIZES), args.prompt_len, chunk=8)
-        eager = {n: median_decode_ms(driver, reqs[:n], args.steps) for n in SIZES}
-        runner.capture_cuda_graphs()
-        graph = {n: median_decode_ms(driver, reqs[:n], args.steps) for n in SIZES}
-        results[backend] = {"eager": eager, "graph": graph}
+        results[backend] = time_backend(runner, driver, reqs, args.steps)
+        forced = force_grouped_moe(runner) if args.grouped_moe else ""
+        if forced:
+            print(f"{backend}/grouped: {forced}", flush=True)
+            results[f"{backend}/grouped"] = time_backend(runner, driver, reqs, args.steps)
         del driver, reqs, runner
         torch.cuda.empty_cache()
 

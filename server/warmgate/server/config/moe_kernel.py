@@ -16,6 +16,14 @@ shape (BLOCK_M no taller than the rows an expert expects at the bucket's top, T 
 num_experts; BLOCK_N/K no wider than the GEMMs) and `candidates` are what an autotune times
 (runner.moe_launches). Plain data here, so that the runner can pick launches without importing
 the kernels (and triton) on a CPU.
+
+The first bucket, forwards of at most GEMV_MAX_TOKENS tokens (decode steps of a few streams),
+takes the per-slot path instead (kernels.moe_gemv): a launch whose BLOCK_M is GEMV_BLOCK_M, one
+(token, slot) row per program, needs no alignment by expert and runs two GEMV-style kernels
+where the grouped path runs an alignment, two grid-padded GEMMs and a slot sum. Its BLOCK_N is
+the gate/up kernel's N tile, BLOCK_K the K tile of both; every launch the table or an autotune
+gives a bucket is a pure function of the token count, so a CUDA graph captured per batch size
+holds one path.
 """
 
 from __future__ import annotations
@@ -29,6 +37,19 @@ MAX_EXPERTS = 512
 # The gate/up GEMM keeps two float32 accumulators of BLOCK_M x BLOCK_N: past 128 x 128 they
 # no longer fit the registers of 8 warps (255 per thread), so no candidate is larger.
 MAX_TILE_ELEMENTS = 128 * 128
+# The per-slot path's launches are marked by this BLOCK_M (a program's one row).
+GEMV_BLOCK_M = 1
+# Forwards of up to this many tokens (decode batches of a few streams; T * top_k rows, 64 at
+# Qwen3-30B-A3B's top-8) take the per-slot path: below it every expert's row tile of the
+# grouped path is nearly all padding; past it tokens start to share experts, which the grouped
+# path reads once for all of their rows. Measured on an H100 (bench/lib/decode_latency.py
+# --grouped-moe prints both).
+GEMV_MAX_TOKENS = 8
+# Its kernels keep two float32 accumulators of BLOCK_N x BLOCK_K (the gate/up one): at most
+# this many elements each, 64 registers a thread at 4 warps.
+MAX_GEMV_TILE_ELEMENTS = 16 * 512
+# Its narrowest N tile: 8 rows of 128 K elements still fill a warp's 16-byte loads.
+GEMV_MIN_BLOCK_N = 8
 
 
 def check_moe_kernel_shape(model: ModelConfig) -> None:
@@ -55,6 +76,11 @@ class MoELaunch:
     num_warps: int
     num_stages: int
 
+    @property
+    def per_slot(self) -> bool:
+        """Whether this is the per-slot (GEMV) path's launch, not the grouped GEMMs'."""
+        return self.block_m == GEMV_BLOCK_M
+
     def __str__(self) -> str:
         return (f"M{self.block_m}xN{self.block_n}xK{self.block_k}/w{self.num_warps}"
                 f"/s{self.num_stages}")
@@ -77,6 +103,7 @@ class ExpertShape:
 # (most tokens in the bucket, its launch). Small batches (decode) route few rows to each
 # expert, so a small BLOCK_M wastes little padding; prefill-sized batches fill big tiles.
 LAUNCH_TABLE: tuple[tuple[int, MoELaunch], ...] = (
+    (GEMV_MAX_TOKENS, MoELaunch(GEMV_BLOCK_M, 16, 256, 4, 1)),
     (32, MoELaunch(16, 64, 64, 4, 3)),
     (256, MoELaunch(32, 64, 64, 4, 3)),
     (2048, MoELaunch(64, 128, 64, 8, 3)),
@@ -114,14 +141,18 @@ def _pow2_at_least(n: int) -> int:
 
 def _fit(launch: MoELaunch, shape: ExpertShape, bucket_top: int | None = None) -> MoELaunch:
     """BLOCK_N/K no wider than the GEMMs; with bucket_top, BLOCK_M no taller than the rows an
-    expert expects there (the rest of a taller tile would be padding)."""
+    expert expects there (the rest of a taller tile would be padding). A per-slot launch keeps
+    its one row and may take N tiles narrower than tl.dot's (it has no dot)."""
     width = _pow2_at_most(min(shape.hidden_size, shape.intermediate_size))
+    block_k = max(MIN_BLOCK, min(launch.block_k, width))
+    if launch.per_slot:
+        return replace(launch, block_n=max(GEMV_MIN_BLOCK_N, min(launch.block_n, width)),
+                       block_k=block_k)
     block_m = launch.block_m
     if bucket_top is not None:
         block_m = min(block_m, _pow2_at_least(-(-bucket_top * shape.top_k // shape.num_experts)))
     return replace(launch, block_m=max(MIN_BLOCK, block_m),
-                   block_n=max(MIN_BLOCK, min(launch.block_n, width)),
-                   block_k=max(MIN_BLOCK, min(launch.block_k, width)))
+                   block_n=max(MIN_BLOCK, min(launch.block_n, width)), block_k=block_k)
 
 
 def table_launch(bucket: int, shape: ExpertShape, max_tokens: int | None = None) -> MoELaunch:
@@ -131,19 +162,45 @@ def table_launch(bucket: int, shape: ExpertShape, max_tokens: int | None = None)
     return _fit(dict(LAUNCH_TABLE)[bucket], shape, top)
 
 
+def grouped_launch(bucket: int, shape: ExpertShape, max_tokens: int | None = None
+                   ) -> MoELaunch:
+    """The grouped GEMMs' launch for `bucket`: the table's, or for a per-slot bucket the first
+    grouped bucket's launch fitted to this bucket's top (what the per-slot path replaced)."""
+    top = bucket if max_tokens is None else min(bucket, max_tokens)
+    launch = next(launch for most, launch in LAUNCH_TABLE
+                  if most >= bucket and not launch.per_slot)
+    return _fit(launch, shape, top)
+
+
+def _fits_registers(launch: MoELaunch) -> bool:
+    if launch.per_slot:
+        return launch.block_n * launch.block_k <= MAX_GEMV_TILE_ELEMENTS
+    return launch.block_m * launch.block_n <= MAX_TILE_ELEMENTS
+
+
 def candidates(bucket: int, shape: ExpertShape, max_tokens: int | None = None
                ) -> list[MoELaunch]:
     """The few launches an autotune times for a bucket: the table's first, then twice and
     half its BLOCK_M, a wider BLOCK_N, the other warp count and one stage less (each no
-    wider than the GEMMs); no duplicates."""
+    wider than the GEMMs); no duplicates. A per-slot bucket's: the table's, twice and half
+    its BLOCK_N, twice its BLOCK_K, the other warp count, then the grouped GEMMs' launch (so
+    a GPU where they are faster keeps them)."""
     base = table_launch(bucket, shape, max_tokens)
-    variants = [replace(base, block_m=base.block_m * 2), replace(base, block_m=base.block_m // 2),
-                replace(base, block_n=base.block_n * 2),
-                replace(base, num_warps=4 if base.num_warps == 8 else 8),
-                replace(base, num_stages=max(1, base.num_stages - 1))]
+    if base.per_slot:
+        variants = [replace(base, block_n=base.block_n * 2),
+                    replace(base, block_n=base.block_n // 2),
+                    replace(base, block_k=base.block_k * 2),
+                    replace(base, num_warps=4 if base.num_warps == 8 else 8),
+                    grouped_launch(bucket, shape, max_tokens)]
+    else:
+        variants = [replace(base, block_m=base.block_m * 2),
+                    replace(base, block_m=base.block_m // 2),
+                    replace(base, block_n=base.block_n * 2),
+                    replace(base, num_warps=4 if base.num_warps == 8 else 8),
+                    replace(base, num_stages=max(1, base.num_stages - 1))]
     out = [base]
     for v in variants:
         fitted = _fit(v, shape)
-        if fitted not in out and fitted.block_m * fitted.block_n <= MAX_TILE_ELEMENTS:
+        if fitted not in out and _fits_registers(fitted):
             out.append(fitted)
     return out

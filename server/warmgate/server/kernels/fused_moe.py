@@ -10,6 +10,9 @@ weight; the k rows of a token are then summed. Everything is fixed-shape and hos
 (the padding is sized for the worst case, tiles past the real end return at once), so a
 forward with it can be captured in a CUDA graph.
 
+A forward of a few tokens (a per-slot launch: config.moe_kernel.GEMV_MAX_TOKENS) takes
+kernels.moe_gemv instead, two kernels with no alignment and a grid of the rows' real work.
+
 The launch configuration (BLOCK_M/N/K, warps, stages) depends on the token count; the caller
 passes the one its token-count bucket holds (runner.moe_launches: a table fitted to the expert
 shape, or a warmup autotune's winner kept in the compile cache), so serving never autotunes
@@ -36,6 +39,7 @@ from warmgate.server.config.moe_kernel import (  # noqa: F401 (re-exported)
 from warmgate.server.kernels._launch import elementwise_warps, ieee_dots, pow2, upcast_dots
 from warmgate.server.kernels.fp8_block_gemm import quantize_groups
 from warmgate.server.kernels.moe_align import align_rows, aligned_capacity
+from warmgate.server.kernels.moe_gemv import moe_gemv
 
 # Token-count buckets up to this one align their rows in one kernel (kernels.moe_align);
 # larger ones with torch ops, whose few launches cost nothing beside those batches' GEMMs.
@@ -205,6 +209,9 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     launch = launch_for(num_tokens) if launch is None else launch
     hidden, w13, w2 = hidden.contiguous(), w13.contiguous(), w2.contiguous()
     weights = weights.reshape(-1).float().contiguous()
+    if launch.per_slot:  # a few tokens: two GEMV-style kernels, no alignment (moe_gemv)
+        return moe_gemv(hidden, w13, w2, weights, ids.contiguous(), launch,
+                        w13_scale=w13_scale, w2_scale=w2_scale)
     aligned = align_by_expert(ids, num_experts, launch.block_m)
     rows = num_tokens * top_k
     act = torch.empty(rows, inter, dtype=hidden.dtype, device=hidden.device)  # [T k, I]
