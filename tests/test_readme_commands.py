@@ -41,6 +41,15 @@ def warmgate_invocations(line: str) -> list[list[str]]:
     return out
 
 
+def test_readme_opens_with_the_quick_start() -> None:
+    """A newcomer reads the two commands first: the title, at most a short paragraph, then
+    the Quick start as the first section."""
+    sections = re.findall(r"^## (.+)$", README, re.M)
+    assert sections[0] == "Quick start", sections[:3]
+    before = README.split("## Quick start", 1)[0]
+    assert len(before.strip().splitlines()) <= 3, before
+
+
 def test_quick_start_is_two_commands_with_one_torch_spec() -> None:
     lines = quick_start()
     assert len(lines) == 2, lines
