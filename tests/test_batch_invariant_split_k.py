@@ -113,7 +113,7 @@ def test_the_plan_splits_the_same_way_at_every_row_count() -> None:
     """matmul's own choice (no tiles given): alone and in batches the plan's split, so the
     bits agree; 65 and 130 rows under FEW_SMS run it in one program, one row apart."""
     n, k, _ = SPLIT_SHAPES[0]
-    x, w = _data(n, k, 3, torch.bfloat16, seed=13)
+    x, w = _data(n, k, 3, torch.float32, seed=13)
     assert planned_tiles(n, k, FEW_SMS).splits > 1
     _assert_rows_invariant(lambda batch: matmul(batch, w, sm_count=FEW_SMS), x)
 
@@ -148,11 +148,13 @@ def test_the_launch_is_compiled_alike_for_every_row_count(
     gemm, summing = _Recorder(), _Recorder()
     monkeypatch.setattr(batch_invariant, "_matmul_kernel", gemm)
     monkeypatch.setattr(batch_invariant, "_sum_splits_kernel", summing)
-    n, k, _ = SPLIT_SHAPES[0]
+    n, k = 160, 520  # two 128-wide column tiles (8 warps), nine K tiles
+    sms = 4  # up to 64 rows (2 tiles) the splits run apart, from 65 (4 tiles) in one program
     w = torch.zeros(n, k, device=DEVICE)  # [N, K]
     for m in BATCH_SIZES:
-        matmul(torch.zeros(m, k, device=DEVICE), w, sm_count=FEW_SMS)
-    splits = planned_tiles(n, k, FEW_SMS).splits
+        matmul(torch.zeros(m, k, device=DEVICE), w, sm_count=sms)
+    splits = planned_tiles(n, k, sms).splits
+    assert splits > 1
     assert [grid[1] for grid, _ in gemm.launches] == [splits, splits, splits, 1, 1]
     assert all(kw == gemm.launches[0][1] for _, kw in gemm.launches)
     assert gemm.launches[0][1]["SPLITS"] == splits and gemm.launches[0][1]["BLOCK_M"] == 64
