@@ -123,8 +123,8 @@ def test_both_ways_of_running_the_splits_give_the_same_bits(dtype: torch.dtype) 
     n, k, splits = SPLIT_SHAPES[1]
     tiles = _tiles(n, k, splits)
     x, w = _data(n, k, 130, dtype, seed=14)
-    assert splits_in_parallel(130, n, tiles, 10 ** 6)
-    assert not splits_in_parallel(130, n, tiles, 1)
+    assert splits_in_parallel(130, n, k, tiles, 10 ** 6, x.element_size())
+    assert not splits_in_parallel(130, n, k, tiles, 1, x.element_size())
     assert torch.equal(matmul(x, w, tiles=tiles, sm_count=10 ** 6),
                        matmul(x, w, tiles=tiles, sm_count=1))
 

@@ -155,7 +155,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, *, tiles: MatmulTiles | None = None
     sms = device_sm_count(x.device) if sm_count is None else sm_count
     t = planned_tiles(n, k, sms) if tiles is None else tiles
     tile_grid = triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n)
-    parallel = splits_in_parallel(m, n, t, sms)
+    parallel = splits_in_parallel(m, n, k, t, sms, x.element_size())
     # The workspace [S, M, N] only when the splits run apart. Otherwise ws is never read: with
     # one split any tensor will do; with several, a float32 one, so that a shape's one binary
     # (its argument types fixed) serves both ways.

@@ -5,10 +5,11 @@ Two decisions, kept apart because only the first shapes a row's arithmetic:
   shape and the device's SM count, never of the row count M, so a row rounds the same way in
   every batch. Split s sums K tiles [s * per, (s + 1) * per) in increasing order in float32,
   then the S partial sums are added in the order 0..S-1 in float32.
-- `splits_in_parallel(m, tiles, sm_count)`: whether the S splits of a launch run as S programs
-  writing float32 partials to a workspace (then summed by a second kernel), or one program
-  walks them in turn and adds each into a running float32 total. Both do the same float32
-  additions in the same order, so the bits are the same; only the speed depends on M.
+- `splits_in_parallel(m, n, k, tiles, sm_count, element_bytes)`: whether the S splits of a
+  launch run as S programs writing float32 partials to a workspace (then summed by a second
+  kernel), or one program walks them in turn and adds each into a running float32 total.
+  Both do the same float32 additions in the same order, so the bits are the same; only the
+  speed depends on M.
 """
 
 from __future__ import annotations
@@ -86,12 +87,26 @@ def matmul_tiles(n: int, k: int, sm_count: int = NOMINAL_SM_COUNT) -> MatmulTile
                        splits=splits, k_tiles_per_split=per if splits > 1 else 0)
 
 
-def splits_in_parallel(m: int, n: int, tiles: MatmulTiles, sm_count: int) -> bool:
-    """Run the splits as programs of their own (workspace and a summing kernel) while the row
-    and column tiles alone leave SMs idle; past that (prefill-sized M) the extra programs buy
-    nothing and the workspace traffic (S x M x N float32, written and read) would grow with M,
-    so each program walks its splits in turn. The same additions either way."""
-    return tiles.splits > 1 and cdiv(m, tiles.block_m) * cdiv(n, tiles.block_n) < sm_count
+def splits_in_parallel(m: int, n: int, k: int, tiles: MatmulTiles, sm_count: int,
+                       element_bytes: int) -> bool:
+    """Whether the S splits run as programs of their own (a float32 workspace and a summing
+    kernel) rather than one after another in each row/column tile's program.
+
+    Both ways do the same additions (the same bits); this only picks the faster, for a launch
+    that is bound by reading the weight (W = N x K x element_bytes): in one program, only the
+    tile_programs = row tiles x column tiles SMs read it, about W x sm_count / tile_programs
+    of time while that is under one program per SM; apart, every SM reads, but the workspace
+    adds S x M x N float32 written then read. So apart while tile_programs x (W + workspace)
+    < sm_count x W: a decode step (one row tile) splits, a prefill-sized M (whose workspace
+    would outgrow the weight) does not. The workspace counted as HBM traffic is pessimistic
+    (a decode step's stays in L2), which only moves the switch to a smaller M."""
+    if tiles.splits == 1:
+        return False
+    tile_programs = cdiv(m, tiles.block_m) * cdiv(n, tiles.block_n)
+    weight_per_column = k * element_bytes
+    workspace_per_column = 2 * 4 * tiles.splits * m
+    return tile_programs * (weight_per_column + workspace_per_column) < (
+        sm_count * weight_per_column)
 
 
 @functools.cache
