@@ -19,6 +19,7 @@ from tests.runner_helpers import tiny_config
 from warmgate.server.core.results import PhaseStatus
 from warmgate.server.kernels.batch_invariant import _matmul_kernel
 from warmgate.server.kernels.invariant_ops import BatchInvariantOps
+from warmgate.server.kernels.matmul_plan import device_sm_count, planned_tiles
 from warmgate.server.runner.attention import AttentionMetadata, AttentionSpec, create_backend
 from warmgate.server.runner.attention.triton_backend import TritonAttentionBackend
 from warmgate.server.runner.model_runner import ModelRunner
@@ -31,11 +32,18 @@ if DEVICE == "cuda" and not torch.cuda.is_available():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("k", [0, 3])
-def test_the_triton_deterministic_path_passes_the_determinism_phase(k: int) -> None:
-    c = tiny_config(attention_backend="triton", num_spec=k, device=DEVICE)
+@pytest.mark.parametrize(("k", "intermediate"), [(0, None), (3, None), (0, 512)])
+def test_the_triton_deterministic_path_passes_the_determinism_phase(
+        k: int, intermediate: int | None) -> None:
+    # An intermediate size of 512 gives the down projection (64 x 512) a K split, so the
+    # probe's decodes run it through the workspace and the summing kernel.
+    sizes = {} if intermediate is None else {"intermediate_size": intermediate}
+    c = tiny_config(attention_backend="triton", num_spec=k, device=DEVICE, **sizes)
     c = dataclasses.replace(c, numerics=dataclasses.replace(c.numerics, deterministic=True))
     runner = ModelRunner(c, ops=BatchInvariantOps())  # type: ignore[arg-type]
+    if intermediate is not None:
+        down = runner.model.layers[0].down_proj
+        assert planned_tiles(*down.shape, device_sm_count(down.device)).splits > 1
     assert runner.attention_backend.spec.deterministic
     phase = run_determinism_check(runner, runner.execute_model, runner.sample_tokens)
     assert phase.status is PhaseStatus.RAN, phase.detail

@@ -2,10 +2,13 @@
 
 The default GEMM picks another algorithm, tiling or split-K for another token count, so the
 same row can round differently alone and inside a batch. Here every choice that shapes a row's
-arithmetic (tile sizes, reduction order, warps) is a function of the reduced and output widths
-only, never of the row count, and no reduction is split across programs:
-- `matmul`: x @ w.T with fixed BLOCK_M/N/K tiles from (N, K), a plain grid, no split-K; each
-  output element accumulates its K blocks in order, in float32;
+arithmetic (tile sizes, the K split, reduction order, warps) is a function of the reduced and
+output widths (and the device's SM count) only, never of the row count:
+- `matmul`: x @ w.T with BLOCK_M/N/K tiles and a K split S from (N, K) (kernels/
+  matmul_plan.py); each output element sums each of its S fixed K ranges in order in float32,
+  then the S partials in the order 0..S-1 in float32, whether the splits ran as programs of
+  their own (decode-sized M: partials to a workspace, summed by `_sum_splits_kernel`) or one
+  after another in one program (prefill-sized M);
 - `log_softmax`: one program per row, the vocabulary walked in fixed-size chunks;
 - `rms_norm`: kernels/rms_norm.py already is one program per row reducing the whole row in one
   block, so it is re-exported here rather than duplicated (tests pin that property).
@@ -13,8 +16,6 @@ only, never of the row count, and no reduction is split across programs:
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -28,48 +29,63 @@ from warmgate.server.kernels._launch import (
     unit_stride_last,
     upcast_dots,
 )
+from warmgate.server.kernels.matmul_plan import (
+    MatmulTiles,
+    device_sm_count,
+    matmul_tiles,
+    planned_tiles,
+    splits_in_parallel,
+)
 from warmgate.server.kernels.rms_norm import rms_norm
 
 __all__ = ["MatmulTiles", "log_softmax", "matmul", "matmul_tiles", "rms_norm"]
 
-# A fixed row tile: sizing it from M (the token count) is exactly what makes default GEMMs
-# batch dependent. 64 keeps decode-sized batches in one row tile on the GPU.
-BLOCK_M = 64
-_MAX_BLOCK_N = 128
-_MAX_BLOCK_K = 64
 # Vocabulary chunk for log_softmax: a fixed constant, so the reduction order depends on V only.
 _MAX_BLOCK_V = 4096
+# Columns per program of the split-summing kernel: small, so a single decode row still spreads
+# over several SMs.
+_SUM_BLOCK_N = 256
 
 
-@dataclass(frozen=True)
-class MatmulTiles:
-    """The launch of one (N, K) weight shape; the same for every row count."""
+@triton.jit
+def _k_range(a_ptr, b_ptr, offs_m, offs_n, m_mask, n_mask, K, stride_am, stride_bn,
+             lo, hi,
+             UPCAST: tl.constexpr, IEEE: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The float32 sum of K tiles [lo, hi) for one [BLOCK_M, BLOCK_N] output tile, in
+    increasing K order, whole tiles only (masked lanes add exact zeros): every output element
+    sees the same sequence of products whatever M is."""
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + (lo * BLOCK_K + offs_k)[None, :]
+    b_ptrs = b_ptr + offs_n[None, :] * stride_bn + (lo * BLOCK_K + offs_k)[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(lo, hi):
+        k_mask = offs_k < K - kt * BLOCK_K
+        a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        acc += mm(a, b, UPCAST, IEEE)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    return acc
 
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
 
-
-def matmul_tiles(n: int, k: int) -> MatmulTiles:
-    """Tiles from the weight's shape only: [N, K] -> MatmulTiles (16 is tl.dot's minimum)."""
-    block_n = min(pow2(n, 16), _MAX_BLOCK_N)
-    block_k = min(pow2(k, 16), _MAX_BLOCK_K)
-    return MatmulTiles(block_m=BLOCK_M, block_n=block_n, block_k=block_k,
-                       num_warps=8 if block_n >= 128 else 4, num_stages=3)
-
-
-# M is a runtime value only: specialising on it (M == 1, M % 16) would compile another binary
-# for another batch size, which is what this kernel exists to avoid.
-@triton.jit(do_not_specialize=["M"])
+# M (and splits_per_program, which follows M) are runtime values only: specialising on them
+# (== 1, % 16) would compile another binary for another batch size, which is what this kernel
+# exists to avoid.
+@triton.jit(do_not_specialize=["M", "splits_per_program"])
 def _matmul_kernel(
-    a_ptr, b_ptr, c_ptr,
+    a_ptr, b_ptr, c_ptr, ws_ptr,
     M, N, K,
     stride_am, stride_bn, stride_cm,
+    splits_per_program,
     UPCAST: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLITS: tl.constexpr, K_TILES_PER_SPLIT: tl.constexpr,
 ):
+    """Grid (row tiles x column tiles, SPLITS // splits_per_program). With one split the tile
+    goes straight to c. Otherwise a program sums splits [s0, s0 + splits_per_program) in
+    order into a float32 total: all SPLITS of them (the total is the result, cast to c), or
+    its one split (the total is a partial, stored in float32 to ws [SPLITS, M, N] at s0)."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_pid_n
@@ -78,25 +94,52 @@ def _matmul_kernel(
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     m_mask = offs_m < M
     n_mask = offs_n < N
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]
-    b_ptrs = b_ptr + offs_n[None, :] * stride_bn + offs_k[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # One pass over K in increasing order, whole tiles only (masked lanes add exact zeros):
-    # every output element sees the same sequence of products whatever M is.
-    for k0 in range(0, tl.cdiv(K, BLOCK_K)):
-        k_mask = offs_k < K - k0 * BLOCK_K
-        a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        acc += mm(a, b, UPCAST, IEEE)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
-    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    out_mask = m_mask[:, None] & n_mask[None, :]
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if SPLITS == 1:
+        acc = _k_range(a_ptr, b_ptr, offs_m, offs_n, m_mask, n_mask, K, stride_am,
+                       stride_bn, 0, k_tiles, UPCAST, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        s0 = tl.program_id(1) * splits_per_program
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in range(s0, s0 + splits_per_program):
+            lo = s * K_TILES_PER_SPLIT
+            hi = tl.minimum(lo + K_TILES_PER_SPLIT, k_tiles)
+            total += _k_range(a_ptr, b_ptr, offs_m, offs_n, m_mask, n_mask, K, stride_am,
+                              stride_bn, lo, hi, UPCAST, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+        if splits_per_program == SPLITS:
+            c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+            tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            # ws is [SPLITS, M, N] contiguous; its strides come from M here, not as arguments
+            # (an argument would be specialised on its value's divisibility).
+            ws_ptrs = (ws_ptr + s0.to(tl.int64) * M * N + offs_m[:, None] * N
+                       + offs_n[None, :])
+            tl.store(ws_ptrs, total, mask=out_mask)
 
 
-def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype, accumulated in float32."""
+@triton.jit(do_not_specialize=["M"])
+def _sum_splits_kernel(ws_ptr, c_ptr, M, N, stride_cm,
+                       SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """c[row, cols] = the SPLITS float32 partials of ws [SPLITS, M, N] added in the order
+    0..SPLITS-1 onto a float32 zero (the same additions as the one-program path), cast."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        total += tl.load(ws_ptr + (s * M + row) * N + offs_n, mask=n_mask, other=0.0)
+    tl.store(c_ptr + row * stride_cm + offs_n, total.to(c_ptr.dtype.element_ty), mask=n_mask)
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor, *, tiles: MatmulTiles | None = None,
+           sm_count: int | None = None) -> torch.Tensor:
+    """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype, accumulated in float32.
+
+    tiles (default: the plan for w's shape) and sm_count (default: the device's) are there for
+    tests and benchmarks; a row's bits depend on tiles, never on sm_count alone."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"matmul: x {tuple(x.shape)} and w {tuple(w.shape)} are not "
                          "[M, K] and [N, K]")
@@ -109,14 +152,28 @@ def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)  # [M, N]
     if m == 0 or n == 0:
         return out
-    tiles = matmul_tiles(n, k)
-    grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
-    _matmul_kernel[grid](
-        a, b, out, m, n, k,
-        a.stride(0), b.stride(0), out.stride(0),
+    sms = device_sm_count(x.device) if sm_count is None else sm_count
+    t = planned_tiles(n, k, sms) if tiles is None else tiles
+    tile_grid = triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n)
+    parallel = splits_in_parallel(m, n, k, t, sms, x.element_size())
+    # The workspace [S, M, N] only when the splits run apart. Otherwise ws is never read: with
+    # one split any tensor will do; with several, a float32 one, so that a shape's one binary
+    # (its argument types fixed) serves both ways.
+    if parallel:
+        ws = torch.empty((t.splits, m, n), dtype=torch.float32, device=x.device)
+    else:
+        ws = out if t.splits == 1 else torch.empty(1, dtype=torch.float32, device=x.device)
+    _matmul_kernel[(tile_grid, t.splits if parallel else 1)](
+        a, b, out, ws, m, n, k,
+        a.stride(0), b.stride(0), out.stride(0), 1 if parallel else t.splits,
         UPCAST=upcast_dots(a), IEEE=ieee_dots(a.dtype),
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        SPLITS=t.splits, K_TILES_PER_SPLIT=t.k_tiles_per_split,
+        num_warps=t.num_warps, num_stages=t.num_stages)
+    if parallel:
+        _sum_splits_kernel[(m, triton.cdiv(n, _SUM_BLOCK_N))](
+            ws, out, m, n, out.stride(0), SPLITS=t.splits, BLOCK_N=_SUM_BLOCK_N,
+            num_warps=elementwise_warps(_SUM_BLOCK_N))
     return out
 
 

@@ -1,7 +1,7 @@
 """`--deterministic` on CUDA: TritonOps with the projections, the head and log-softmax on the
-batch-invariant kernels (kernels.batch_invariant: tiles from the weight's shape only, no
-split-K). RMSNorm, SiLU-and-mul and rotary already are: one program per row reducing the
-whole row (rms_norm), or one result per element."""
+batch-invariant kernels (kernels.batch_invariant: tiles and K split from the weight's shape and
+the SM count only, kernels/matmul_plan.py). RMSNorm, SiLU-and-mul and rotary already are: one
+program per row reducing the whole row (rms_norm), or one result per element."""
 
 from __future__ import annotations
 

@@ -13,7 +13,9 @@ projections of a decoder layer repeat in every layer, so one sweep per distinct 
 every layer; the vocabulary head runs eagerly on every step, at 1..max logits rows. On CUDA
 only: the CPU's GEMMs keep no per-shape state. Each GEMM is the model's own (its ops'
 `linear`): under --deterministic the batch-invariant Triton matmul, which compiles here, once
-per weight shape (the row count is not a specialisation), instead of cuBLAS choosing.
+per weight shape (the row count is not a specialisation), instead of cuBLAS choosing; a weight
+it splits along K also launches the split-summing kernel at the small token counts, so that
+compiles here too (kernels/matmul_plan.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,151 @@
+"""The batch-invariant matmul (kernels/batch_invariant.py) against cuBLAS on the GPU, per weight
+shape of a model and per row count, in CUDA graphs (the way decode runs: no launch overhead).
+
+Each graph calls the GEMM once per "layer", every layer with its own copy of the weight, so the
+weight bytes cross HBM as a model's layers would (the copies together are several times the
+L2). Columns: cuBLAS; the kernel unsplit (S = 1, what --deterministic ran before the K split);
+the plan (matmul_plan: S from N and K, splits as programs of their own or walked in one
+program by M); the plan's S forced into either way; other S for comparison. Then a checks
+table: the plan against a float32 reference, a row alone against the same row inside batches
+of 64, 65 and 130, and the two ways of running the splits against each other, bit for bit.
+
+    python bench/lib/invariant_matmul_gpu.py [--model llama-3.2-1b|llama-3.1-8b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from warmgate.server.kernels.batch_invariant import matmul
+from warmgate.server.kernels.matmul_plan import (
+    MatmulTiles,
+    device_sm_count,
+    matmul_tiles,
+    split_count,
+)
+
+# (hidden, intermediate, q heads, kv heads, head dim, vocab)
+MODELS = {"llama-3.2-1b": (2048, 8192, 32, 8, 64, 128256),
+          "llama-3.1-8b": (4096, 14336, 32, 8, 128, 128256)}
+ROWS = (1, 8, 32, 64, 128, 256, 512, 2048)
+MIN_WORKING_SET = 512 << 20
+MAX_LAYERS = 64
+REPLAYS = 15
+PARALLEL, ONE_PROGRAM = 1 << 30, 1  # sm_count values that force the splits' way
+
+
+def shapes(model: str) -> dict[str, tuple[int, int]]:
+    hidden, inter, hq, hk, d, vocab = MODELS[model]
+    return {"qkv": ((hq + 2 * hk) * d, hidden), "o": (hq * d, hidden),
+            "gate_up": (2 * inter, hidden), "down": (hidden, inter), "head": (vocab, hidden)}
+
+
+def graph_us(fn: Callable[[int], torch.Tensor], layers: int) -> float:
+    """Median microseconds per call of `fn(layer)` over a graph of `layers` calls."""
+    for i in range(layers):
+        fn(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(layers):
+            fn(i)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / layers)
+    return statistics.median(times)
+
+
+def time_row(x: torch.Tensor, weights: list[torch.Tensor], layers: int,
+             variants: list[tuple[MatmulTiles | None, int | None]]) -> list[float]:
+    """Microseconds per call: cuBLAS, then each (tiles, sm_count) variant of the kernel."""
+    line = [graph_us(lambda i: F.linear(x, weights[i]), layers)]
+    for tiles, sm in variants:
+        line.append(graph_us(
+            lambda i, t=tiles, s=sm: matmul(x, weights[i], tiles=t, sm_count=s), layers))
+    return line
+
+
+def with_splits(t: MatmulTiles, k: int, splits: int) -> MatmulTiles:
+    k_tiles = -(-k // t.block_k)
+    per = -(-k_tiles // splits)
+    s = -(-k_tiles // per)
+    return dataclasses.replace(t, splits=s, k_tiles_per_split=per if s > 1 else 0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="llama-3.2-1b", choices=sorted(MODELS))
+    p.add_argument("--rows", default=",".join(map(str, ROWS)))
+    args = p.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    dev = torch.device("cuda")
+    sms = device_sm_count(dev)
+    print(f"{torch.cuda.get_device_name(dev)}, {sms} SMs, model {args.model}")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    totals: dict[tuple[int, str], float] = {}
+    for name, (n, k) in shapes(args.model).items():
+        layers = max(2, min(MAX_LAYERS, MIN_WORKING_SET // (n * k * 2)))
+        weights = [torch.randn(n, k, device=dev, generator=gen, dtype=torch.bfloat16) / k ** 0.5
+              for _ in range(layers)]
+        plan = matmul_tiles(n, k, sms)
+        variants: dict[str, tuple[MatmulTiles | None, int | None]] = {
+            "S=1": (with_splits(plan, k, 1), sms), "plan": (plan, sms)}
+        if plan.splits > 1:
+            variants["plan-par"] = (plan, PARALLEL)
+            variants["plan-one"] = (plan, ONE_PROGRAM)
+            for s in (4, 8, 16):
+                alt = with_splits(plan, k, s)
+                if alt.splits not in (1, plan.splits):
+                    variants[f"S={alt.splits}-par"] = (alt, PARALLEL)
+            # Half-width column tiles: twice the N tiles, so fewer splits for as many programs.
+            narrow = dataclasses.replace(plan, block_n=64, num_warps=4)
+            narrow = with_splits(narrow, k, split_count(-(-n // 64), -(-k // plan.block_k), sms))
+            variants[f"N64,S={narrow.splits}"] = (narrow, sms)
+        print(f"\n{name}: N={n} K={k}, {layers} layers, plan S={plan.splits} x "
+              f"{plan.k_tiles_per_split} K tiles, BLOCK_N={plan.block_n}")
+        print(f"{'M':>5} {'cublas':>8} " + " ".join(f"{v:>11}" for v in variants))
+        for m in rows:
+            x = torch.randn(m, k, device=dev, generator=gen, dtype=torch.bfloat16)
+            line = time_row(x, weights, layers, list(variants.values()))
+            for col, label in enumerate(("cublas", "S=1", "plan")):
+                totals[(m, label)] = totals.get((m, label), 0.0) + line[col]
+            print(f"{m:>5} " + f"{line[0]:>8.1f} " + " ".join(f"{v:>11.1f}" for v in line[1:]))
+        check(n, k, weights[0], plan, sms, gen)
+        del weights
+        torch.cuda.empty_cache()
+    print("\nper shape once (a layer + the head), us: M, cublas, S=1, plan, plan/cublas")
+    for m in rows:
+        c, s1, pl = (totals[(m, v)] for v in ("cublas", "S=1", "plan"))
+        print(f"{m:>5} {c:>9.1f} {s1:>9.1f} {pl:>9.1f} {pl / c:>6.2f}x")
+
+
+def check(n: int, k: int, w: torch.Tensor, plan: MatmulTiles, sms: int,
+          gen: torch.Generator) -> None:
+    x = torch.randn(130, k, device=w.device, generator=gen, dtype=torch.bfloat16)
+    out = matmul(x, w, tiles=plan, sm_count=sms)
+    ref = x.float() @ w.float().T
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    alone = torch.cat([matmul(x[r:r + 1], w, tiles=plan, sm_count=sms) for r in (0, 63, 64, 129)])
+    inv = all(torch.equal(matmul(x[:mm], w, tiles=plan, sm_count=sms)[r], alone[i])
+              for mm in (64, 65, 130) for i, r in enumerate((0, 63, 64, 129)) if r < mm)
+    ways = torch.equal(matmul(x, w, tiles=plan, sm_count=PARALLEL),
+                       matmul(x, w, tiles=plan, sm_count=ONE_PROGRAM))
+    print(f"check N={n} K={k}: rel err {err:.2e}, row alone == in batch: {inv}, "
+          f"splits apart == in one program: {ways}")
+
+
+if __name__ == "__main__":
+    main()
