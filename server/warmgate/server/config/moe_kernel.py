@@ -40,16 +40,17 @@ MAX_TILE_ELEMENTS = 128 * 128
 # The per-slot path's launches are marked by this BLOCK_M (a program's one row).
 GEMV_BLOCK_M = 1
 # Forwards of up to this many tokens (decode batches of a few streams; T * top_k rows, 64 at
-# Qwen3-30B-A3B's top-8) take the per-slot path: below it every expert's row tile of the
-# grouped path is nearly all padding; past it tokens start to share experts, which the grouped
-# path reads once for all of their rows. Measured on an H100 (bench/lib/decode_latency.py
-# --grouped-moe prints both).
+# Qwen3-30B-A3B's top-8) take the per-slot path: there nearly every row meets its expert alone
+# and the grouped path's row tiles are nearly all padding; past it tokens share experts more
+# and more, which the per-slot path reads once per row, the grouped path once per tile. The
+# bucket's autotune also times the grouped GEMMs, and bench/lib/decode_latency.py
+# --grouped-moe times a decode step on both paths.
 GEMV_MAX_TOKENS = 8
 # Its gate/up kernel keeps two float32 accumulators of BLOCK_N x BLOCK_K over its threads: at
 # most this many elements of each a thread (about 120 registers in all on sm_90, no spills;
 # twice as many took 239-255), so no candidate is larger.
 GEMV_ELEMENTS_PER_THREAD = 32
-# Its narrowest N tile: 8 rows of 128 K elements still fill a warp's 16-byte loads.
+# Its narrowest N tile, where the autotune's halving of the table's stops.
 GEMV_MIN_BLOCK_N = 8
 
 
@@ -83,6 +84,8 @@ class MoELaunch:
         return self.block_m == GEMV_BLOCK_M
 
     def __str__(self) -> str:
+        if self.per_slot:
+            return f"per-slot N{self.block_n}xK{self.block_k}/w{self.num_warps}"
         return (f"M{self.block_m}xN{self.block_n}xK{self.block_k}/w{self.num_warps}"
                 f"/s{self.num_stages}")
 
