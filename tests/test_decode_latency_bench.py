@@ -61,3 +61,31 @@ def test_the_command_takes_the_moe_presets_and_refuses_a_bad_layer_count() -> No
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
     none = run_bench("bench/serve.py decode-latency", ["--model", "mixtral-8x7b", "--layers", "0"])
     assert none.returncode == 2 and "--layers must be at least 1" in none.stderr
+
+
+def test_grouped_moe_forces_the_per_slot_buckets_onto_the_grouped_gemms() -> None:
+    """--grouped-moe: after the moe phase's launches, the buckets that took the per-slot
+    kernels take the grouped GEMMs' launch they replaced; the others and a dense model keep
+    theirs. Its rows print beside the backend's."""
+    from tests.runner_helpers import make_runner
+    from warmgate.server.config.moe_kernel import GEMV_MAX_TOKENS, grouped_launch
+    from warmgate.server.warmup.moe_phase import run_moe_warmup
+
+    bench = load_script("bench/lib/decode_latency.py")
+    runner = make_runner(architecture="qwen3_moe", num_experts=8, num_experts_per_tok=2,
+                         moe_intermediate_size=32, norm_topk_prob=True,
+                         max_num_batched_tokens=64)
+    run_moe_warmup(runner)
+    launches = runner.model.moe_launches
+    before = dict(launches.chosen)
+    assert before[GEMV_MAX_TOKENS].per_slot
+    forced = grouped_launch(GEMV_MAX_TOKENS, launches.shape, launches.max_tokens)
+    assert bench.force_grouped_moe(runner) == f"<={GEMV_MAX_TOKENS}: {forced}"
+    assert launches.chosen == {**before, GEMV_MAX_TOKENS: forced}
+    assert not any(launch.per_slot for launch in launches.chosen.values())
+    assert bench.force_grouped_moe(runner) == ""  # nothing per-slot is left
+    assert bench.force_grouped_moe(make_runner()) == ""  # a dense model
+    rows = bench.format_table({"triton": {"eager": {1: 3.0}, "graph": {1: 1.0}},
+                               "triton/grouped": {"eager": {1: 3.0}, "graph": {1: 2.0}}},
+                              {1: 0.5}).splitlines()
+    assert rows[2].split()[:4] == ["triton/grouped", "1", "3.000", "2.000"]

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from warmgate.server.config.moe_kernel import (
+    GEMV_ELEMENTS_PER_THREAD,
     GEMV_MAX_TOKENS,
     LAUNCH_TABLE,
     MAX_EXPERTS,
-    MAX_GEMV_TILE_ELEMENTS,
     MAX_TILE_ELEMENTS,
     ExpertShape,
     MoELaunch,
@@ -66,8 +66,13 @@ def test_the_table_is_fitted_to_the_expert_shape() -> None:
         assert all(min(c.block_m, c.block_n, c.block_k) >= 16 for c in grouped)
         # Two float32 accumulators of BLOCK_M x BLOCK_N must fit the registers.
         assert all(c.block_m * c.block_n <= MAX_TILE_ELEMENTS for c in grouped)
-        # The per-slot kernels' two of BLOCK_N x BLOCK_K likewise.
-        assert all(c.block_n * c.block_k <= MAX_GEMV_TILE_ELEMENTS for c in found if c.per_slot)
+        # The per-slot kernels' two of BLOCK_N x BLOCK_K likewise, over the warps' threads.
+        assert all(c.block_n * c.block_k <= GEMV_ELEMENTS_PER_THREAD * 32 * c.num_warps
+                   for c in found if c.per_slot)
+    # The per-slot bucket's include the grouped GEMMs' launch, last.
+    small = candidates(GEMV_MAX_TOKENS, QWEN3_30B)
+    assert small[0].per_slot and not small[-1].per_slot
+    assert [c.per_slot for c in small].count(False) == 1
     assert MoELaunch(256, 128, 64, 8, 3) not in candidates(LAUNCH_TABLE[-1][0], MIXTRAL)
 
 

@@ -40,15 +40,17 @@ MAX_TILE_ELEMENTS = 128 * 128
 # The per-slot path's launches are marked by this BLOCK_M (a program's one row).
 GEMV_BLOCK_M = 1
 # Forwards of up to this many tokens (decode batches of a few streams; T * top_k rows, 64 at
-# Qwen3-30B-A3B's top-8) take the per-slot path: below it every expert's row tile of the
-# grouped path is nearly all padding; past it tokens start to share experts, which the grouped
-# path reads once for all of their rows. Measured on an H100 (bench/lib/decode_latency.py
-# --grouped-moe prints both).
+# Qwen3-30B-A3B's top-8) take the per-slot path: there nearly every row meets its expert alone
+# and the grouped path's row tiles are nearly all padding; past it tokens share experts more
+# and more, which the per-slot path reads once per row, the grouped path once per tile. The
+# bucket's autotune also times the grouped GEMMs, and bench/lib/decode_latency.py
+# --grouped-moe times a decode step on both paths.
 GEMV_MAX_TOKENS = 8
-# Its kernels keep two float32 accumulators of BLOCK_N x BLOCK_K (the gate/up one): at most
-# this many elements each, 64 registers a thread at 4 warps.
-MAX_GEMV_TILE_ELEMENTS = 16 * 512
-# Its narrowest N tile: 8 rows of 128 K elements still fill a warp's 16-byte loads.
+# Its gate/up kernel keeps two float32 accumulators of BLOCK_N x BLOCK_K over its threads: at
+# most this many elements of each a thread (about 120 registers in all on sm_90, no spills;
+# twice as many took 239-255), so no candidate is larger.
+GEMV_ELEMENTS_PER_THREAD = 32
+# Its narrowest N tile, where the autotune's halving of the table's stops.
 GEMV_MIN_BLOCK_N = 8
 
 
@@ -82,6 +84,8 @@ class MoELaunch:
         return self.block_m == GEMV_BLOCK_M
 
     def __str__(self) -> str:
+        if self.per_slot:
+            return f"per-slot N{self.block_n}xK{self.block_k}/w{self.num_warps}"
         return (f"M{self.block_m}xN{self.block_n}xK{self.block_k}/w{self.num_warps}"
                 f"/s{self.num_stages}")
 
@@ -172,9 +176,11 @@ def grouped_launch(bucket: int, shape: ExpertShape, max_tokens: int | None = Non
     return _fit(launch, shape, top)
 
 
-def _fits_registers(launch: MoELaunch) -> bool:
+def fits_registers(launch: MoELaunch) -> bool:
+    """Whether the launch's float32 accumulators fit the registers (no spills)."""
     if launch.per_slot:
-        return launch.block_n * launch.block_k <= MAX_GEMV_TILE_ELEMENTS
+        threads = 32 * launch.num_warps
+        return launch.block_n * launch.block_k <= GEMV_ELEMENTS_PER_THREAD * threads
     return launch.block_m * launch.block_n <= MAX_TILE_ELEMENTS
 
 
@@ -182,15 +188,16 @@ def candidates(bucket: int, shape: ExpertShape, max_tokens: int | None = None
                ) -> list[MoELaunch]:
     """The few launches an autotune times for a bucket: the table's first, then twice and
     half its BLOCK_M, a wider BLOCK_N, the other warp count and one stage less (each no
-    wider than the GEMMs); no duplicates. A per-slot bucket's: the table's, twice and half
-    its BLOCK_N, twice its BLOCK_K, the other warp count, then the grouped GEMMs' launch (so
-    a GPU where they are faster keeps them)."""
+    wider than the GEMMs); no duplicates. A per-slot bucket's: the table's, half its
+    BLOCK_N, the other warp count, twice its BLOCK_N or BLOCK_K on 8 warps (stages change
+    nothing there: its loads are not pipelined), then the grouped GEMMs' launch (so a GPU
+    where they are faster keeps them)."""
     base = table_launch(bucket, shape, max_tokens)
     if base.per_slot:
-        variants = [replace(base, block_n=base.block_n * 2),
-                    replace(base, block_n=base.block_n // 2),
-                    replace(base, block_k=base.block_k * 2),
+        variants = [replace(base, block_n=base.block_n // 2),
                     replace(base, num_warps=4 if base.num_warps == 8 else 8),
+                    replace(base, block_n=base.block_n * 2, num_warps=8),
+                    replace(base, block_k=base.block_k * 2, num_warps=8),
                     grouped_launch(bucket, shape, max_tokens)]
     else:
         variants = [replace(base, block_m=base.block_m * 2),
@@ -201,6 +208,6 @@ def candidates(bucket: int, shape: ExpertShape, max_tokens: int | None = None
     out = [base]
     for v in variants:
         fitted = _fit(v, shape)
-        if fitted not in out and _fits_registers(fitted):
+        if fitted not in out and fits_registers(fitted):
             out.append(fitted)
     return out

@@ -9,15 +9,17 @@ launch around its GEMMs. Here:
 - `_gate_up_kernel`, a program per (slot, BLOCK_N columns of I): the slot's token row times its
   expert's gate and up rows, silu(gate) * up in float32, stored in the model dtype as the
   grouped path stores it ([T k, I]);
-- `_down_kernel`, a program per (token, BLOCK_N columns of H): for slots 0..k-1 in order, the
-  slot's activation row times its expert's down rows, times its routing weight, rounded to the
-  model dtype as the grouped path stores each slot's row, summed in float32 and stored once
-  ([T, H]). A fixed order and no atomics: the sum is deterministic.
+- `_down_kernel`, a program per (token, BLOCK_N columns of H): each slot's activation row
+  times its expert's down rows, times its routing weight, rounded to the model dtype as the
+  grouped path stores each slot's row, then summed over slots 0..k-1 in order in float32 and
+  stored once ([T, H]). A fixed order and no atomics: the sum is deterministic.
 
-Each program streams [BLOCK_N, BLOCK_K] weight tiles along K (the rows are K-contiguous, so
-the loads are wide) and multiplies them by the broadcast input row, keeping float32 partial
-products and reducing over K once at the end. The grid has no dimension for the routing, so
-nothing here depends on it but which rows are read.
+The programs stream weight tiles along K (the rows are K-contiguous: 16-byte loads) and
+multiply them by the broadcast input row in float32: the gate/up kernel two [BLOCK_N, BLOCK_K]
+tiles a step, reduced over K once at the end; the down kernel one [k, BLOCK_N, BLOCK_K] tile
+of all the token's slots a step (down_block_n). The grids have no dimension for the routing,
+so nothing here depends on it but which rows are read, and nothing on the token count but the
+grid: one compile serves every forward of the bucket.
 
 FP8 block-scaled experts: BLOCK_K is the 128-wide scale group, and each program quantizes its
 input row group by group as kernels.fp8_block_gemm.quantize_groups does (the same amax, scale
@@ -37,22 +39,23 @@ import triton.language as tl
 
 from warmgate.server.config.fp8_config import FP8_BLOCK, FP8_E4M3_MAX
 from warmgate.server.config.moe_kernel import MoELaunch
-
-_MIN_SCALE = 1e-12  # kernels.fp8_block_gemm's: a zero group's scale stays positive
-
-
-@triton.jit
-def _quantized(x, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr):
-    """x (one 128-group, float32) -> (its e4m3 values back in float32, the group's scale), as
-    kernels.fp8_block_gemm._group_quant_kernel computes them."""
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0) / FP8_MAX, MIN_SCALE)
-    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX).to(tl.float8e4nv).to(tl.float32)
-    return q, scale
+from warmgate.server.kernels._launch import pow2
+from warmgate.server.kernels.fp8_block_gemm import _MIN_SCALE  # quantize_groups' own
 
 
 @triton.jit
-def _expert_of(ids_ptr, slot, num_experts):
-    e = tl.load(ids_ptr + slot)
+def _through_e4m3(x, AXIS: tl.constexpr, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr):
+    """x (float32, one 128-group along AXIS) quantized as kernels.fp8_block_gemm's
+    _group_quant_kernel quantizes it (scale = amax / FP8_MAX, at least MIN_SCALE; the values
+    divided, clamped and rounded to e4m3), returned dequantized: its e4m3 values times their
+    scale, in float32."""
+    scale = tl.maximum(tl.max(tl.abs(x), axis=AXIS, keep_dims=True) / FP8_MAX, MIN_SCALE)
+    return tl.clamp(x / scale, -FP8_MAX, FP8_MAX).to(tl.float8e4nv).to(tl.float32) * scale
+
+
+@triton.jit
+def _real_expert(e, num_experts):
+    """An expert id clamped to a real expert: nothing is read out of bounds, whatever it is."""
     return tl.minimum(tl.maximum(e, 0), num_experts - 1).to(tl.int64)
 
 
@@ -68,7 +71,7 @@ def _gate_up_kernel(
     w [E, 2N, K] contiguous (gate rows, then up rows); x [T, K]; act [T TOP_K, N]."""
     slot = tl.program_id(0).to(tl.int64)
     token = slot // TOP_K
-    expert = _expert_of(ids_ptr, slot, num_experts)
+    expert = _real_expert(tl.load(ids_ptr + slot), num_experts)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
@@ -82,13 +85,12 @@ def _gate_up_kernel(
         gate = tl.load(gate_ptrs + k0, mask=w_mask, other=0.0).to(tl.float32)
         up = tl.load(gate_ptrs + N * K + k0, mask=w_mask, other=0.0).to(tl.float32)
         if BLOCK_SCALED:  # BLOCK_K == GROUP: this tile is one scale group of x and w
-            x, x_scale = _quantized(x, FP8_MAX, MIN_SCALE)
+            x = _through_e4m3(x, 0, FP8_MAX, MIN_SCALE)
             scales = w_scale_ptr + expert * stride_se + k0 // GROUP
             gate = gate * tl.load(scales + (offs_n // GROUP) * stride_sn, mask=n_mask,
                                   other=0.0)[:, None]
             up = up * tl.load(scales + ((offs_n + N) // GROUP) * stride_sn, mask=n_mask,
                               other=0.0)[:, None]
-            x = x * x_scale
         acc_gate += gate * x[None, :]
         acc_up += up * x[None, :]
     g = tl.sum(acc_gate, axis=1)
@@ -100,45 +102,54 @@ def _gate_up_kernel(
 def _down_kernel(
     act_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, w_scale_ptr, num_experts,
     stride_se, stride_sn,
-    N: tl.constexpr, K: tl.constexpr, TOP_K: tl.constexpr, BLOCK_SCALED: tl.constexpr,
-    GROUP: tl.constexpr, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    N: tl.constexpr, K: tl.constexpr, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
+    BLOCK_SCALED: tl.constexpr, GROUP: tl.constexpr, FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """out[token, n] = sum over slots j in order of weight_j * (act[slot j] . down[e_j, n]).
-    w [E, N, K] contiguous; act [T TOP_K, K]; out [T, N]."""
+    w [E, N, K] contiguous; act [T TOP_K, K]; out [T, N].
+
+    Each K step loads the tiles of all the token's slots at once ([K_POW2, BLOCK_N, BLOCK_K]):
+    a slot after slot loop would wait on k dependent loads in turn, too few bytes in flight
+    for the few programs one token's H columns make."""
     token = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
+    slots = tl.arange(0, K_POW2)
+    real = slots < TOP_K
+    rows = token * TOP_K + slots  # [K_POW2] the token's (token, slot) rows
+    expert = _real_expert(tl.load(ids_ptr + rows, mask=real, other=0), num_experts)
+    w_ptrs = (w_ptr + expert[:, None, None] * (N * K) + offs_n[None, :, None] * K
+              + offs_k[None, None, :])
+    w_rows = real[:, None] & n_mask[None, :]  # [K_POW2, BLOCK_N]
+    acc = tl.zeros((K_POW2, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = offs_k < K - k0
+        a = tl.load(act_ptr + rows[:, None] * K + k0 + offs_k[None, :],
+                    mask=real[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        w = tl.load(w_ptrs + k0, mask=w_rows[:, :, None] & k_mask[None, None, :], other=0.0)
+        w = w.to(tl.float32)
+        if BLOCK_SCALED:  # BLOCK_K == GROUP: each slot's tile is one scale group
+            a = _through_e4m3(a, 1, FP8_MAX, MIN_SCALE)
+            w = w * tl.load(w_scale_ptr + expert[:, None] * stride_se
+                            + (offs_n[None, :] // GROUP) * stride_sn + k0 // GROUP,
+                            mask=w_rows, other=0.0)[:, :, None]
+        acc += tl.sum(w * a[:, None, :], axis=2)
+    weight = tl.load(weights_ptr + rows, mask=real, other=0.0)
+    # Each slot's row rounded as the grouped path stores it before its slot sum.
+    y = (acc * weight[:, None]).to(out_ptr.dtype.element_ty).to(tl.float32)
     total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        slot = token * TOP_K + j
-        expert = _expert_of(ids_ptr, slot, num_experts)
-        w_ptrs = w_ptr + expert * (N * K) + offs_n[:, None] * K + offs_k[None, :]
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k_mask = offs_k < K - k0
-            a = tl.load(act_ptr + slot * K + k0 + offs_k, mask=k_mask, other=0.0)
-            a = a.to(tl.float32)
-            w = tl.load(w_ptrs + k0, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            w = w.to(tl.float32)
-            if BLOCK_SCALED:
-                a, a_scale = _quantized(a, FP8_MAX, MIN_SCALE)
-                w = w * tl.load(w_scale_ptr + expert * stride_se + (offs_n // GROUP) * stride_sn
-                                + k0 // GROUP, mask=n_mask, other=0.0)[:, None]
-                a = a * a_scale
-            acc += w * a[None, :]
-        y = tl.sum(acc, axis=1) * tl.load(weights_ptr + slot)
-        # Rounded as the grouped path stores each slot's row before the slot sum.
-        total += y.to(out_ptr.dtype.element_ty).to(tl.float32)
+    for j in tl.static_range(TOP_K):  # slots 0..k-1 in order (adding the zeros is exact)
+        total += tl.sum(tl.where(slots[:, None] == j, y, 0.0), axis=0)
     tl.store(out_ptr + token * N + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
-def down_block_n(launch: MoELaunch) -> int:
-    """The down kernel's N tile: half the gate/up kernel's (at least 8). One token's down
-    GEMV has only H / BLOCK_N programs against the T k I / BLOCK_N of the gate/up one, so it
-    takes narrower tiles to spread over the SMs."""
-    return max(8, launch.block_n // 2)
+def down_block_n(launch: MoELaunch, top_k: int) -> int:
+    """The down kernel's N tile: its [k, BLOCK_N, BLOCK_K] tile as large as the gate/up
+    kernel's two [BLOCK_N, BLOCK_K] ones, so one token's H columns make more programs (H / 4
+    of them at Qwen3-30B-A3B's top-8 and the table's BLOCK_N 16)."""
+    return max(1, 2 * launch.block_n // pow2(top_k))
 
 
 def moe_gemv(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
@@ -164,9 +175,9 @@ def moe_gemv(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         hidden, w13, ids, act, s13, num_experts,
         s13.stride(0) if scaled else 0, s13.stride(1) if scaled else 0,
         N=inter, K=hidden_size, BLOCK_N=block_n, **common)
-    block_n = down_block_n(launch)
+    block_n = down_block_n(launch, top_k)
     _down_kernel[(num_tokens, triton.cdiv(hidden_size, block_n))](
         act, w2, ids, weights, out, s2, num_experts,
         s2.stride(0) if scaled else 0, s2.stride(1) if scaled else 0,
-        N=hidden_size, K=inter, BLOCK_N=block_n, **common)
+        N=hidden_size, K=inter, K_POW2=pow2(top_k), BLOCK_N=block_n, **common)
     return out
