@@ -5,7 +5,8 @@
 #                first/steady TTFT, then REQUESTS random Generate requests with every sampling
 #                option; compiles, autotunes and graph misses after ready (goal 0)
 #   decode       bench/serve.py decode-latency per DECODE entry (model:backends): batch 1/8/64
-#                against the HBM roofline of the active parameters
+#                against the HBM roofline of the active parameters (DECODE_ARGS: more of its
+#                flags, e.g. --grouped-moe for both MoE paths side by side)
 #   ready        bench/start.py time-to-ready per READY entry (model:backend): a checkpoint
 #                written on the machine (the FP8 30B is ~31 GB of the 64 GB disk), a cold and
 #                RUNS warm starts: warm_over_cold, cold_over_longest_compile
@@ -55,7 +56,7 @@ decode)
   for entry in $DECODE; do
     stage "decode latency: $entry"
     timeout "${DECODE_TIMEOUT:-300}" python3 bench/serve.py decode-latency --model "${entry%%:*}" \
-      --backends "${entry#*:}" 2>"$OUT/$CARD-decode-${entry%%:*}.err" | tee -a "$OUT/$CARD-decode-latency.txt"
+      --backends "${entry#*:}" ${DECODE_ARGS:-} 2>"$OUT/$CARD-decode-${entry%%:*}.err" | tee -a "$OUT/$CARD-decode-latency.txt"
     tail -3 "$OUT/$CARD-decode-${entry%%:*}.err"
   done ;;
 ready)

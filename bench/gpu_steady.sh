@@ -4,7 +4,8 @@
 #   tests       tests/gpu, every file (TESTS narrows it), no -x: every failure is listed
 #   kernels     bench/serve.py step-kernels for each KERNEL_MODELS entry (model:backends)
 #   kernelbench bench/serve.py kernels: the Triton decode kernel's split rules and tiles
-#   decode      bench/serve.py decode-latency for each DECODE entry (model:backends)
+#   decode      bench/serve.py decode-latency for each DECODE entry (model:backends; DECODE_ARGS:
+#               more of its flags)
 #   throughput  bench/serve.py throughput for each SERVE entry (model:backend:streams), once
 #               per arm of ARMS (';'-separated extra server flags; "-" is the defaults), the
 #               arms of one entry back to back so they are compared side by side
@@ -51,7 +52,7 @@ decode)
   for entry in $DECODE; do
     stage "decode latency: $entry"
     timeout "${DECODE_TIMEOUT:-200}" python3 bench/serve.py decode-latency --model "${entry%%:*}" \
-      --backends "${entry#*:}" 2>"$OUT/$CARD-decode-${entry%%:*}.err" | tee -a "$OUT/$CARD-decode-latency.txt"
+      --backends "${entry#*:}" ${DECODE_ARGS:-} 2>"$OUT/$CARD-decode-${entry%%:*}.err" | tee -a "$OUT/$CARD-decode-latency.txt"
     tail -3 "$OUT/$CARD-decode-${entry%%:*}.err"
   done ;;
 throughput)
