@@ -102,6 +102,9 @@ def test_a_row_reads_the_served_output_and_names_its_faults() -> None:
     assert clean.clean and plan.format_row(clean).endswith("clean")
     slow = SmokeRow(clean.config, 0, 1.0, 1.2, 0, 0, 0, 0)
     assert slow.faults() == ["first/steady TTFT 1.20 > 1.15"]
+    strict = SmokeRow(clean.config, 0, 1.0, 1.08, 0, 0, 0, 0, ttft_limit=1.05)
+    assert strict.faults() == ["first/steady TTFT 1.08 > 1.05"]
+    assert not SmokeRow(clean.config, 0, 1.0, 1.08, 0, 0, 0, 0).faults()
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ SHAPE_FLAGS = (f"--max-num-seqs {MAX_NUM_SEQS} --max-num-batched-tokens {MAX_BAT
 OVERHEAD_BYTES = 4 * 2**30
 # The share of the device's memory the running servers' estimates may add up to.
 MEMORY_SHARE = 0.9
-TTFT_LIMIT = 1.15
+TTFT_LIMIT = 1.15  # the default of the smoke's --ttft-limit
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,7 @@ class SmokeRow:
     note: str = ""
     wall_s: float = 0.0
     tail: list[str] = field(default_factory=list)
+    ttft_limit: float = TTFT_LIMIT  # first/steady TTFT above it is a fault
 
     @property
     def clean(self) -> bool:
@@ -117,9 +118,9 @@ class SmokeRow:
             value = getattr(self, name)
             if value != 0:
                 out.append(f"{name.replace('_', ' ')} {'unread' if value is None else value}")
-        if self.ttft_ratio is None or self.ttft_ratio > TTFT_LIMIT:
+        if self.ttft_ratio is None or self.ttft_ratio > self.ttft_limit:
             out.append("TTFT unread" if self.ttft_ratio is None
-                       else f"first/steady TTFT {self.ttft_ratio:.2f} > {TTFT_LIMIT}")
+                       else f"first/steady TTFT {self.ttft_ratio:.2f} > {self.ttft_limit}")
         return out
 
 
