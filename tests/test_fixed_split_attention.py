@@ -1,7 +1,7 @@
 """--deterministic's fixed-split attention kernel (kernels/fixed_split_attention.py): a token's
-output is the same bits in a whole-prompt prefill, chunked prefills cut anywhere, decodes run
-either way (one program folding its splits, or split programs and a merge), verification
-steps, alone and beside other requests; it matches a float64 reference; split boundaries and
+output is the same bits in a whole-prompt prefill, chunked prefills cut anywhere, decodes and
+verification steps, each run either way (one program folding its splits, or split programs
+and a merge), alone and beside other requests; it matches a float64 reference; split boundaries and
 graph padding hold.
 
 The split size is two key tiles (32 keys under the interpreter's 16-key tiles), so the short
@@ -65,14 +65,17 @@ def test_a_token_is_the_same_bits_in_every_path(dtype: torch.dtype) -> None:
     whole = _step([Part(probe, 0, LENGTH)], 1, dtype)[0]  # one prefill of the whole prompt
 
     # Chunked prefills, cut across and beside the boundaries, each chunk beside a prefill
-    # chunk and a decode of other requests (the pages shuffled anew every step).
-    for cuts in ([0, 7, C + 1, 2 * C, LENGTH], [0, C - 1, C, 2 * C + 1, LENGTH]):
+    # chunk and a decode of other requests (the pages shuffled anew every step), the splits
+    # walked in one program or run apart.
+    for cuts, programs in (([0, 7, C + 1, 2 * C, LENGTH], 1),
+                           ([0, C - 1, C, 2 * C + 1, LENGTH], 1),
+                           ([0, 5, 2 * C - 1, LENGTH], MAX_SPLITS)):
         rows = []
         for i, (lo, hi) in enumerate(pairwise(cuts)):
             parts = [Part(longer, 9 * i, 5 + i), Part(probe, lo, hi - lo),
                      Part(shorter, C - 5, 1)]
-            rows.append(_step(parts, 1, dtype, seed=i)[1])
-        assert torch.equal(torch.cat(rows), whole), cuts
+            rows.append(_step(parts, programs, dtype, seed=i)[1])
+        assert torch.equal(torch.cat(rows), whole), (cuts, programs)
 
     # Decodes at every edge position in one batch, beside other requests' decodes, with the
     # splits walked in one program (1) or run apart and merged (2, 3, all).

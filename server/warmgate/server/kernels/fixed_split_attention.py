@@ -144,6 +144,11 @@ def query_blocks(query_len: int, group: int, head_dim: int, dtype: torch.dtype,
     return cdiv(query_len, block_m // group)
 
 
+def split_bytes(num_tokens: int, num_heads: int, head_dim: int) -> int:
+    """The workspace one split takes in way (b): acc, m and l of every query row, float32."""
+    return num_tokens * num_heads * (head_dim + 2) * 4
+
+
 def paged_attention_fixed_split(
     q: torch.Tensor,  # [T, Hq, D]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hk, D]

@@ -12,11 +12,13 @@ Two decisions, kept apart because only the first shapes a token's arithmetic:
   workspace of the split-apart decode holds one float32 partial per split and query row).
   With the GPU's 64-key tiles that is 256 keys up to a capacity of 16384, then capacity / 64.
 - `FixedSplitPlan.programs(...)`: how many programs share a (query block, request, KV head)'s
-  splits in a uniform decode. 1: one program walks its splits in order and folds each as it
-  ends (way a: prefill, mixed batches, big decode batches). More: each split's state goes to
-  a workspace and a second kernel folds them in the same order (way b: small decode batches,
-  whose grid would leave most SMs idle). The same float32 operations in the same order either
-  way, so this choice never changes a bit; it depends only on values fixed per captured graph.
+  splits. 1: one program walks its splits in order and folds each as it ends (way a: prefill
+  and big batches, whose grid already fills the GPU). More: each split's state goes to a
+  workspace and a second kernel folds them in the same order (way b: decodes, verifications
+  and small mixed batches, whose grid would leave most SMs idle, while their workspace stays
+  under MAX_WORKSPACE_BYTES). The same float32 operations in the same order either way, so
+  this choice never changes a bit; it reads only the launch's host ints (fixed per captured
+  graph).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ MAX_SPLITS = 64
 # A split-apart decode aims at two resident programs per SM: a decode program is a chain of
 # dependent loads (seq_len, page, K, V) and one alone per SM leaves the memory system idle.
 PROGRAMS_PER_SM = 2
+# The split-apart workspace, at most (max_splits float32 partials of every query row): past
+# it the batch has enough query rows to fill the GPU walking its splits in one program.
+MAX_WORKSPACE_BYTES = 64 << 20
 
 
 def cdiv(a: int, b: int) -> int:
@@ -43,10 +48,13 @@ class FixedSplitPlan:
     split_keys: int  # C, a multiple of the kernel's key tile
     max_splits: int  # cdiv(capacity, C): the workspace's split count
 
-    def programs(self, unsplit_programs: int, num_sms: int) -> int:
+    def programs(self, unsplit_programs: int, num_sms: int, split_bytes: int) -> int:
         """Programs per (query block, request, KV head) for a launch whose unsplit grid has
-        `unsplit_programs` programs: enough to bring the grid to PROGRAMS_PER_SM per SM, at
-        most one per split; 1 when the unsplit grid already fills the GPU."""
+        `unsplit_programs` programs and whose partials take `split_bytes` a split: enough to
+        bring the grid to PROGRAMS_PER_SM per SM, at most one per split; 1 when the unsplit
+        grid already fills the GPU or the workspace would pass MAX_WORKSPACE_BYTES."""
+        if self.max_splits * split_bytes > MAX_WORKSPACE_BYTES:
+            return 1
         wanted = cdiv(PROGRAMS_PER_SM * num_sms, max(unsplit_programs, 1))
         return max(1, min(wanted, self.max_splits))
 
