@@ -89,16 +89,18 @@ def test_batch_varying_ints_are_never_specialised_on() -> None:
     assert unspecialised(_fold_partials_kernel) >= {"num_tokens"}
 
 
-def _spec(max_num_reqs: int, deterministic: bool = True) -> AttentionSpec:
-    return AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=16, block_size=4, num_blocks=64,
-                         max_blocks_per_req=40, max_num_reqs=max_num_reqs, max_num_tokens=512,
-                         dtype=torch.float32, device=torch.device(DEVICE),
-                         deterministic=deterministic)
+TILE = key_tile(16, torch.float32, DEVICE == "cuda")
+SPLIT_KEYS = MIN_SPLIT_TILES * TILE  # the plan's C for the small capacity below
+TABLE_WIDTH = (3 * SPLIT_KEYS + 16) // 4  # blocks of 4 keys: room for 3 splits and a bit
 
 
 def test_the_backend_runs_small_batches_apart_with_the_same_bits(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    backend = TritonAttentionBackend(_spec(4))
+    spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=16, block_size=4, num_blocks=256,
+                         max_blocks_per_req=TABLE_WIDTH, max_num_reqs=4, max_num_tokens=512,
+                         dtype=torch.float32, device=torch.device(DEVICE), deterministic=True)
+    assert fixed_split_plan(TABLE_WIDTH * 4, TILE).split_keys == SPLIT_KEYS
+    backend = TritonAttentionBackend(spec)
     assert backend.split_programs(1, 1, 1) > 1 and backend.split_programs(3, 4, 12) > 1
     assert backend.split_programs(1000, 1, 1000) == 1  # a grid that already fills 132 SMs
     assert backend.split_programs(1, 1, 1 << 20) == 1  # a workspace past the bound
@@ -109,21 +111,19 @@ def test_the_backend_runs_small_batches_apart_with_the_same_bits(
         return paged_attention_fixed_split(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(triton_backend, "paged_attention_fixed_split", spy)
-    split_keys = fixed_split_plan(40 * 4, key_tile(16, torch.float32, DEVICE == "cuda"))
-    for q_lens, context_lens, uniform in (([4, 4, 4], [3, 130, 70], True),
-                                          ([1, 6, 2], [140, 0, 8], False)):
-        longest = max(c + q for c, q in zip(context_lens, q_lens, strict=True))
+    c = SPLIT_KEYS
+    for q_lens, context_lens, uniform in (([4, 4, 4], [3, 2 * c + 2, c + 6], True),
+                                          ([1, 6, 2], [2 * c + 12, 0, 8], False)):
+        # The longest request's keys cross two split boundaries.
+        longest = max(n + q for n, q in zip(context_lens, q_lens, strict=True))
         batch = make_paged_batch(50, q_lens, context_lens, 8, 2, 16, 4, torch.float32,
-                                 DEVICE, extra_table_cols=40 - -(-longest // 4))
-        meta = _meta(batch, uniform)
-        out = backend.forward(0, batch.q, batch.k_new, batch.v_new, batch.kv_cache, meta)
-        # The keys cross two split boundaries; walked in one program, the same bits.
-        assert longest > 2 * split_keys.split_keys
+                                 DEVICE, extra_table_cols=TABLE_WIDTH - -(-longest // 4))
+        out = backend.forward(0, batch.q, batch.k_new, batch.v_new, batch.kv_cache,
+                              _meta(batch, uniform))
         walked = paged_attention_fixed_split(
             batch.q, batch.kv_cache, batch.block_table, batch.seq_lens, batch.query_start_loc,
-            scale=backend.spec.scale, max_query_len=max(q_lens),
-            split_keys=split_keys.split_keys)
-        assert torch.equal(out, walked)
+            scale=spec.scale, max_query_len=max(q_lens), split_keys=c)
+        assert torch.equal(out, walked)  # walked in one program: the same bits
     # Apart for the verification and for the small mixed batch.
     assert seen == [backend.split_programs(3, 4, 12), backend.split_programs(3, 6, 9)]
     assert min(seen) > 1
