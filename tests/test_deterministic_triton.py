@@ -1,5 +1,5 @@
 """--deterministic's CUDA path on the CPU through the Triton interpreter: the batch-invariant
-ops (matmul, log-softmax, the row-wise RMSNorm) and the varlen attention kernel for every
+ops (matmul, log-softmax, the row-wise RMSNorm) and the fixed-split attention kernel for every
 batch pass the determinism phase, at k = 0 and 3; `flashinfer` is routed to that kernel.
 
 On a machine with CUDA the interpreter is not forced and the same checks run on the GPU."""
@@ -49,7 +49,7 @@ def test_the_triton_deterministic_path_passes_the_determinism_phase(
     assert phase.status is PhaseStatus.RAN, phase.detail
 
 
-def test_deterministic_flashinfer_attention_is_the_triton_varlen_kernel() -> None:
+def test_deterministic_flashinfer_attention_is_the_triton_fixed_split_kernel() -> None:
     spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, num_blocks=8,
                          max_blocks_per_req=4, max_num_reqs=2, max_num_tokens=16,
                          dtype=torch.float32, device=torch.device(DEVICE), deterministic=True)

@@ -1,7 +1,8 @@
 """--deterministic on CUDA in bf16, warmed by the real plan (CUDA graphs, the determinism phase):
 probes give the same tokens and logprobs, bit for bit, alone and inside a random busy workload
 (chunked prompts, mixed prefill and decode, preemption) on both GPU backends at k = 0 and 3,
-and nothing compiles or misses a CUDA graph after ready. The default mode, same workload, is
+and nothing compiles or misses a CUDA graph after ready, also with the attention's keys cut
+every 64-key tile so the probes cross split boundaries. The default mode, same workload, is
 shown to differ somewhere, so the equality is the mode's doing."""
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from tests.serving_helpers import Served
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.core.results import PhaseStatus
 from warmgate.server.jit import JitMonitor
+from warmgate.server.kernels.fixed_split_plan import FixedSplitPlan
+from warmgate.server.runner.attention import triton_backend
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
 
@@ -105,6 +108,18 @@ def _alone_and_busy(backend: str, k: int, deterministic: bool) -> tuple[Outputs,
 def test_probes_are_the_same_bits_alone_and_inside_a_busy_batch(backend: str, k: int) -> None:
     alone, busy = _alone_and_busy(backend, k, deterministic=True)
     assert all(len(out) == NEW_TOKENS for out in alone.values())
+    assert busy == alone
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_probes_crossing_key_splits_are_the_same_bits(monkeypatch: pytest.MonkeyPatch,
+                                                      k: int) -> None:
+    # One 64-key tile a split (the plan's C is the whole 256-key capacity here): the probes'
+    # 7 to 66 prompt tokens and 16 new ones cross split boundaries in prefill chunks, in the
+    # graph-replayed decodes that run the splits apart and in the mixed batches.
+    monkeypatch.setattr(triton_backend, "fixed_split_plan",
+                        lambda capacity, tile: FixedSplitPlan(tile, -(-capacity // tile)))
+    alone, busy = _alone_and_busy("triton", k, deterministic=True)
     assert busy == alone
 
 

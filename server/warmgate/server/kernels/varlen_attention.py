@@ -70,7 +70,7 @@ def _varlen_kernel(
     tl.store(out_ptr + dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-def _varlen_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> tuple[int, int, int, int]:
+def varlen_tiles(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages). Prefill is compute-bound: 128-row tiles
     (the flash-attention shape for Hopper-class mma) with 64-key tiles; head_dim 128 doubles
     the warps to hold the larger accumulator. float32 and wide heads shrink the tiles to fit
@@ -109,7 +109,7 @@ def paged_attention_varlen(
         return out
     key_cache, value_cache = launch.key_cache, launch.value_cache
     block_size, num_kv_heads = launch.block_size, launch.num_kv_heads
-    block_m, block_n, num_warps, num_stages = _varlen_config(head_dim, q.dtype, q.is_cuda)
+    block_m, block_n, num_warps, num_stages = varlen_tiles(head_dim, q.dtype, q.is_cuda)
     block_m = max(block_m, pow2(group))  # at least one token's worth of heads per program
     block_q = block_m // group
     grid = (triton.cdiv(max_query_len, block_q), num_reqs, num_kv_heads)

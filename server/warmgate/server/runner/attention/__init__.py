@@ -36,8 +36,8 @@ def create_backend(name: str, spec: AttentionSpec) -> AttentionBackend:
     """The backend `name`; --deterministic routes flashinfer through our Triton kernels (its
     decode and prefill wrappers reduce in different orders, and split the KV by batch)."""
     if spec.deterministic and name == "flashinfer":
-        logger.info("deterministic: flashinfer attention runs the Triton varlen kernel "
-                    "(one fixed key-tile order for every query row)")
+        logger.info("deterministic: flashinfer attention runs the Triton fixed-split kernel "
+                    "(keys cut at fixed positions, folded in one order, for every query row)")
         name = "triton"
     return get_backend_class(name)(spec)
 

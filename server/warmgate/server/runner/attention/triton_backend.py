@@ -2,7 +2,8 @@
 
 forward = the cache write (with the rotary embedding fused in: kernels.rope_cache), then the
 decode kernel for uniform decode batches (the CUDA-graph path: no host syncs, launch shapes
-from Python ints fixed per captured graph) or the varlen kernel for everything else.
+from Python ints fixed per captured graph) or the varlen kernel for everything else. Under
+--deterministic every batch runs the fixed-split kernel instead (kernels.fixed_split_attention).
 """
 
 from __future__ import annotations
@@ -12,7 +13,15 @@ import logging
 import torch
 
 from warmgate.server.kernels.decode_attention import choose_num_splits, paged_attention_decode
+from warmgate.server.kernels.fixed_split_attention import (
+    key_tile,
+    paged_attention_fixed_split,
+    query_blocks,
+    split_bytes,
+)
+from warmgate.server.kernels.fixed_split_plan import fixed_split_plan
 from warmgate.server.kernels.kv_cache import reshape_and_cache
+from warmgate.server.kernels.matmul_plan import device_sm_count
 from warmgate.server.kernels.rope_cache import rope_and_cache
 from warmgate.server.kernels.varlen_attention import paged_attention_varlen
 from warmgate.server.runner.attention.base import (
@@ -38,6 +47,14 @@ class TritonAttentionBackend(AttentionBackend):
                          if device.type == "cuda" else 1)
         self._max_context_len = spec.max_blocks_per_req * spec.block_size
         self._splits: dict[int, int] = {}
+        self._split_plan = fixed_split_plan(self._max_context_len, key_tile(
+            spec.head_dim, spec.dtype, device.type == "cuda"))
+        self._invariant_sms = device_sm_count(device)
+        if spec.deterministic:
+            logger.info("deterministic attention: keys cut every %d positions (%d splits over "
+                        "the %d-key capacity); small batches run them apart (%d SMs)",
+                        self._split_plan.split_keys, self._split_plan.max_splits,
+                        self._max_context_len, self._invariant_sms)
 
     def num_splits(self, num_reqs: int) -> int:
         """Decode split-K factor: a function of num_reqs and the spec only, so one captured
@@ -50,6 +67,18 @@ class TritonAttentionBackend(AttentionBackend):
                          num_reqs, splits, self._num_sms, self._max_context_len)
         return self._splits[num_reqs]
 
+    def split_programs(self, num_reqs: int, max_query_len: int, num_tokens: int) -> int:
+        """--deterministic: programs per (query block, request, KV head), from the launch's
+        host ints only (fixed per captured graph). More than one runs the splits apart with a
+        merge; the bits are the same either way. The interpreter plans as for an H100
+        (device_sm_count), so the CPU tests take the GPU's decisions."""
+        spec = self.spec
+        unsplit = num_reqs * spec.num_kv_heads * query_blocks(
+            max_query_len, spec.num_heads // spec.num_kv_heads, spec.head_dim, spec.dtype,
+            spec.device.type == "cuda")
+        return self._split_plan.programs(unsplit, self._invariant_sms,
+                                         split_bytes(num_tokens, spec.num_heads, spec.head_dim))
+
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata,
                 rope: RopeInput | None = None) -> torch.Tensor:
@@ -59,11 +88,18 @@ class TritonAttentionBackend(AttentionBackend):
         else:
             q = rope_and_cache(q, k, v, rope.positions, rope.cos_sin_cache, kv_cache[0],
                                kv_cache[1], meta.slot_mapping)
-        # --deterministic: the varlen kernel for every batch. Its key tiles are a fixed size
-        # from key 0 for every row, with no split, so a token's attention is the same bits in
-        # a prefill chunk, a decode or a verification, alone or batched (the decode kernel's
-        # other tile shape and its splits would reduce in another order).
-        if meta.is_uniform_decode and not self.spec.deterministic:
+        # --deterministic: the fixed-split kernel for every batch. Its key splits sit at fixed
+        # absolute positions and are folded in one order, with the same tiles for every query
+        # length, so a token's attention is the same bits in a prefill chunk, a decode or a
+        # verification, alone or batched (the decode kernel's splits follow seq_len).
+        if self.spec.deterministic:
+            programs = self.split_programs(meta.num_reqs, meta.max_query_len, q.shape[0])
+            return paged_attention_fixed_split(
+                q, kv_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
+                scale=self.spec.scale, max_query_len=meta.max_query_len,
+                split_keys=self._split_plan.split_keys, split_programs=programs,
+                num_reqs=meta.num_reqs)
+        if meta.is_uniform_decode:
             return paged_attention_decode(
                 q, kv_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
                 scale=self.spec.scale, query_len=meta.max_query_len,
