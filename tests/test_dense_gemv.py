@@ -140,5 +140,5 @@ def test_wide_weights_fill_the_gpu_without_a_split() -> None:
 
 def test_rows_outside_the_buckets_are_refused() -> None:
     for m in (0, MAX_ROWS + 1):
-        with pytest.raises(ValueError, match="1..16 rows"):
+        with pytest.raises(ValueError, match=r"1\.\.16 rows"):
             gemv_launch(64, 64, m, 2, H100_SMS)

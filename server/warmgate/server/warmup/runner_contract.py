@@ -52,6 +52,10 @@ class WarmupRunner(Protocol):
 
     def capture_cuda_graphs(self) -> dict[str, object]: ...
 
+    def choose_linears(self) -> dict[str, object]:
+        """Decide the kernel of every dense linear of a few rows ({} when there is no choice
+        to make)."""
+
     def eager_token_counts(self) -> list[int]:
         """The token counts a forward can run at outside a captured graph after warmup."""
 

@@ -1,0 +1,63 @@
+"""Times cuBLAS (F.linear) against the Triton GEMV (kernels/dense_gemv.py) for one weight shape
+at one row count, on the device, as a decode step would run them.
+
+- Cold weights: a decode step reads each layer's weight once, after the other layers' weights
+  went through L2, so the calls cycle through every layer's weight of the shape rather than
+  rereading one (a single 8-33 MB weight would sit in L2 and time at several times the HBM
+  bandwidth).
+- Device time, not launch time: a captured graph launches nothing from the host, so the GPU
+  is kept busy (torch.cuda._sleep) while the host queues the timed calls, and the events
+  measure only the kernels.
+- The first call of each compiles (Triton) or picks an algorithm (cuBLAS) and is not timed;
+  the candidates then alternate round by round, and each keeps its median round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+CALLS_PER_ROUND = 8
+ROUNDS = 3
+# GPU cycles of sleep ahead of a round: at ~1.5-2 GHz about 0.5 ms, several times what the host
+# takes to queue a round's launches.
+SLEEP_CYCLES = 1_000_000
+
+
+def _round_seconds(fn: Callable[[torch.Tensor], torch.Tensor],
+                   weights: Sequence[torch.Tensor]) -> float:
+    """Seconds per call of CALLS_PER_ROUND calls queued behind a sleeping kernel."""
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(SLEEP_CYCLES)
+    start.record()
+    for i in range(CALLS_PER_ROUND):
+        fn(weights[i % len(weights)])
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) / 1e3 / CALLS_PER_ROUND
+
+
+@torch.inference_mode()
+def time_linears(weights: Sequence[torch.Tensor], m: int) -> tuple[float, float]:
+    """(cuBLAS seconds, GEMV seconds) per call of x [m, K] @ w^T, w cycling through `weights`
+    (every layer's weight of one shape, one dtype, on one CUDA device)."""
+    from warmgate.server.kernels.dense_gemv import dense_gemv  # imports triton: CUDA only
+
+    first = weights[0]
+    gen = torch.Generator(device=first.device).manual_seed(m)
+    x = torch.randn(m, first.shape[1], device=first.device, generator=gen).to(first.dtype)
+    candidates: list[Callable[[torch.Tensor], torch.Tensor]] = [
+        lambda w: F.linear(x, w), lambda w: dense_gemv(x, w)]
+    rounds: list[list[float]] = [[], []]
+    with torch.cuda.device(first.device):  # Triton launches on the current device
+        for fn in candidates:  # compiles or picks the algorithm; not timed
+            fn(first)
+        torch.cuda.synchronize()
+        for _ in range(ROUNDS):
+            for i, fn in enumerate(candidates):
+                rounds[i].append(_round_seconds(fn, weights))
+    cublas_s, gemv_s = (sorted(r)[len(r) // 2] for r in rounds)
+    return cublas_s, gemv_s

@@ -1,0 +1,110 @@
+"""Fills the ops' linear choices (kernels/linear_choices.py) before the CUDA graphs are
+captured: for every dense weight shape, at every row count <= max_m a forward can run it at,
+cuBLAS and the Triton GEMV are timed on the device (runner/linear_timing.py) and the faster is
+kept. The warmup plan calls `choose_linears` just before the capture, once the dense-GEMM sweep
+has left the GPU to it (warmup/plan.py); ModelRunner.capture_cuda_graphs calls it again (a
+no-op then), so a tensor-parallel worker, which is sent the capture alone, fills its own.
+
+The row counts (runner/eager_tokens.py): the decoder layers' projections run at every uniform
+decode's count (requests x decode length, graphs or not), at each eager count and each ragged
+graph's token bucket; the head at 1..the most logits rows of a step. A torch.compile'd forward
+runs the layers through torch ops (runner/compiled_forward.py), so then only the head is timed.
+
+Everything the timing runs (both candidates at every planned row count) is compiled or loaded
+here, before ready; after it nothing is timed: a (shape, M) not planned here runs cuBLAS.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from warmgate.server.runner.eager_tokens import TokenSettings, eager_token_counts
+
+if TYPE_CHECKING:
+    from warmgate.server.kernels.linear_choices import LinearChoices
+    from warmgate.server.runner.model import LlamaModel
+
+logger = logging.getLogger(__name__)
+
+# [(every weight of one (shape, dtype), the row counts to time it at, ascending)]
+LinearPlan = list[tuple[list[torch.Tensor], list[int]]]
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+class TuningRunner(TokenSettings, Protocol):
+    model: LlamaModel
+
+
+def linear_choices_of(runner: TuningRunner) -> LinearChoices | None:
+    """The choices this runner's linears consult (TritonOps': a subclass with a linear of its
+    own, the batch-invariant ops of --deterministic, has none), unless --no-dense-gemv."""
+    if not runner.config.compilation.dense_gemv:
+        return None
+    return getattr(runner.model.ops, "linear_choices", None)
+
+
+def _layer_weights(model: LlamaModel) -> list[list[torch.Tensor]]:
+    """The projections' weights that run through the ops' linear (an FP8 one has a scale and
+    runs runner.fp8_linear), grouped by (shape, dtype), every layer's in each group."""
+    groups: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
+    for layer in model.layers:
+        for name in PROJECTIONS:
+            weight = getattr(layer, name, None)
+            if weight is not None and getattr(layer, name + "_scale", None) is None:
+                groups.setdefault((tuple(weight.shape), weight.dtype), []).append(weight)
+    return list(groups.values())
+
+
+def linear_plan(runner: TuningRunner, max_m: int) -> LinearPlan:
+    """Every (shape's weights, row counts <= max_m) the ops' linear can meet after ready."""
+    plan: LinearPlan = []
+    model = runner.model
+    budget = min(max_m, runner.max_num_tokens)
+    q = runner.decode_query_len
+    if not runner.compile_buckets:
+        counts = set(eager_token_counts(runner)) | set(runner.ragged_graph_buckets())
+        counts |= {n * q for n in range(1, runner.max_num_reqs + 1)}
+        layer_ms = sorted(c for c in counts if 1 <= c <= budget)
+        plan += [(weights, layer_ms) for weights in _layer_weights(model)] if layer_ms else []
+    if not runner.is_pooling_model:
+        head = model.embed_tokens if model.lm_head is None else model.lm_head
+        rows = min(budget, runner.max_num_reqs * q)
+        plan.append(([head], list(range(1, rows + 1))))
+    return plan
+
+
+def choose_linears(runner: TuningRunner) -> dict[str, object]:
+    """Time and decide every planned (shape, M) not decided yet; {} when this runner has no
+    choices to make (no GEMV ops, --no-dense-gemv, nothing to time with: not CUDA)."""
+    choices = linear_choices_of(runner)
+    if choices is None:
+        return {}
+    timer = choices.timer
+    if timer is None and runner.device.type == "cuda":
+        from warmgate.server.runner.linear_timing import time_linears
+
+        timer = choices.timer = time_linears
+    if timer is None:
+        return {}
+    start = time.perf_counter()
+    plan = linear_plan(runner, choices.max_m)
+    timed = 0
+    for weights, ms in plan:
+        n, k = weights[0].shape
+        for m in ms:
+            if not choices.decided(n, k, weights[0].dtype, m):
+                cublas_s, gemv_s = timer(weights, m)
+                choices.decide(n, k, weights[0].dtype, m, cublas_s, gemv_s)
+                timed += 1
+    choices.filled = True
+    seconds = time.perf_counter() - start
+    gemv = choices.gemv_keys()
+    if timed:
+        logger.info("dense linears: timed %d (shape, M) in %.3f s over %d shapes; the Triton "
+                    "GEMV runs %d of them", timed, seconds, len(plan), len(gemv))
+    return {"timed": timed, "seconds": round(seconds, 4), "shapes": len(plan),
+            "gemv": [f"{n}x{k}:{str(d).removeprefix('torch.')}:m{m}" for n, k, d, m in gemv]}
