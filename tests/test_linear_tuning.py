@@ -3,6 +3,7 @@
 - The plan: every projection shape at every row count <= 16 a forward can run it at after
   ready (each uniform decode, eager count and ragged bucket, as a CUDA runner computes them),
   every layer's weight of the shape handed to the timer; the head at 1..its logits rows.
+- The GEMV's binaries compile on the dense-GEMM sweep, one per shape and row bucket.
 - Each (shape, M) is timed once; afterwards nothing is timed: a second fill, the capture and
   the serving steps only look up, and the steps meet no miss.
 - The GEMV's results in a served model equal the torch reference's (Qwen2's q/k/v bias too).
@@ -27,7 +28,9 @@ from tests.runner_helpers import full_prefill_logits, prompt, tiny_config
 from tests.serving_helpers import Served, greedy
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.core.results import PhaseResult, PhaseStatus
+from warmgate.server.kernels import dense_gemv as dense_gemv_module
 from warmgate.server.kernels import ops as triton_ops
+from warmgate.server.kernels.gemv_plan import rows_bucket
 from warmgate.server.kernels.invariant_ops import BatchInvariantOps
 from warmgate.server.kernels.linear_choices import LinearChoices
 from warmgate.server.kernels.ops import TritonOps
@@ -35,7 +38,7 @@ from warmgate.server.runner import model_runner
 from warmgate.server.runner.linear_tuning import choose_linears, linear_plan
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.runner_settings import RunnerSettings
-from warmgate.server.warmup import graphs_phase, plan
+from warmgate.server.warmup import gemm_shapes, graphs_phase, plan
 
 
 class FakeTimer:
@@ -99,6 +102,22 @@ def test_the_plan_holds_every_row_count_a_cuda_forward_can_run(case: str) -> Non
     rows = settings.max_num_reqs * settings.decode_query_len  # every logits row count
     expected[(tuple(head.shape), 1)] = list(range(1, min(rows, 16) + 1))
     assert found == expected
+
+
+def test_the_gemm_sweep_compiles_the_gemv_once_per_shape_and_row_bucket(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """So the cuda_graphs phase's timing finds every binary compiled (on CUDA the sweep runs
+    on its own thread, beside the load and the phases)."""
+    runner = _runner(num_spec=3, max_num_seqs=4)
+    monkeypatch.setattr(runner, "device", torch.device("cuda"))  # the plan a GPU would have
+    ran: list[tuple[tuple[int, ...], int]] = []
+    monkeypatch.setattr(dense_gemv_module, "dense_gemv",
+                        lambda x, w: ran.append((tuple(w.shape), rows_bucket(x.shape[0]))))
+    gemm_shapes.sweep_gemm_shapes(runner, plan=[])
+    expected = {(tuple(ws[0].shape), rows_bucket(m))
+                for ws, ms in linear_plan(runner, 16) for m in ms}
+    assert sorted(ran) == sorted(expected)  # each once
+    assert len({shape for shape, _ in ran}) == 5  # the four projections and the head
 
 
 def test_each_key_is_timed_once_and_never_again() -> None:

@@ -2,9 +2,9 @@
 at one row count, on the device, as a decode step would run them.
 
 - Cold weights: a decode step reads each layer's weight once, after the other layers' weights
-  went through L2, so the calls cycle through every layer's weight of the shape rather than
-  rereading one (a single 8-33 MB weight would sit in L2 and time at several times the HBM
-  bandwidth).
+  went through L2, so the calls cycle through every layer's weight of the shape, across rounds
+  and candidates, rather than rereading one (a single 8-33 MB weight would sit in L2 and time
+  at several times the HBM bandwidth).
 - Device time, not launch time: a captured graph launches nothing from the host, so the GPU
   is kept busy (torch.cuda._sleep) while the host queues the timed calls, and the events
   measure only the kernels.
@@ -14,7 +14,8 @@ at one row count, on the device, as a decode step would run them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,14 +28,15 @@ SLEEP_CYCLES = 1_000_000
 
 
 def _round_seconds(fn: Callable[[torch.Tensor], torch.Tensor],
-                   weights: Sequence[torch.Tensor]) -> float:
-    """Seconds per call of CALLS_PER_ROUND calls queued behind a sleeping kernel."""
+                   weights: Iterator[torch.Tensor]) -> float:
+    """Seconds per call of CALLS_PER_ROUND calls, each on the next weight, queued behind a
+    sleeping kernel."""
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(SLEEP_CYCLES)
     start.record()
-    for i in range(CALLS_PER_ROUND):
-        fn(weights[i % len(weights)])
+    for _ in range(CALLS_PER_ROUND):
+        fn(next(weights))
     end.record()
     end.synchronize()
     return float(start.elapsed_time(end)) / 1e3 / CALLS_PER_ROUND
@@ -52,12 +54,13 @@ def time_linears(weights: Sequence[torch.Tensor], m: int) -> tuple[float, float]
     candidates: list[Callable[[torch.Tensor], torch.Tensor]] = [
         lambda w: F.linear(x, w), lambda w: dense_gemv(x, w)]
     rounds: list[list[float]] = [[], []]
+    cycle = itertools.cycle(weights)
     with torch.cuda.device(first.device):  # Triton launches on the current device
         for fn in candidates:  # compiles or picks the algorithm; not timed
             fn(first)
         torch.cuda.synchronize()
         for _ in range(ROUNDS):
             for i, fn in enumerate(candidates):
-                rounds[i].append(_round_seconds(fn, weights))
+                rounds[i].append(_round_seconds(fn, cycle))
     cublas_s, gemv_s = (sorted(r)[len(r) // 2] for r in rounds)
     return cublas_s, gemv_s

@@ -4,6 +4,7 @@ cuBLAS and the Triton GEMV are timed on the device (runner/linear_timing.py) and
 kept. The warmup plan calls `choose_linears` just before the capture, once the dense-GEMM sweep
 has left the GPU to it (warmup/plan.py); ModelRunner.capture_cuda_graphs calls it again (a
 no-op then), so a tensor-parallel worker, which is sent the capture alone, fills its own.
+The GEMV's binaries are compiled ahead, on the dense-GEMM sweep's thread (compile_gemvs).
 
 The row counts (runner/eager_tokens.py): the decoder layers' projections run at every uniform
 decode's count (requests x decode length, graphs or not), at each eager count and each ragged
@@ -22,9 +23,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from warmgate.server.runner.eager_tokens import TokenSettings, eager_token_counts
-
 if TYPE_CHECKING:
+    from warmgate.server.config.runner_config import RunnerConfig
     from warmgate.server.kernels.linear_choices import LinearChoices
     from warmgate.server.runner.model import LlamaModel
 
@@ -35,8 +35,21 @@ LinearPlan = list[tuple[list[torch.Tensor], list[int]]]
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
-class TuningRunner(TokenSettings, Protocol):
+class TuningRunner(Protocol):
+    """What these functions read off a runner (ModelRunner, and the warmup's WarmupRunner)."""
+
+    config: RunnerConfig
+    device: torch.device
     model: LlamaModel
+    decode_query_len: int
+    max_num_reqs: int
+    max_num_tokens: int
+    is_pooling_model: bool
+    compile_buckets: tuple[int, ...]
+
+    def eager_token_counts(self) -> list[int]: ...
+
+    def ragged_graph_buckets(self) -> tuple[int, ...]: ...
 
 
 def linear_choices_of(runner: TuningRunner) -> LinearChoices | None:
@@ -66,7 +79,7 @@ def linear_plan(runner: TuningRunner, max_m: int) -> LinearPlan:
     budget = min(max_m, runner.max_num_tokens)
     q = runner.decode_query_len
     if not runner.compile_buckets:
-        counts = set(eager_token_counts(runner)) | set(runner.ragged_graph_buckets())
+        counts = set(runner.eager_token_counts()) | set(runner.ragged_graph_buckets())
         counts |= {n * q for n in range(1, runner.max_num_reqs + 1)}
         layer_ms = sorted(c for c in counts if 1 <= c <= budget)
         plan += [(weights, layer_ms) for weights in _layer_weights(model)] if layer_ms else []
@@ -75,6 +88,26 @@ def linear_plan(runner: TuningRunner, max_m: int) -> LinearPlan:
         rows = min(budget, runner.max_num_reqs * q)
         plan.append(([head], list(range(1, rows + 1))))
     return plan
+
+
+def compile_gemvs(runner: TuningRunner) -> int:
+    """Run the GEMV once per (planned shape, row bucket) on the current stream, so its
+    binaries are compiled before choose_linears times them: the dense-GEMM sweep calls this
+    on its own thread, beside the load and the phases (warmup/gemm_shapes.py). Returns the
+    calls (0 where nothing will be timed: no GEMV ops, --no-dense-gemv, not CUDA)."""
+    choices = linear_choices_of(runner)
+    if choices is None or runner.device.type != "cuda":
+        return 0
+    from warmgate.server.kernels.dense_gemv import dense_gemv  # imports triton: CUDA only
+    from warmgate.server.kernels.gemv_plan import rows_bucket
+
+    calls = 0
+    for weights, ms in linear_plan(runner, choices.max_m):
+        w = weights[0]
+        for m in {rows_bucket(m): m for m in ms}.values():  # one row count per bucket
+            dense_gemv(torch.zeros(m, w.shape[1], dtype=w.dtype, device=w.device), w)
+            calls += 1
+    return calls
 
 
 def choose_linears(runner: TuningRunner) -> dict[str, object]:

@@ -59,6 +59,9 @@ class WarmupRunner(Protocol):
     def eager_token_counts(self) -> list[int]:
         """The token counts a forward can run at outside a captured graph after warmup."""
 
+    def ragged_graph_buckets(self) -> tuple[int, ...]:
+        """The token buckets ragged-batch graphs are captured for."""
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         """One forward over a scheduled step (a step that only frees requests runs none)."""
 
