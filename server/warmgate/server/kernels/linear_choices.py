@@ -18,9 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
+from warmgate.server.kernels.gemv_plan import MAX_ROWS
+
 logger = logging.getLogger(__name__)
 
-MAX_M = 16  # kernels.gemv_plan.MAX_ROWS, the most rows the GEMV takes
+MAX_M = MAX_ROWS  # the most rows the GEMV takes
 # The GEMV must be this much faster to replace cuBLAS, so that timing noise does not move a
 # shape off the default from one start to the next.
 MARGIN = 0.01

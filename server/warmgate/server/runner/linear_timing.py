@@ -15,10 +15,13 @@ at one row count, on the device, as a decode step would run them.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
 
 CALLS_PER_ROUND = 8
 ROUNDS = 3
@@ -46,7 +49,9 @@ def _round_seconds(fn: Callable[[torch.Tensor], torch.Tensor],
 def time_linears(weights: Sequence[torch.Tensor], m: int) -> tuple[float, float]:
     """(cuBLAS seconds, GEMV seconds) per call of x [m, K] @ w^T, w cycling through `weights`
     (every layer's weight of one shape, one dtype, on one CUDA device)."""
-    from warmgate.server.kernels.dense_gemv import dense_gemv  # imports triton: CUDA only
+    from triton.runtime.errors import OutOfResources  # imports triton: CUDA only
+
+    from warmgate.server.kernels.dense_gemv import dense_gemv
 
     first = weights[0]
     gen = torch.Generator(device=first.device).manual_seed(m)
@@ -56,11 +61,20 @@ def time_linears(weights: Sequence[torch.Tensor], m: int) -> tuple[float, float]
     rounds: list[list[float]] = [[], []]
     cycle = itertools.cycle(weights)
     with torch.cuda.device(first.device):  # Triton launches on the current device
-        for fn in candidates:  # compiles or picks the algorithm; not timed
-            fn(first)
+        F.linear(x, first)  # the first calls compile or pick the algorithm; not timed
+        try:
+            dense_gemv(x, first)
+        except OutOfResources as exc:  # more shared memory or registers than this GPU has
+            logger.info("dense GEMV %dx%d at M=%d does not fit this GPU (%s): cuBLAS",
+                        first.shape[0], first.shape[1], m, exc)
+            candidates.pop()
         torch.cuda.synchronize()
         for _ in range(ROUNDS):
             for i, fn in enumerate(candidates):
                 rounds[i].append(_round_seconds(fn, cycle))
-    cublas_s, gemv_s = (sorted(r)[len(r) // 2] for r in rounds)
-    return cublas_s, gemv_s
+    return _seconds(rounds[0]), _seconds(rounds[1])
+
+
+def _seconds(rounds: list[float]) -> float:
+    """The median round; a candidate never timed is infinitely slow."""
+    return sorted(rounds)[len(rounds) // 2] if rounds else float("inf")
