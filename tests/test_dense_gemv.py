@@ -77,6 +77,12 @@ def test_k_split_into_ranges_matches(m: int, dtype: torch.dtype) -> None:
     _check(dense_gemv(x, w, b, launch=launch), x, w, b)
 
 
+def test_a_one_row_launch_is_refused_for_more_rows() -> None:
+    x, w, _ = _operands(2, 48, 80, torch.bfloat16)
+    with pytest.raises(ValueError, match="a launch of 1 rows for 2 rows"):
+        dense_gemv(x, w, launch=gemv_launch(48, 80, 1, 2, H100_SMS))
+
+
 def test_a_split_small_n_shape_takes_the_second_kernel() -> None:
     """The plan itself splits a narrow N over a long K, and the result is right."""
     n, k = 64, 2048

@@ -16,13 +16,15 @@ CUDA-graph capturable.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from warmgate.server.kernels._attention_tile import mm
 from warmgate.server.kernels._launch import ieee_dots, upcast_dots
-from warmgate.server.kernels.gemv_plan import MAX_ROWS, GemvLaunch, gemv_launch
+from warmgate.server.kernels.gemv_plan import MAX_ROWS, GemvLaunch, gemv_launch, rows_bucket
 from warmgate.server.kernels.matmul_plan import device_sm_count
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -121,6 +123,13 @@ def _sum_splits_kernel(ws_ptr, bias_ptr, out_ptr, M, has_bias,
     tl.store(out_ptr + row * N + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
+@functools.cache
+def _planned(n: int, k: int, bucket: int, element_bytes: int, sm_count: int) -> GemvLaunch:
+    """gemv_launch once per weight shape and row bucket (it depends on M's bucket alone):
+    eager forwards call this per linear."""
+    return gemv_launch(n, k, bucket, element_bytes, sm_count)
+
+
 def _aligned(t: torch.Tensor) -> bool:
     """A 16-byte aligned start: the compiled binary assumes it (Triton specialises a pointer
     argument on it), so another alignment would compile another binary."""
@@ -155,7 +164,9 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)  # [M, N]
     if launch is None:
         sms = device_sm_count(x.device) if sm_count is None else sm_count
-        launch = gemv_launch(n, k, m, x.element_size(), sms)
+        launch = _planned(n, k, rows_bucket(m), x.element_size(), sms)
+    elif launch.block_m < m:
+        raise ValueError(f"dense_gemv: a launch of {launch.block_m} rows for {m} rows")
     # Unread stand-ins keep one signature per shape: the bias slot holds out without a bias,
     # the workspace slot out without a split.
     ws = (torch.empty((launch.splits, m, n), dtype=torch.float32, device=x.device)
