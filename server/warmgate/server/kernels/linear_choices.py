@@ -47,6 +47,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def key_name(key: Key) -> str:
+    """"NxK:dtype:mM", as reports and the compile cache entry name a pair."""
+    n, k, dtype, m = key
+    return f"{n}x{k}:{dtype_name(dtype)}:m{m}"
+
+
 class LinearChoices:
     """The kernel per (N, K, dtype, M) for M <= max_m; filled by the warmup, read per call."""
 
@@ -102,3 +108,11 @@ class LinearChoices:
     def gemv_keys(self) -> list[Key]:
         """The (N, K, dtype, M) that run the GEMV."""
         return [key for key, gemv in self._gemv.items() if gemv]
+
+    def by_name(self) -> dict[str, bool]:
+        """{key_name: whether the GEMV runs it} for every decided pair."""
+        return {key_name(key): gemv for key, gemv in self._gemv.items()}
+
+    def preset(self, keys: dict[Key, bool]) -> None:
+        """Choices made earlier (the compile cache entry's): used, never timed again."""
+        self._gemv.update(keys)

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 if TYPE_CHECKING:
     from warmgate.server.config.runner_config import RunnerConfig
-    from warmgate.server.kernels.linear_choices import LinearChoices
+    from warmgate.server.kernels.linear_choices import Key, LinearChoices, LinearTimer
     from warmgate.server.runner.model import LlamaModel
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,12 @@ def linear_plan(runner: TuningRunner, max_m: int) -> LinearPlan:
     return plan
 
 
+def planned_keys(runner: TuningRunner, max_m: int) -> list[Key]:
+    """Every (N, K, dtype, M) of linear_plan."""
+    return [(w[0].shape[0], w[0].shape[1], w[0].dtype, m)
+            for w, ms in linear_plan(runner, max_m) for m in ms]
+
+
 def compile_gemvs(runner: TuningRunner) -> int:
     """Run the GEMV once per (planned shape, row bucket) on the current stream, so its
     binaries are compiled before choose_linears times them: the dense-GEMM sweep calls this
@@ -98,51 +105,67 @@ def compile_gemvs(runner: TuningRunner) -> int:
     choices = linear_choices_of(runner)
     if choices is None or runner.device.type != "cuda":
         return 0
-    from triton.runtime.errors import OutOfResources  # imports triton: CUDA only
+    return _run_gemv_once(linear_plan(runner, choices.max_m), lambda key: True)
+
+
+def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool]) -> int:
+    """The GEMV once per (shape, row bucket) of the plan's wanted keys (CUDA only)."""
+    from triton.runtime.errors import OutOfResources  # imports triton
 
     from warmgate.server.kernels.dense_gemv import dense_gemv
     from warmgate.server.kernels.gemv_plan import rows_bucket
 
     calls = 0
-    for weights, ms in linear_plan(runner, choices.max_m):
+    for weights, ms in plan:
         w = weights[0]
-        for m in {rows_bucket(m): m for m in ms}.values():  # one row count per bucket
+        n, k = w.shape
+        for m in {rows_bucket(m): m for m in ms if wanted((n, k, w.dtype, m))}.values():
             try:
-                dense_gemv(torch.zeros(m, w.shape[1], dtype=w.dtype, device=w.device), w)
+                dense_gemv(torch.zeros(m, k, dtype=w.dtype, device=w.device), w)
             except OutOfResources:  # the timing finds it so too, and keeps cuBLAS
                 continue
             calls += 1
     return calls
 
 
-def choose_linears(runner: TuningRunner) -> dict[str, object]:
-    """Time and decide every planned (shape, M) not decided yet; {} when this runner has no
-    choices to make (no GEMV ops, --no-dense-gemv, nothing to time with: not CUDA)."""
-    choices = linear_choices_of(runner)
-    if choices is None:
-        return {}
-    timer = choices.timer
-    if timer is None and runner.device.type == "cuda":
+def linear_timer(runner: TuningRunner, choices: LinearChoices) -> LinearTimer | None:
+    """What choose_linears times with: the attached one, or on CUDA the events' (attached
+    now); None on a CPU without one."""
+    if choices.timer is None and runner.device.type == "cuda":
         from warmgate.server.runner.linear_timing import time_linears
 
-        timer = choices.timer = time_linears
-    if timer is None:
+        choices.timer = time_linears
+    return choices.timer
+
+
+def choose_linears(runner: TuningRunner) -> dict[str, object]:
+    """Time and decide every planned (shape, M) not decided yet; {} when this runner has no
+    choices to make (no GEMV ops, --no-dense-gemv, nothing to time with: not CUDA). On CUDA
+    a pair decided earlier (the compile cache entry's) for the GEMV runs it once, so its
+    binary is loaded before ready too."""
+    choices = linear_choices_of(runner)
+    timer = None if choices is None else linear_timer(runner, choices)
+    if choices is None or timer is None:
         return {}
+    from warmgate.server.kernels.linear_choices import key_name  # the ops imported it
+
     start = time.perf_counter()
     plan = linear_plan(runner, choices.max_m)
-    timed = 0
+    timed: set[Key] = set()
     for weights, ms in plan:
         n, k = weights[0].shape
         for m in ms:
             if not choices.decided(n, k, weights[0].dtype, m):
                 cublas_s, gemv_s = timer(weights, m)
                 choices.decide(n, k, weights[0].dtype, m, cublas_s, gemv_s)
-                timed += 1
+                timed.add((n, k, weights[0].dtype, m))
     choices.filled = True
+    gemv = set(choices.gemv_keys())
+    if runner.device.type == "cuda":
+        _run_gemv_once(plan, lambda key: key in gemv and key not in timed)
     seconds = time.perf_counter() - start
-    gemv = choices.gemv_keys()
     if timed:
         logger.info("dense linears: timed %d (shape, M) in %.3f s over %d shapes; the Triton "
-                    "GEMV runs %d of them", timed, seconds, len(plan), len(gemv))
-    return {"timed": timed, "seconds": round(seconds, 4), "shapes": len(plan),
-            "gemv": [f"{n}x{k}:{str(d).removeprefix('torch.')}:m{m}" for n, k, d, m in gemv]}
+                    "GEMV runs %d of them", len(timed), seconds, len(plan), len(gemv))
+    return {"timed": len(timed), "seconds": round(seconds, 4), "shapes": len(plan),
+            "gemv": sorted(key_name(key) for key in gemv)}
