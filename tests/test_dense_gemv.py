@@ -3,7 +3,8 @@
 
 Every row count 1..16, widths that are multiples of 16 but not powers of two and widths with
 odd tails (a partial last N tile and K step), bf16/fp16/fp32, with and without a bias, with K
-split into ranges and not. The plan gives one launch for every M of a bucket (one compiled
+split into ranges and not; with SiLU-and-mul fused into the input, the unfused kernels' bits.
+The plan gives one launch for every M of a bucket (one compiled
 binary), splits K only where the N tiles leave SMs idle, and never makes an empty range.
 
 On a machine with CUDA the interpreter is not forced and the same checks run on the GPU."""
@@ -19,7 +20,13 @@ pytest.importorskip("triton")
 from triton.runtime.interpreter import InterpretedFunction
 
 from tests.paged_reference import rel_err
-from warmgate.server.kernels.dense_gemv import _gemv_kernel, dense_gemv, gemv_applies
+from warmgate.server.kernels.activation import silu_and_mul
+from warmgate.server.kernels.dense_gemv import (
+    _gemv_kernel,
+    dense_gemv,
+    gemv_applies,
+    silu_mul_gemv,
+)
 from warmgate.server.kernels.gemv_plan import MAX_ROWS, GemvLaunch, cdiv, gemv_launch
 
 DEVICE = "cpu" if isinstance(_gemv_kernel, InterpretedFunction) else "cuda"
@@ -107,6 +114,46 @@ def test_what_the_kernel_takes_and_refuses() -> None:
         assert not gemv_applies(xx, ww, bb), why
         with pytest.raises(ValueError, match="dense_gemv"):
             dense_gemv(xx, ww, bb)
+
+
+# ---------------------------------------------------------------- SiLU-and-mul fused in
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(("n", "k", "launch"), [
+    (48, 80, None), (37, 70, None),
+    (40, 336, GemvLaunch(block_m=MAX_ROWS, block_n=16, block_k=64, splits=3, k_per_split=128,
+                         num_warps=4, num_stages=1))])
+def test_silu_mul_fused_is_the_unfused_gemv_to_the_bit(
+        dtype: torch.dtype, n: int, k: int, launch: GemvLaunch | None) -> None:
+    """The activation computed and rounded in the kernel as silu_and_mul stores it: the same
+    bits as silu_and_mul then dense_gemv, and F.linear's result within its tolerance."""
+    for m in (1, 3, 16):
+        if launch is not None and m == 1:
+            continue  # a 16-row launch; the one-row split is covered below
+        gate_up, w, _ = _operands(m, n, 2 * k, dtype, seed=m)
+        w = w[:, :k].contiguous()
+        act = silu_and_mul(gate_up)
+        fused = silu_mul_gemv(gate_up, w, launch=launch)
+        assert torch.equal(fused, dense_gemv(act, w, launch=launch)), (n, k, m, dtype)
+        _check(fused, act, w, None)
+
+
+def test_silu_mul_fused_split_at_one_row() -> None:
+    gate_up, w, _ = _operands(1, 40, 672, torch.bfloat16, seed=9)
+    w = w[:, :336].contiguous()
+    launch = GemvLaunch(block_m=1, block_n=8, block_k=64, splits=3, k_per_split=128,
+                        num_warps=4, num_stages=1)
+    fused = silu_mul_gemv(gate_up, w, launch=launch)
+    assert torch.equal(fused, dense_gemv(silu_and_mul(gate_up), w, launch=launch))
+
+
+def test_silu_mul_takes_gate_and_up_of_twice_the_width() -> None:
+    gate_up, w, _ = _operands(2, 48, 160, torch.bfloat16)
+    w = w[:, :80].contiguous()
+    assert gemv_applies(gate_up, w, None, silu_mul=True)
+    assert not gemv_applies(gate_up, w, None)
+    with pytest.raises(ValueError, match="twice its width"):
+        silu_mul_gemv(gate_up[:, :80].contiguous(), w)
 
 
 # ---------------------------------------------------------------- the plan

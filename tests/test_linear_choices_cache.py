@@ -24,7 +24,7 @@ from warmgate.server.cache.linear_choices import (
 )
 from warmgate.server.kernels import dense_gemv as dense_gemv_module
 from warmgate.server.kernels.gemv_plan import rows_bucket
-from warmgate.server.kernels.linear_choices import key_name
+from warmgate.server.kernels.linear_choices import LINEAR, SILU_MUL, key_name
 from warmgate.server.runner.linear_tuning import choose_linears, planned_keys
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.warmup.graphs_phase import choose_kept_linears
@@ -37,8 +37,8 @@ CHOICES = {"48x80:bfloat16:m1": True, "48x80:bfloat16:m2": False}
 class Alternating(FakeTimer):
     """The GEMV wins at odd row counts: the choices are not all alike."""
 
-    def __call__(self, weights: Any, m: int) -> tuple[float, float]:
-        super().__call__(weights, m)
+    def __call__(self, weights: Any, m: int, op: str) -> tuple[float, float]:
+        super().__call__(weights, m, op)
         return (2e-6, 1e-6) if m % 2 else (1e-6, 2e-6)
 
 
@@ -111,8 +111,10 @@ def test_a_pair_preset_for_the_gemv_runs_it_once_before_ready(
     _choices(warm).timer = _never
     _choices(warm).preset({key: key in gemv for key in planned_keys(runner, 16)})
     monkeypatch.setattr(warm, "device", torch.device("cuda"))
-    ran: list[tuple[int, int, int]] = []
-    monkeypatch.setattr(dense_gemv_module, "dense_gemv",
-                        lambda x, w: ran.append((*w.shape, rows_bucket(x.shape[0]))))
+    ran: list[tuple[str, int, int, int]] = []
+    for op, name in ((LINEAR, "dense_gemv"), (SILU_MUL, "silu_mul_gemv")):
+        monkeypatch.setattr(dense_gemv_module, name, lambda x, w, op=op: ran.append(
+            (op, *w.shape, rows_bucket(x.shape[0]))))
     assert choose_linears(warm)["timed"] == 0
-    assert sorted(ran) == sorted({(n, k, rows_bucket(m)) for n, k, _, m in gemv})
+    assert sorted(ran) == sorted({(op, n, k, rows_bucket(m)) for op, n, k, _, m in gemv})
+    assert {op for op, *_ in ran} == {LINEAR, SILU_MUL}

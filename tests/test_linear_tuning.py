@@ -6,7 +6,8 @@
 - The GEMV's binaries compile on the dense-GEMM sweep, one per shape and row bucket.
 - Each (shape, M) is timed once; afterwards nothing is timed: a second fill, the capture and
   the serving steps only look up, and the steps meet no miss.
-- The GEMV's results in a served model equal the torch reference's (Qwen2's q/k/v bias too).
+- The GEMV's results in a served model equal the torch reference's (Qwen2's q/k/v bias too),
+  the down projection's with SiLU-and-mul fused in as well.
 - The plan's cuda_graphs step has filled them when the capture starts, whether graphs are
   captured or not; a tensor-parallel worker's capture fills its own first.
 - Nothing is timed under --no-dense-gemv, --deterministic, or on a CPU without a timer.
@@ -32,7 +33,7 @@ from warmgate.server.kernels import dense_gemv as dense_gemv_module
 from warmgate.server.kernels import ops as triton_ops
 from warmgate.server.kernels.gemv_plan import rows_bucket
 from warmgate.server.kernels.invariant_ops import BatchInvariantOps
-from warmgate.server.kernels.linear_choices import LinearChoices
+from warmgate.server.kernels.linear_choices import LINEAR, SILU_MUL, LinearChoices
 from warmgate.server.kernels.ops import TritonOps
 from warmgate.server.runner import model_runner
 from warmgate.server.runner.linear_tuning import choose_linears, linear_plan
@@ -42,15 +43,17 @@ from warmgate.server.warmup import gemm_shapes, graphs_phase, plan
 
 
 class FakeTimer:
-    """Records (N, K, M, how many weights) per call; the GEMV wins where `gemv_wins` says."""
+    """Records (op, N, K, M, how many weights) per call; the Triton kernel wins where
+    `gemv_wins` says."""
 
     def __init__(self, gemv_wins: bool = True) -> None:
-        self.calls: list[tuple[int, int, int, int]] = []
+        self.calls: list[tuple[str, int, int, int, int]] = []
         self.gemv_wins = gemv_wins
 
-    def __call__(self, weights: Sequence[torch.Tensor], m: int) -> tuple[float, float]:
+    def __call__(self, weights: Sequence[torch.Tensor], m: int, op: str
+                 ) -> tuple[float, float]:
         n, k = weights[0].shape
-        self.calls.append((n, k, m, len(weights)))
+        self.calls.append((op, n, k, m, len(weights)))
         return (2e-6, 1e-6) if self.gemv_wins else (1e-6, 2e-6)
 
 
@@ -94,13 +97,17 @@ def test_the_plan_holds_every_row_count_a_cuda_forward_can_run(case: str) -> Non
     kw, compilation, layer_ms = LAYER_MS[case]
     settings = _cuda_settings(compilation, **kw)
     model = settings.model
-    found = {(tuple(ws[0].shape), len(ws)): ms for ws, ms in linear_plan(settings, 16)}
+    found = {(op, tuple(ws[0].shape), len(ws)): ms
+             for op, ws, ms in linear_plan(settings, 16)}
     head = model.embed_tokens if model.lm_head is None else model.lm_head
+    layer = model.layers[0]
     expected = {} if layer_ms is None else {
-        (tuple(getattr(model.layers[0], name).shape), len(model.layers)): layer_ms
+        (LINEAR, tuple(getattr(layer, name).shape), len(model.layers)): layer_ms
         for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
+    if layer_ms is not None:  # the down projection with SiLU-and-mul fused in, too
+        expected[(SILU_MUL, tuple(layer.down_proj.shape), len(model.layers))] = layer_ms
     rows = settings.max_num_reqs * settings.decode_query_len  # every logits row count
-    expected[(tuple(head.shape), 1)] = list(range(1, min(rows, 16) + 1))
+    expected[(LINEAR, tuple(head.shape), 1)] = list(range(1, min(rows, 16) + 1))
     assert found == expected
 
 
@@ -110,24 +117,25 @@ def test_the_gemm_sweep_compiles_the_gemv_once_per_shape_and_row_bucket(
     on its own thread, beside the load and the phases)."""
     runner = _runner(num_spec=3, max_num_seqs=4)
     monkeypatch.setattr(runner, "device", torch.device("cuda"))  # the plan a GPU would have
-    ran: list[tuple[tuple[int, ...], int]] = []
-    monkeypatch.setattr(dense_gemv_module, "dense_gemv",
-                        lambda x, w: ran.append((tuple(w.shape), rows_bucket(x.shape[0]))))
+    ran: list[tuple[str, tuple[int, ...], int]] = []
+    for op, name in ((LINEAR, "dense_gemv"), (SILU_MUL, "silu_mul_gemv")):
+        monkeypatch.setattr(dense_gemv_module, name, lambda x, w, op=op: ran.append(
+            (op, tuple(w.shape), rows_bucket(x.shape[0]))))
     gemm_shapes.sweep_gemm_shapes(runner, plan=[])
-    expected = {(tuple(ws[0].shape), rows_bucket(m))
-                for ws, ms in linear_plan(runner, 16) for m in ms}
+    expected = {(op, tuple(ws[0].shape), rows_bucket(m))
+                for op, ws, ms in linear_plan(runner, 16) for m in ms}
     assert sorted(ran) == sorted(expected)  # each once
-    assert len({shape for shape, _ in ran}) == 5  # the four projections and the head
+    assert len({(op, shape) for op, shape, _ in ran}) == 6  # 4 projections, fused down, head
 
 
 def test_each_key_is_timed_once_and_never_again() -> None:
     timer = FakeTimer()
     runner = _runner(timer=timer, num_spec=3, max_num_seqs=4)
     info = choose_linears(runner)
-    keys = {(n, k, m) for n, k, m, _ in timer.calls}
-    planned = sum(len(ms) for _, ms in linear_plan(runner, 16))
+    keys = {call[:4] for call in timer.calls}
+    planned = sum(len(ms) for _, _, ms in linear_plan(runner, 16))
     assert len(timer.calls) == len(keys) == planned == info["timed"]
-    assert all(count == len(runner.model.layers) for n, _, _, count in timer.calls
+    assert all(count == len(runner.model.layers) for _, n, _, _, count in timer.calls
                if n != runner.config.model.vocab_size)  # every layer's weight, for cold reads
     assert _choices(runner).filled
     assert choose_linears(runner)["timed"] == 0 and len(timer.calls) == planned
@@ -146,9 +154,12 @@ def test_served_steps_run_the_chosen_gemv_and_match_torch(
 
     _choices(runner).timer = never
     rows: list[int] = []
-    real = triton_ops.dense_gemv
+    fused: list[int] = []
+    real, real_fused = triton_ops.dense_gemv, triton_ops.silu_mul_gemv
     monkeypatch.setattr(triton_ops, "dense_gemv",
                         lambda x, w, b=None: rows.append(x.shape[0]) or real(x, w, b))
+    monkeypatch.setattr(triton_ops, "silu_mul_gemv",
+                        lambda gu, w: fused.append(gu.shape[0]) or real_fused(gu, w))
     short = prompt(7, offset=5)
     torch.testing.assert_close(full_prefill_logits(runner, short),
                                full_prefill_logits(reference, short), atol=1e-4, rtol=1e-4)
@@ -161,6 +172,7 @@ def test_served_steps_run_the_chosen_gemv_and_match_torch(
         outputs.append([q.output_token_ids for q in reqs])
     assert outputs[0] == outputs[1]
     assert {1, 2, 7} <= set(rows)  # decodes of one and two requests, the short prefill
+    assert {1, 2, 7} <= set(fused)  # the MLP's down projection, SiLU-and-mul fused in
     assert _choices(runner).misses == 0
 
 

@@ -12,8 +12,9 @@ output are a rounding error at these M) over the time, over the bandwidth of
 devtools/gpu_card.py's table for the card. Beside them, what the warmup's timer
 (runner/linear_timing.py: events around calls queued behind a sleep) measures for the same
 pair, and which it would pick; the chooser is right where its pick is the graph's faster.
-A last table sums a decode step's dense GEMMs (every layer's four projections and the head)
-for cuBLAS alone, the GEMV alone and the pick of the faster per (shape, M).
+Then the down projection with SiLU-and-mul: the two launches against the GEMV with the
+activation fused in. A last table sums a decode step's dense GEMMs (every layer's four
+projections and the head) for cuBLAS alone, the GEMV alone and the faster per (shape, M).
 
 --sweep: for each shape and row bucket, a few other GEMV launches (BLOCK_N, the K split) next
 to gemv_plan's, to check its rules on this card.
@@ -96,7 +97,7 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], bandwidth: float, sw
     """Print one shape's table; returns {M: (cuBLAS us, GEMV us)} per call."""
     from warmgate.server.kernels.dense_gemv import dense_gemv
     from warmgate.server.kernels.gemv_plan import gemv_launch
-    from warmgate.server.kernels.linear_choices import MARGIN
+    from warmgate.server.kernels.linear_choices import LINEAR, MARGIN
     from warmgate.server.kernels.matmul_plan import device_sm_count
     from warmgate.server.runner.linear_timing import time_linears
 
@@ -114,7 +115,7 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], bandwidth: float, sw
         x = torch.randn(m, k, device=dev, generator=gen, dtype=torch.bfloat16)
         cublas = graph_us(lambda i, x=x: F.linear(x, weights[i]), layers)
         gemv = graph_us(lambda i, x=x: dense_gemv(x, weights[i]), layers)
-        timer_c, timer_g = time_linears(weights, m)
+        timer_c, timer_g = time_linears(weights, m, LINEAR)
         pick = "GEMV" if timer_g < timer_c * (1 - MARGIN) else "cuBLAS"
         ref = F.linear(x.float(), weights[0].float())
         err = ((dense_gemv(x, weights[0]).float() - ref).norm() / ref.norm()).item()
@@ -133,6 +134,29 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], bandwidth: float, sw
     weights.clear()  # the next shape's copies need the memory
     torch.cuda.empty_cache()
     return found
+
+
+def bench_fused_down(n: int, k: int, rows: list[int], gen: torch.Generator) -> None:
+    """The MLP's SiLU-and-mul and down projection: the two launches (with either linear)
+    against the GEMV with the activation fused in, us per call in a CUDA graph."""
+    from warmgate.server.kernels.activation import silu_and_mul
+    from warmgate.server.kernels.dense_gemv import dense_gemv, silu_mul_gemv
+
+    dev = torch.device("cuda")
+    layers = max(2, min(MAX_LAYERS, MIN_WORKING_SET // (n * k * 2)))
+    weights = [torch.randn(n, k, device=dev, generator=gen, dtype=torch.bfloat16) / k ** 0.5
+               for _ in range(layers)]
+    print(f"\ndown with SiLU-and-mul: N={n} K={k} (gate_up [M, {2 * k}]), us per call")
+    print(f"{'M':>3} {'silu+cuBLAS':>12} {'silu+GEMV':>10} {'fused':>8} {'fused/best':>11}")
+    for m in rows:
+        gate_up = torch.randn(m, 2 * k, device=dev, generator=gen, dtype=torch.bfloat16)
+        cublas = graph_us(lambda i, g=gate_up: F.linear(silu_and_mul(g), weights[i]), layers)
+        gemv = graph_us(lambda i, g=gate_up: dense_gemv(silu_and_mul(g), weights[i]), layers)
+        fused = graph_us(lambda i, g=gate_up: silu_mul_gemv(g, weights[i]), layers)
+        print(f"{m:>3} {cublas:>12.1f} {gemv:>10.1f} {fused:>8.1f} "
+              f"{fused / min(cublas, gemv):>11.2f}")
+    weights.clear()
+    torch.cuda.empty_cache()
 
 
 def main() -> None:
@@ -159,6 +183,7 @@ def main() -> None:
         print(f"\n== {model}: {num_layers} layers")
         per_shape = {name: bench_shape(name, n, k, rows, card.bytes_per_s, args.sweep, gen)
                      for name, (n, k) in projections.items()}
+        bench_fused_down(*projections["down"], rows, gen)
         print(f"\n{model}: a decode step's dense GEMMs (the layers' four projections x "
               f"{num_layers}, the head), us")
         print(f"{'M':>3} {'cuBLAS':>9} {'GEMV':>9} {'faster':>9} {'faster/cuBLAS':>14}")

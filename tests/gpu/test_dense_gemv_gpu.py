@@ -2,6 +2,7 @@
 
 - At llama-3.2-1b / llama-3.1-8b projection shapes, every row count 1..16 equals F.linear in
   bf16 (within its rounding), with and without a bias.
+- With SiLU-and-mul fused in, the unfused Triton kernels' bits at the down projections.
 - One binary per (shape, row bucket): M 2..16 and a bias compile nothing more.
 - A captured CUDA graph replays it on new inputs.
 - A model warmed by the real plan has its choices timed before the graphs (the cuda_graphs
@@ -19,7 +20,8 @@ from tests.gpu.test_backends_gpu import SHAPES
 from tests.runner_helpers import prompt, tiny_config
 from tests.serving_helpers import Served, greedy
 from warmgate.server.jit import JitMonitor
-from warmgate.server.kernels.dense_gemv import _gemv_kernel, dense_gemv
+from warmgate.server.kernels.activation import silu_and_mul
+from warmgate.server.kernels.dense_gemv import _gemv_kernel, dense_gemv, silu_mul_gemv
 from warmgate.server.kernels.linear_choices import LinearChoices
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
 
@@ -45,6 +47,21 @@ def test_model_shapes_match_f_linear_at_every_row_count(n: int, k: int) -> None:
             out = dense_gemv(x, w, b)
             err = ((out.float() - ref).norm() / ref.norm()).item()
             assert err < 1e-2, (n, k, m, b is not None, err)
+
+
+@pytest.mark.parametrize(("n", "k"), [(2048, 8192), (4096, 14336)])
+def test_silu_mul_fused_is_the_unfused_gemv_to_the_bit(n: int, k: int) -> None:
+    """llama-3.2-1b's and llama-3.1-8b's down projections: the activation computed in the
+    kernel with silu_and_mul's operations and rounding."""
+    gen = torch.Generator(device=DEV).manual_seed(n)
+    w = torch.randn(n, k, device=DEV, generator=gen, dtype=torch.bfloat16) / k ** 0.5
+    for m in (1, 3, 8, 16):
+        gate_up = torch.randn(m, 2 * k, device=DEV, generator=gen, dtype=torch.bfloat16)
+        act = silu_and_mul(gate_up)
+        fused = silu_mul_gemv(gate_up, w)
+        assert torch.equal(fused, dense_gemv(act, w)), (n, k, m)
+        ref = F.linear(act.float(), w.float())
+        assert ((fused.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
 def test_one_binary_per_shape_and_row_bucket() -> None:

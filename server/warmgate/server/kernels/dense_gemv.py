@@ -48,17 +48,34 @@ def _finish(total, offs_m, offs_n, m_mask, n_mask, bias_ptr, out_ptr, ws_ptr, M,
         tl.store(ws_ptr + rows[:, None] * N + offs_n[None, :], total, mask=mask)
 
 
+@triton.jit
+def _x_tile(ptrs, mask, K: tl.constexpr, SILU_MUL: tl.constexpr):
+    """x at ptrs. SILU_MUL: ptrs point into rows of gate_up [2K] (gate, then up), and x is
+    silu(gate) * up in float32 rounded to their dtype, the operations and the rounding of
+    kernels/activation.py's silu_and_mul, so the product sees the bits it would store."""
+    if SILU_MUL:
+        gate = tl.load(ptrs, mask=mask, other=0.0)
+        up = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
+        g = gate.to(tl.float32)
+        act = g / (1.0 + tl.exp(-g))
+        x = (act * up).to(gate.dtype)
+    else:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    return x
+
+
 @triton.jit(do_not_specialize=["M", "has_bias"])
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, ws_ptr,
     M, has_bias,
-    N: tl.constexpr, K: tl.constexpr,
+    N: tl.constexpr, K: tl.constexpr, X_STRIDE: tl.constexpr, SILU_MUL: tl.constexpr,
     SPLITS: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
-    """Grid (N tiles, SPLITS). x [M, K], w [N, K], out [M, N], all contiguous. EVEN_K: K is
-    a multiple of BLOCK_K, so no K step is partial and the loads need no K mask."""
+    """Grid (N tiles, SPLITS). x [M, X_STRIDE] (X_STRIDE = K, or 2K with SILU_MUL: x is
+    gate_up, see _x_tile), w [N, K], out [M, N], all contiguous. EVEN_K: K is a multiple of
+    BLOCK_K, so no K step is partial and the loads need no K mask."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
@@ -75,11 +92,11 @@ def _gemv_kernel(
         for k0 in range(k_lo, k_hi, BLOCK_K):
             ks = k0 + offs_k
             if EVEN_K:
-                x = tl.load(x_ptr + ks)
+                x = _x_tile(x_ptr + ks, offs_k < BLOCK_K, K, SILU_MUL)  # all true
                 w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None], other=0.0)
             else:
                 k_mask = ks < K
-                x = tl.load(x_ptr + ks, mask=k_mask, other=0.0)
+                x = _x_tile(x_ptr + ks, k_mask, K, SILU_MUL)
                 w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & k_mask[None, :],
                             other=0.0)
             acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
@@ -89,17 +106,17 @@ def _gemv_kernel(
     else:
         offs_m = tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
-        x_rows = x_ptr + offs_m[:, None] * K  # [BLOCK_M, 1]
+        x_rows = x_ptr + offs_m[:, None] * X_STRIDE  # [BLOCK_M, 1]
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             ks = k0 + offs_k
             if EVEN_K:
-                x = tl.load(x_rows + ks[None, :], mask=m_mask[:, None], other=0.0)
+                x = _x_tile(x_rows + ks[None, :], m_mask[:, None], K, SILU_MUL)
                 w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None], other=0.0)
             else:
                 k_mask = ks < K
-                x = tl.load(x_rows + ks[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                            other=0.0)
+                x = _x_tile(x_rows + ks[None, :], m_mask[:, None] & k_mask[None, :], K,
+                            SILU_MUL)
                 w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & k_mask[None, :],
                             other=0.0)
             total += mm(x, tl.trans(w), UPCAST, IEEE)
@@ -136,10 +153,13 @@ def _aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0
 
 
-def gemv_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether dense_gemv takes these arguments as they are: 1..16 contiguous, aligned rows of
-    the weight's dtype, a contiguous weight, a bias (if any) of [N] in that dtype."""
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+def gemv_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 silu_mul: bool = False) -> bool:
+    """Whether dense_gemv (silu_mul: silu_mul_gemv, x holding gate and up, [M, 2K]) takes
+    these arguments as they are: 1..16 contiguous, aligned rows of the weight's dtype, a
+    contiguous weight, a bias (if any) of [N] in that dtype."""
+    width = 2 * weight.shape[-1] if silu_mul else weight.shape[-1]
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != width:
         return False
     if not 1 <= x.shape[0] <= MAX_ROWS or x.dtype != weight.dtype or x.dtype not in DTYPES:
         return False
@@ -154,13 +174,30 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     """x [M, K] @ weight [N, K]^T (+ bias [N]) -> [M, N] in x's dtype, for 1 <= M <= 16,
     accumulated in float32. `launch` (default: gemv_plan's for the shape and M's bucket) and
     `sm_count` (default: the device's) are there for tests and benchmarks."""
-    if not gemv_applies(x, weight, bias):
+    return _run(x, weight, bias, False, launch, sm_count)
+
+
+def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, *,
+                  launch: GemvLaunch | None = None, sm_count: int | None = None
+                  ) -> torch.Tensor:
+    """silu_and_mul(gate_up) [M, K] @ weight [N, K]^T -> [M, N], gate_up [M, 2K] holding gate
+    then up, for 1 <= M <= 16: the MLP's activation and down projection in one launch. The
+    activation is computed and rounded as kernels/activation.py computes it, and the product
+    is dense_gemv's (the same launch), so the result is dense_gemv(silu_and_mul(gate_up)) to
+    the bit; the activation never goes through memory."""
+    return _run(gate_up, weight, None, True, launch, sm_count)
+
+
+def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool,
+         launch: GemvLaunch | None, sm_count: int | None) -> torch.Tensor:
+    if not gemv_applies(x, weight, bias, silu_mul):
         raise ValueError(f"dense_gemv: x {tuple(x.shape)} {x.dtype}, weight "
                          f"{tuple(weight.shape)} {weight.dtype}, bias "
                          f"{None if bias is None else tuple(bias.shape)}: not 1..{MAX_ROWS} "
-                         "contiguous rows of the weight's dtype and width")
-    m, k = x.shape
-    n = weight.shape[0]
+                         f"contiguous rows of the weight's dtype and {'twice ' if silu_mul else ''}"
+                         "its width")
+    m = x.shape[0]
+    n, k = weight.shape
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)  # [M, N]
     if launch is None:
         sms = device_sm_count(x.device) if sm_count is None else sm_count
@@ -175,9 +212,10 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     has_bias = 0 if bias is None else 1
     _gemv_kernel[(triton.cdiv(n, launch.block_n), launch.splits)](
         x, weight, bias_arg, out, ws, m, has_bias,
-        N=n, K=k, SPLITS=launch.splits, K_PER_SPLIT=launch.k_per_split,
-        EVEN_K=k % launch.block_k == 0, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n,
-        BLOCK_K=launch.block_k, UPCAST=upcast_dots(x), IEEE=ieee_dots(x.dtype),
+        N=n, K=k, X_STRIDE=x.shape[1], SILU_MUL=silu_mul, SPLITS=launch.splits,
+        K_PER_SPLIT=launch.k_per_split, EVEN_K=k % launch.block_k == 0,
+        BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
+        UPCAST=upcast_dots(x), IEEE=ieee_dots(x.dtype),
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if launch.splits > 1:
         _sum_splits_kernel[(m, triton.cdiv(n, _SUM_BLOCK_N))](

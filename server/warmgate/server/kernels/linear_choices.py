@@ -1,5 +1,5 @@
 """Which kernel runs a dense linear of a few rows: cuBLAS (F.linear) or the Triton GEMV
-(kernels/dense_gemv.py), per (N, K, dtype, M).
+(kernels/dense_gemv.py), per (op, N, K, dtype, M).
 
 Neither wins everywhere: the GEMV reads the weight at a higher fraction of the bandwidth where
 cuBLAS splits K or picks a tile for larger M, cuBLAS may win where its kernel already streams
@@ -8,6 +8,10 @@ count <= max_m a forward can run (runner/linear_tuning.py) and records the faste
 that the choice is a dictionary lookup on the host: a captured CUDA graph holds the kernel it
 was captured with, and nothing is timed or compiled at serve time. A (shape, M) the warmup did
 not time runs cuBLAS, as every linear did before, and is counted and logged once as a miss.
+
+Two ops: LINEAR, x @ w^T (the GEMV against cuBLAS); SILU_MUL, the MLP's silu_and_mul then
+its down projection (the GEMV with the activation fused in, dense_gemv.silu_mul_gemv, against
+the two launches, the projection on the better of its two kernels).
 """
 
 from __future__ import annotations
@@ -23,24 +27,31 @@ from warmgate.server.kernels.gemv_plan import MAX_ROWS
 logger = logging.getLogger(__name__)
 
 MAX_M = MAX_ROWS  # the most rows the GEMV takes
-# The GEMV must be this much faster to replace cuBLAS, so that timing noise does not move a
-# shape off the default from one start to the next.
+# The GEMV must be this much faster to replace the default, so that timing noise does not
+# move a shape off it from one start to the next.
 MARGIN = 0.01
+LINEAR = "linear"
+SILU_MUL = "silu_mul"
+# What each op's decision weighs, for the log lines: (the default, the Triton kernel).
+_CANDIDATES = {LINEAR: ("cuBLAS", "Triton GEMV"),
+               SILU_MUL: ("SiLU-and-mul then the linear", "the fused Triton GEMV")}
 
-Key = tuple[int, int, torch.dtype, int]  # (N, K, dtype, M)
-# (the weights of one shape, every layer's, M) -> (cuBLAS seconds, GEMV seconds) per call.
-LinearTimer = Callable[[Sequence[torch.Tensor], int], tuple[float, float]]
+Key = tuple[str, int, int, torch.dtype, int]  # (op, N, K, dtype, M)
+# (the weights of one shape, every layer's, M, op) -> (default seconds, Triton seconds) per
+# call.
+LinearTimer = Callable[[Sequence[torch.Tensor], int, str], tuple[float, float]]
 
 
 @dataclass(frozen=True)
 class LinearDecision:
+    op: str
     n: int
     k: int
     dtype: str
     m: int
-    cublas_s: float
+    default_s: float
     gemv_s: float
-    gemv: bool  # the GEMV runs this (shape, M)
+    gemv: bool  # the Triton kernel runs this (op, shape, M)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -48,13 +59,15 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def key_name(key: Key) -> str:
-    """"NxK:dtype:mM", as reports and the compile cache entry name a pair."""
-    n, k, dtype, m = key
-    return f"{n}x{k}:{dtype_name(dtype)}:m{m}"
+    """"NxK:dtype:mM" (a SILU_MUL pair: "silu_mul:" before it), as reports and the compile
+    cache entry name a pair."""
+    op, n, k, dtype, m = key
+    return f"{'' if op == LINEAR else op + ':'}{n}x{k}:{dtype_name(dtype)}:m{m}"
 
 
 class LinearChoices:
-    """The kernel per (N, K, dtype, M) for M <= max_m; filled by the warmup, read per call."""
+    """The kernel per (op, N, K, dtype, M) for M <= max_m; filled by the warmup, read per
+    call."""
 
     def __init__(self, max_m: int = MAX_M) -> None:
         self.max_m = max_m
@@ -69,11 +82,12 @@ class LinearChoices:
         self.misses = 0
         self._missed: set[Key] = set()
 
-    def use_gemv(self, m: int, weight: torch.Tensor) -> bool:
-        """Whether x [m, K] @ weight^T runs the GEMV: a host-side lookup, never a timing."""
+    def use_gemv(self, m: int, weight: torch.Tensor, op: str = LINEAR) -> bool:
+        """Whether op on m rows and weight runs the Triton kernel: a host-side lookup, never a
+        timing."""
         if m > self.max_m:
             return False
-        key = (weight.shape[0], weight.shape[1], weight.dtype, m)
+        key = (op, weight.shape[0], weight.shape[1], weight.dtype, m)
         found = self._gemv.get(key)
         if found is None:
             if self.filled:
@@ -85,32 +99,31 @@ class LinearChoices:
         self.misses += 1
         if key not in self._missed:
             self._missed.add(key)
-            n, k, dtype, m = key
-            logger.warning("dense linear %dx%d %s at M=%d: not timed by the warmup, runs "
-                           "cuBLAS (%d misses so far)", n, k, dtype_name(dtype), m, self.misses)
+            logger.warning("dense linear %s: not timed by the warmup, runs %s (%d misses so "
+                           "far)", key_name(key), _CANDIDATES[key[0]][0], self.misses)
 
-    def decided(self, n: int, k: int, dtype: torch.dtype, m: int) -> bool:
-        return (n, k, dtype, m) in self._gemv
+    def decided(self, key: Key) -> bool:
+        return key in self._gemv
 
-    def decide(self, n: int, k: int, dtype: torch.dtype, m: int, cublas_s: float,
-               gemv_s: float) -> bool:
-        """Record the faster of the two timings for (n, k, dtype, m); returns whether it is
-        the GEMV. One log line per decision, with both times."""
-        gemv = gemv_s < cublas_s * (1.0 - MARGIN)
-        self._gemv[(n, k, dtype, m)] = gemv
-        self.decisions.append(LinearDecision(n, k, dtype_name(dtype), m, cublas_s, gemv_s,
-                                             gemv))
-        logger.info("dense linear %dx%d %s at M=%d: cuBLAS %.1f us, Triton GEMV %.1f us -> %s",
-                    n, k, dtype_name(dtype), m, cublas_s * 1e6, gemv_s * 1e6,
-                    "Triton GEMV" if gemv else "cuBLAS")
+    def decide(self, key: Key, default_s: float, gemv_s: float) -> bool:
+        """Record the faster of the two timings for key; returns whether it is the Triton
+        kernel. One log line per decision, with both times."""
+        op, n, k, dtype, m = key
+        gemv = gemv_s < default_s * (1.0 - MARGIN)
+        self._gemv[key] = gemv
+        self.decisions.append(LinearDecision(op, n, k, dtype_name(dtype), m, default_s,
+                                             gemv_s, gemv))
+        default, triton = _CANDIDATES[op]
+        logger.info("dense linear %s: %s %.1f us, %s %.1f us -> %s", key_name(key), default,
+                    default_s * 1e6, triton, gemv_s * 1e6, triton if gemv else default)
         return gemv
 
     def gemv_keys(self) -> list[Key]:
-        """The (N, K, dtype, M) that run the GEMV."""
+        """The keys that run the Triton kernel."""
         return [key for key, gemv in self._gemv.items() if gemv]
 
     def by_name(self) -> dict[str, bool]:
-        """{key_name: whether the GEMV runs it} for every decided pair."""
+        """{key_name: whether the Triton kernel runs it} for every decided key."""
         return {key_name(key): gemv for key, gemv in self._gemv.items()}
 
     def preset(self, keys: dict[Key, bool]) -> None:

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from warmgate.server.kernels.activation import silu_and_mul
-from warmgate.server.kernels.dense_gemv import dense_gemv, gemv_applies
-from warmgate.server.kernels.linear_choices import LinearChoices
+from warmgate.server.kernels.dense_gemv import dense_gemv, gemv_applies, silu_mul_gemv
+from warmgate.server.kernels.linear_choices import SILU_MUL, LinearChoices
 from warmgate.server.kernels.rms_norm import rms_norm
 from warmgate.server.kernels.rotary import rotary_embedding
 
@@ -48,6 +48,16 @@ class TritonOps:
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, 2I] -> [T, I] = silu(x[:, :I]) * x[:, I:]."""
         return silu_and_mul(x)
+
+    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """gate_up: [T, 2I] -> silu_and_mul -> @ weight [N, I]^T -> [T, N]: one Triton kernel
+        where the warmup timed it faster than the two ops for this shape and T (its result is
+        the Triton GEMV's on silu_and_mul's output, to the bit), else the two ops."""
+        choices = self.linear_choices
+        if (choices is not None and choices.use_gemv(gate_up.shape[0], weight, SILU_MUL)
+                and gemv_applies(gate_up, weight, None, silu_mul=True)):
+            return silu_mul_gemv(gate_up, weight)
+        return self.linear(self.silu_and_mul(gate_up), weight)
 
     def rotary(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,9 +1,11 @@
 """Fills the ops' linear choices (kernels/linear_choices.py) before the CUDA graphs are
 captured: for every dense weight shape, at every row count <= max_m a forward can run it at,
 cuBLAS and the Triton GEMV are timed on the device (runner/linear_timing.py) and the faster is
-kept. The warmup plan calls `choose_linears` just before the capture, once the dense-GEMM sweep
-has left the GPU to it (warmup/plan.py); ModelRunner.capture_cuda_graphs calls it again (a
-no-op then), so a tensor-parallel worker, which is sent the capture alone, fills its own.
+kept; for the MLP's down projection also SiLU-and-mul then its linear against the GEMV with
+the activation fused in. The warmup plan calls `choose_linears` just before the capture, once
+the dense-GEMM sweep has left the GPU to it (warmup/graphs_phase.py);
+ModelRunner.capture_cuda_graphs calls it again (a no-op then), so a tensor-parallel worker,
+which is sent the capture alone, fills its own.
 The GEMV's binaries are compiled ahead, on the dense-GEMM sweep's thread (compile_gemvs).
 
 The row counts (runner/eager_tokens.py): the decoder layers' projections run at every uniform
@@ -31,8 +33,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# [(every weight of one (shape, dtype), the row counts to time it at, ascending)]
-LinearPlan = list[tuple[list[torch.Tensor], list[int]]]
+# [(op, every weight of one (shape, dtype), the row counts to time it at, ascending)]
+LinearPlan = list[tuple[str, list[torch.Tensor], list[int]]]
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
@@ -61,12 +63,12 @@ def linear_choices_of(runner: TuningRunner) -> LinearChoices | None:
     return getattr(runner.model.ops, "linear_choices", None)
 
 
-def _layer_weights(model: LlamaModel) -> list[list[torch.Tensor]]:
-    """The projections' weights that run through the ops' linear (an FP8 one has a scale and
+def _layer_weights(model: LlamaModel, names: tuple[str, ...]) -> list[list[torch.Tensor]]:
+    """The named projections' weights that run through the ops (an FP8 one has a scale and
     runs runner.fp8_linear), grouped by (shape, dtype), every layer's in each group."""
     groups: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
     for layer in model.layers:
-        for name in PROJECTIONS:
+        for name in names:
             weight = getattr(layer, name, None)
             if weight is not None and getattr(layer, name + "_scale", None) is None:
                 groups.setdefault((tuple(weight.shape), weight.dtype), []).append(weight)
@@ -74,7 +76,11 @@ def _layer_weights(model: LlamaModel) -> list[list[torch.Tensor]]:
 
 
 def linear_plan(runner: TuningRunner, max_m: int) -> LinearPlan:
-    """Every (shape's weights, row counts <= max_m) the ops' linear can meet after ready."""
+    """Every (op, shape's weights, row counts <= max_m) the ops can meet after ready: each
+    projection's linear, the down projection's SiLU-and-mul fused in too (ops.silu_mul_linear;
+    its linear alone is what runs when that is not fused, and what the GEMM sweep runs)."""
+    from warmgate.server.kernels.linear_choices import LINEAR, SILU_MUL  # the ops imported it
+
     plan: LinearPlan = []
     model = runner.model
     budget = min(max_m, runner.max_num_tokens)
@@ -82,23 +88,24 @@ def linear_plan(runner: TuningRunner, max_m: int) -> LinearPlan:
     if not runner.compile_buckets:
         counts = set(runner.eager_token_counts()) | set(runner.ragged_graph_buckets())
         counts |= {n * q for n in range(1, runner.max_num_reqs + 1)}
-        layer_ms = sorted(c for c in counts if 1 <= c <= budget)
-        plan += [(weights, layer_ms) for weights in _layer_weights(model)] if layer_ms else []
+        ms = sorted(c for c in counts if 1 <= c <= budget)
+        plan += [(LINEAR, ws, ms) for ws in _layer_weights(model, PROJECTIONS)] if ms else []
+        plan += [(SILU_MUL, ws, ms) for ws in _layer_weights(model, ("down_proj",))] if ms else []
     if not runner.is_pooling_model:
         head = model.embed_tokens if model.lm_head is None else model.lm_head
         rows = min(budget, runner.max_num_reqs * q)
-        plan.append(([head], list(range(1, rows + 1))))
+        plan.append((LINEAR, [head], list(range(1, rows + 1))))
     return plan
 
 
 def planned_keys(runner: TuningRunner, max_m: int) -> list[Key]:
-    """Every (N, K, dtype, M) of linear_plan."""
-    return [(w[0].shape[0], w[0].shape[1], w[0].dtype, m)
-            for w, ms in linear_plan(runner, max_m) for m in ms]
+    """Every (op, N, K, dtype, M) of linear_plan."""
+    return [(op, w[0].shape[0], w[0].shape[1], w[0].dtype, m)
+            for op, w, ms in linear_plan(runner, max_m) for m in ms]
 
 
 def compile_gemvs(runner: TuningRunner) -> int:
-    """Run the GEMV once per (planned shape, row bucket) on the current stream, so its
+    """Run the GEMV once per (planned op, shape, row bucket) on the current stream, so its
     binaries are compiled before choose_linears times them: the dense-GEMM sweep calls this
     on its own thread, beside the load and the phases (warmup/gemm_shapes.py). Returns the
     calls (0 where nothing will be timed: no GEMV ops, --no-dense-gemv, not CUDA)."""
@@ -109,20 +116,22 @@ def compile_gemvs(runner: TuningRunner) -> int:
 
 
 def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool]) -> int:
-    """The GEMV once per (shape, row bucket) of the plan's wanted keys (CUDA only)."""
+    """The Triton kernel of each wanted key once per (op, shape, row bucket) (CUDA only)."""
     from triton.runtime.errors import OutOfResources  # imports triton
 
-    from warmgate.server.kernels.dense_gemv import dense_gemv
+    from warmgate.server.kernels.dense_gemv import dense_gemv, silu_mul_gemv
     from warmgate.server.kernels.gemv_plan import rows_bucket
+    from warmgate.server.kernels.linear_choices import LINEAR
 
     calls = 0
-    for weights, ms in plan:
+    for op, weights, ms in plan:
         w = weights[0]
         n, k = w.shape
-        for m in {rows_bucket(m): m for m in ms if wanted((n, k, w.dtype, m))}.values():
+        for m in {rows_bucket(m): m for m in ms if wanted((op, n, k, w.dtype, m))}.values():
+            fn, width = (dense_gemv, k) if op == LINEAR else (silu_mul_gemv, 2 * k)
             try:
-                dense_gemv(torch.zeros(m, k, dtype=w.dtype, device=w.device), w)
-            except OutOfResources:  # the timing finds it so too, and keeps cuBLAS
+                fn(torch.zeros(m, width, dtype=w.dtype, device=w.device), w)
+            except OutOfResources:  # the timing finds it so too, and keeps the default
                 continue
             calls += 1
     return calls
@@ -152,13 +161,13 @@ def choose_linears(runner: TuningRunner) -> dict[str, object]:
     start = time.perf_counter()
     plan = linear_plan(runner, choices.max_m)
     timed: set[Key] = set()
-    for weights, ms in plan:
+    for op, weights, ms in plan:
         n, k = weights[0].shape
         for m in ms:
-            if not choices.decided(n, k, weights[0].dtype, m):
-                cublas_s, gemv_s = timer(weights, m)
-                choices.decide(n, k, weights[0].dtype, m, cublas_s, gemv_s)
-                timed.add((n, k, weights[0].dtype, m))
+            key = (op, n, k, weights[0].dtype, m)
+            if not choices.decided(key):
+                choices.decide(key, *timer(weights, m, op))
+                timed.add(key)
     choices.filled = True
     gemv = set(choices.gemv_keys())
     if runner.device.type == "cuda":
