@@ -22,6 +22,9 @@ COMMANDS = {
     "step-kernels": Command("step_kernels.py", "a decode step's GPU time kernel by kernel "
                                                "(torch.profiler, CUDA graphs on)"),
     "kernels": Command("kernels_gpu.py", "the Triton paged decode attention kernel vs SDPA"),
+    "dense-gemv": Command("dense_gemv_gpu.py", "decode-sized dense GEMMs: cuBLAS vs the Triton "
+                                               "GEMV per projection shape and row count, "
+                                               "against HBM"),
     "cpu-threads": Command("cpu_threads.py", "serving on a CPU with torch's default threads "
                                              "vs warmgate's --cpu-threads"),
     "tp-broadcast": Command("tp_broadcast.py", "tensor parallel: the cost per decode step of "

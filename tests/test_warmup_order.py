@@ -11,7 +11,7 @@ from tests.runner_helpers import make_runner
 from tests.warmup_fakes import fail_execute, fail_sample, fake_runner
 from warmgate.server.core.results import PhaseResult, PhaseStatus, SkipReason
 from warmgate.server.runner.scheduler_output import SchedulerOutput
-from warmgate.server.warmup import plan
+from warmgate.server.warmup import graphs_phase, plan
 from warmgate.server.warmup.sampler_phase import warmup_sampler
 
 MIXED_PHASE_IDS = {"_warmup_mixed_decode", "_warmup_mixed_prefill"}
@@ -40,7 +40,7 @@ def test_the_graphs_are_captured_between_the_forward_warmups_and_the_sampler(
         return PhaseResult(name="cuda_graphs", status=PhaseStatus.RAN)
 
     runner.execute_model = recording_execute  # type: ignore[method-assign]
-    monkeypatch.setattr(plan, "_cuda_graphs_phase", recording_capture)
+    monkeypatch.setattr(graphs_phase, "cuda_graphs_phase", recording_capture)
     report = plan.run_warmup_plan(runner)
     assert report.succeeded
     graphs = seen.index("graphs")

@@ -29,6 +29,12 @@ class CompilationConfig:
         "CUDA graph (its eager token counts, the head's logits rows) and the sampler at every "
         "batch size before ready, so no first batch of a new size waits for cuBLAS or kernel "
         "loading"))
+    # Decode-sized GEMMs are reads of the weight; cuBLAS's tiles for them fall short of the
+    # bandwidth on some shapes (kernels/dense_gemv.py, runner/linear_tuning.py).
+    dense_gemv: bool = field(default=True, metadata=flag(
+        "--dense-gemv", "on CUDA, time a Triton GEMV against cuBLAS for every dense projection "
+        "and the head at 1-16 tokens during the warmup, and run the faster of the two for "
+        "each (shape, token count)"))
 
     def __post_init__(self) -> None:
         if self.cuda_graph_sizes is not None:

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from warmgate.server.kernels.activation import silu_and_mul
+from warmgate.server.kernels.dense_gemv import dense_gemv, gemv_applies, silu_mul_gemv
+from warmgate.server.kernels.linear_choices import SILU_MUL, LinearChoices
 from warmgate.server.kernels.rms_norm import rms_norm
 from warmgate.server.kernels.rotary import rotary_embedding
 
@@ -16,6 +18,13 @@ class TritonOps:
     name = "triton"
     row_wise = False
 
+    def __init__(self) -> None:
+        # The kernel per (weight shape, M) for a few rows, filled by the warmup
+        # (runner/linear_tuning.py). A subclass with a linear of its own (the batch-invariant
+        # ops) never reads it, so it has none and nothing is timed for it.
+        self.linear_choices = (LinearChoices() if type(self).linear is TritonOps.linear
+                               else None)
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, H], weight: [H] -> (out [T, H], new_residual [T, H]); see kernels.rms_norm."""
@@ -23,7 +32,13 @@ class TritonOps:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [T, K] @ weight [N, K]^T (+ bias [N]) -> [T, N] (cuBLAS)."""
+        """x: [T, K] @ weight [N, K]^T (+ bias [N]) -> [T, N]: the Triton GEMV where the warmup
+        timed it faster than cuBLAS for this weight shape and T (a host-side lookup), else
+        cuBLAS."""
+        choices = self.linear_choices
+        if (choices is not None and choices.use_gemv(x.shape[0], weight)
+                and gemv_applies(x, weight, bias)):
+            return dense_gemv(x, weight, bias)
         return F.linear(x, weight) if bias is None else F.linear(x, weight, bias)
 
     def log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
@@ -33,6 +48,16 @@ class TritonOps:
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, 2I] -> [T, I] = silu(x[:, :I]) * x[:, I:]."""
         return silu_and_mul(x)
+
+    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """gate_up: [T, 2I] -> silu_and_mul -> @ weight [N, I]^T -> [T, N]: one Triton kernel
+        where the warmup timed it faster than the two ops for this shape and T (its result is
+        the Triton GEMV's on silu_and_mul's output, to the bit), else the two ops."""
+        choices = self.linear_choices
+        if (choices is not None and choices.use_gemv(gate_up.shape[0], weight, SILU_MUL)
+                and gemv_applies(gate_up, weight, None, silu_mul=True)):
+            return silu_mul_gemv(gate_up, weight)
+        return self.linear(self.silu_and_mul(gate_up), weight)
 
     def rotary(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

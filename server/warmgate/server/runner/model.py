@@ -186,9 +186,13 @@ class DecoderLayer(nn.Module):
         if self.moe is not None:
             return self.moe(x), residual
         assert self.gate_up_proj is not None and self.down_proj is not None
-        x = ops.silu_and_mul(_linear(ops, x, self.gate_up_proj, self.gate_up_proj_scale,
-                                     self.gate_up_proj_input_scale))  # [T, I]
-        x = _linear(ops, x, self.down_proj, self.down_proj_scale, self.down_proj_input_scale)
+        gate_up = _linear(ops, x, self.gate_up_proj, self.gate_up_proj_scale,
+                          self.gate_up_proj_input_scale)  # [T, 2I]
+        if self.down_proj_scale is None:  # the ops may fuse the activation into the linear
+            x = ops.silu_mul_linear(gate_up, self.down_proj)
+        else:
+            x = _linear(ops, ops.silu_and_mul(gate_up), self.down_proj, self.down_proj_scale,
+                        self.down_proj_input_scale)
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         return x, residual

@@ -26,6 +26,7 @@ from warmgate.server.runner.batch import BatchKind
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
 from warmgate.server.runner.default_ops import default_ops
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
+from warmgate.server.runner.linear_tuning import choose_linears
 from warmgate.server.runner.loading import allocate_kv, load_model, load_stats
 from warmgate.server.runner.moe_tuning import attach_moe_tuning
 from warmgate.server.runner.ops import TorchOps
@@ -269,15 +270,21 @@ class ModelRunner(RunnerSettings):
     def cuda_graphs_captured(self) -> bool:
         return self.graph_runner is not None and self.graph_runner.captured
 
+    def choose_linears(self) -> dict[str, object]:
+        """Time cuBLAS against the Triton GEMV for the linears of up to 16 rows, once."""
+        return choose_linears(self)
+
     def capture_cuda_graphs(self) -> dict[str, object]:
         """Capture uniform-decode graphs for the configured sizes, and ragged-batch graphs for
         ragged_graph_buckets() (after the forward's kernel warmups: the plan runs only the
-        sampler's and the grammar's after it)."""
+        sampler's and the grammar's after it), each linear on the kernel chosen for its shape
+        and row count first (runner/linear_tuning.py)."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device; this runner is on "
                                f"{self.device.type}")
         if self._pending is not None:
             raise RuntimeError("capture_cuda_graphs called with a step awaiting sample_tokens")
+        self.choose_linears()  # the plan did, before; a worker rank has only this call
         sizes = self.config.compilation.cuda_graph_sizes or ()
         graphs = CudaGraphRunner(self._eager_forward, self.attention_backend, self.input_batch,
                                  sizes, self.decode_query_len, self.config.model.max_model_len,

@@ -65,6 +65,11 @@ class TorchOps:
         gate, up = x[..., :half], x[..., half:]
         return (F.silu(gate.float()) * up.float()).to(x.dtype)
 
+    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """gate_up: [T, 2I] -> silu_and_mul -> @ weight [N, I]^T -> [T, N]: the MLP's
+        activation and down projection, which an ops object may run as one kernel."""
+        return self.linear(self.silu_and_mul(gate_up), weight)
+
     def rotary(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """NeoX/Llama "rotate half" rotary embedding.

@@ -15,7 +15,9 @@ only: the CPU's GEMMs keep no per-shape state. Each GEMM is the model's own (its
 `linear`): under --deterministic the batch-invariant Triton matmul, which compiles here, once
 per weight shape (the row count is not a specialisation), instead of cuBLAS choosing; a weight
 it splits along K also launches the split-summing kernel at the small token counts, so that
-compiles here too (kernels/matmul_plan.py).
+compiles here too (kernels/matmul_plan.py). Where the Triton GEMV may run a linear of a few
+rows (kernels/dense_gemv.py), its binaries compile here too, one per weight shape and row
+bucket, for the cuda_graphs phase to time it against cuBLAS (runner/linear_tuning.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from warmgate.server.core.progress import PhaseProgress
+from warmgate.server.runner.linear_tuning import compile_gemvs
 from warmgate.server.warmup.fp8_gemms import sweep_fp8_gemms
 from warmgate.server.warmup.runner_contract import WarmupRunner
 from warmgate.server.warmup.size_sweeps import SizeSweep
@@ -112,6 +115,11 @@ def sweep_gemm_shapes(model_runner: WarmupRunner, tracker: PhaseProgress | None 
         if tracker is not None:
             tracker.step()
     count += sweep_fp8_gemms(model_runner)
+    gemv_start = time.perf_counter()
+    if gemvs := compile_gemvs(model_runner):  # compiled here, timed before the CUDA graphs
+        logger.info("shape sweeps: Triton GEMV: %d (shape, row bucket) compiled and run in "
+                    "%.3f s%s", gemvs, time.perf_counter() - gemv_start,
+                    f" ({where})" if where else "")
     logger.info("shape sweeps: dense GEMMs: %d in %.3f s%s, Ms per weight %s (layer weights "
                 "at the token counts a forward can run outside a CUDA graph, the head at every "
                 "logits row count)", count, time.perf_counter() - start,

@@ -7,7 +7,8 @@ its FlashInfer autotune before `warmup_kernels`) so its compile cost shows in it
 rather than inside prefill; the fused MoE kernel's launches (moe) and torch.compile's buckets
 likewise. The dense GEMMs run on a thread
 of their own, from the model's construction (a start-up's plan) or the compile phase on, beside
-the phases, and the plan waits for them before the capture (warmup/gemm_background.py).
+the phases, and the plan waits for them before the capture (warmup/gemm_background.py), then
+chooses the kernel of each dense linear of a few rows (warmup/graphs_phase.py).
 
 The two phases that vary only what runs after the forward, the sampler's paths and the
 grammar's bitmask, come after the capture. Their decode steps then replay the captured graphs,
@@ -60,11 +61,11 @@ from warmgate.server.warmup.determinism import run_determinism_check
 from warmgate.server.warmup.gemm_background import (
     GemmSweepThread,
     abandon_gemm_sweeps,
-    finish_gemm_sweeps,
     start_with_model,
     starts_with_model,
     take_started,
 )
+from warmgate.server.warmup.graphs_phase import cuda_graphs_step
 from warmgate.server.warmup.kernels import warmup_forward_kernels
 from warmgate.server.warmup.mixed import run_mixed_prefill_decode_warmup
 from warmgate.server.warmup.moe_phase import run_moe_warmup
@@ -139,39 +140,6 @@ def _flashinfer_phase(runner: WarmupRunner) -> PhaseResult:
                        detail="planned and JIT-compiled the prefill and decode wrappers")
 
 
-def _cuda_graphs_phase(runner: WarmupRunner, force: bool) -> PhaseResult:
-    cfg = runner.config
-    if runner.device.type != "cuda":
-        return PhaseResult.skipped(CUDA_GRAPHS, SkipReason.NO_CUDA,
-                                   "CUDA graphs need a CUDA device; this runner is on "
-                                   f"{runner.device.type}")
-    if runner.is_pooling_model:
-        return PhaseResult.skipped(CUDA_GRAPHS, SkipReason.POOLING_MODEL,
-                                   "a pooling model never runs uniform decode batches")
-    if not cfg.compilation.enable_cuda_graphs:
-        return PhaseResult.skipped(CUDA_GRAPHS, SkipReason.DISABLED,
-                                   "CUDA graphs are disabled by configuration")
-    if not cfg.compilation.cuda_graph_sizes:
-        return PhaseResult.skipped(CUDA_GRAPHS, SkipReason.NO_CAPTURE_SIZES,
-                                   "no capture sizes are configured")
-    if runner.cuda_graphs_captured and not force:
-        return PhaseResult.skipped(CUDA_GRAPHS, SkipReason.ALREADY_CAPTURED,
-                                   "graphs were captured by an earlier warmup; set force")
-    with synced_timer(runner) as t:
-        info = runner.capture_cuda_graphs()
-    sizes, buckets = _ints(info.get("sizes")), _ints(info.get("ragged_buckets"))
-    ragged = (f" and {len(buckets)} ragged-batch graphs (token buckets {buckets})" if buckets
-              else "")
-    return PhaseResult(name=CUDA_GRAPHS, status=PhaseStatus.RAN, duration_s=t[0],
-                       num_steps=len(sizes) + len(buckets), num_reqs=max(sizes, default=0),
-                       shapes=info, detail=f"captured {len(sizes)} uniform-decode graphs{ragged}")
-
-
-def _ints(value: object) -> list[int]:
-    """A list of ints from the capture's report (empty when it has none)."""
-    return [v for v in value if isinstance(v, int)] if isinstance(value, list) else []
-
-
 def _require_resources(phases: list[PhaseResult]) -> list[PhaseResult]:
     """A plan phase skipped for lack of KV blocks, token budget or max_model_len fails the
     plan: serving takes that path, so ready would be a promise the warmup did not keep. The
@@ -230,20 +198,13 @@ def run_warmup_plan(runner: WarmupRunner, *, load_phase: PhaseResult | None = No
         return run_compile_warmup(runner, runner.execute_model, runner.sample_tokens,
                                   progress=report, defer_gemms_to=gemm_sweeps).phases
 
-    def cuda_graphs(_: PlanProgress) -> list[PhaseResult]:
-        waited = finish_gemm_sweeps(gemm_sweeps)  # what it raises fails this phase, the plan
-        phase = _cuda_graphs_phase(runner, force)
-        if waited is not None:  # between the phases: said here, not in either's seconds
-            phase.shapes["waited_for_gemm_sweep_s"] = round(waited, 4)
-        return [phase]
-
     steps: list[Step] = [
         ((FLASHINFER,), lambda _: [_flashinfer_phase(runner)]),
         ((MOE,), lambda report: [run_moe_warmup(runner, progress=report)]),
         ((COMPILE,), compile_buckets),
         ((PREFILL, DECODE), kernels),
         ((MIXED,), mixed),
-        ((CUDA_GRAPHS,), cuda_graphs),
+        ((CUDA_GRAPHS,), lambda _: [cuda_graphs_step(runner, force, gemm_sweeps)]),
         ((SAMPLER,), sampler),
         ((STRUCTURED,), lambda report: [run_structured_warmup(
             runner, runner.execute_model, runner.sample_tokens, text=text, progress=report)]),

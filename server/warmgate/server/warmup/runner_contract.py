@@ -52,8 +52,15 @@ class WarmupRunner(Protocol):
 
     def capture_cuda_graphs(self) -> dict[str, object]: ...
 
+    def choose_linears(self) -> dict[str, object]:
+        """Decide the kernel of every dense linear of a few rows ({} when there is no choice
+        to make)."""
+
     def eager_token_counts(self) -> list[int]:
         """The token counts a forward can run at outside a captured graph after warmup."""
+
+    def ragged_graph_buckets(self) -> tuple[int, ...]:
+        """The token buckets ragged-batch graphs are captured for."""
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         """One forward over a scheduled step (a step that only frees requests runs none)."""
