@@ -24,53 +24,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from graph_timing import graph_us, projection_shapes
 
 MODELS = ("llama-3.2-1b", "llama-3.1-8b")
 ROWS = (1, 4, 8, 16)
 MIN_WORKING_SET = 512 << 20
 MAX_LAYERS = 64
-REPLAYS = 15
-
-
-def shapes(model: str) -> tuple[dict[str, tuple[int, int]], int]:
-    """({projection: (N, K)}, layers) from the model's preset."""
-    from warmgate.server.config.runner_config import ModelConfig
-
-    c = ModelConfig.from_preset(model)
-    d = c.head_dim
-    return ({"qkv": ((c.num_heads + 2 * c.num_kv_heads) * d, c.hidden_size),
-             "o": (c.hidden_size, c.num_heads * d),
-             "gate_up": (2 * c.intermediate_size, c.hidden_size),
-             "down": (c.hidden_size, c.intermediate_size),
-             "head": (c.vocab_size, c.hidden_size)}, c.num_layers)
-
-
-def graph_us(fn: Callable[[int], torch.Tensor], layers: int) -> float:
-    """Median microseconds per call of `fn(layer)` over a graph of `layers` calls."""
-    for i in range(layers):
-        fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(layers):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / layers)
-    return statistics.median(times)
 
 
 def sweep_launches(plan: object, n: int, k: int) -> dict[str, object]:
@@ -179,7 +142,7 @@ def main() -> None:
     print(card.describe())
     gen = torch.Generator(device="cuda").manual_seed(0)
     for model in args.models.split(","):
-        projections, num_layers = shapes(model)
+        projections, num_layers = projection_shapes(model)
         print(f"\n== {model}: {num_layers} layers")
         per_shape = {name: bench_shape(name, n, k, rows, card.bytes_per_s, args.sweep, gen)
                      for name, (n, k) in projections.items()}

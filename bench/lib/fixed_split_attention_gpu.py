@@ -19,10 +19,9 @@ so the K/V bytes cross HBM (the working set is many times the L2) as a model's l
 from __future__ import annotations
 
 import argparse
-import statistics
-from collections.abc import Callable
 
 import torch
+from graph_timing import graph_us
 
 from warmgate.server.kernels import choose_num_splits, paged_attention_decode
 from warmgate.server.kernels.fixed_split_attention import (
@@ -43,7 +42,6 @@ CONTEXTS = (512, 2048, 8192)
 PROMPTS = (512, 2048, 8192)
 MIN_WORKING_SET = 512 << 20
 MAX_LAYERS = 256
-REPLAYS = 20
 
 
 class Setup:
@@ -74,28 +72,6 @@ class Setup:
 def layers_for(batch: int, context: int, hk: int, d: int) -> int:
     kv_bytes = 2 * batch * context * hk * d * 2
     return max(2, min(MAX_LAYERS, -(-MIN_WORKING_SET // kv_bytes)))
-
-
-def graph_us(fn: Callable[[int], object], layers: int) -> float:
-    """Median microseconds per call of `fn(layer)` over a graph of `layers` calls."""
-    for i in range(layers):
-        fn(i)  # compiles outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(layers):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / layers)
-    return statistics.median(times)
 
 
 def fixed(s: Setup, layer: int, split_keys: int, programs: int) -> torch.Tensor:

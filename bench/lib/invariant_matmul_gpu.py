@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from graph_timing import graph_us, projection_shapes
 
 from warmgate.server.kernels.batch_invariant import matmul
 from warmgate.server.kernels.matmul_plan import (
@@ -30,42 +29,11 @@ from warmgate.server.kernels.matmul_plan import (
     split_count,
 )
 
-# (hidden, intermediate, q heads, kv heads, head dim, vocab)
-MODELS = {"llama-3.2-1b": (2048, 8192, 32, 8, 64, 128256),
-          "llama-3.1-8b": (4096, 14336, 32, 8, 128, 128256)}
+MODELS = ("llama-3.2-1b", "llama-3.1-8b")
 ROWS = (1, 8, 32, 64, 128, 256, 512, 2048)
 MIN_WORKING_SET = 512 << 20
 MAX_LAYERS = 64
-REPLAYS = 15
 PARALLEL, ONE_PROGRAM = 1 << 30, 1  # sm_count values that force the splits' way
-
-
-def shapes(model: str) -> dict[str, tuple[int, int]]:
-    hidden, inter, hq, hk, d, vocab = MODELS[model]
-    return {"qkv": ((hq + 2 * hk) * d, hidden), "o": (hq * d, hidden),
-            "gate_up": (2 * inter, hidden), "down": (hidden, inter), "head": (vocab, hidden)}
-
-
-def graph_us(fn: Callable[[int], torch.Tensor], layers: int) -> float:
-    """Median microseconds per call of `fn(layer)` over a graph of `layers` calls."""
-    for i in range(layers):
-        fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(layers):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / layers)
-    return statistics.median(times)
 
 
 def time_row(x: torch.Tensor, weights: list[torch.Tensor], layers: int,
@@ -96,7 +64,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name(dev)}, {sms} SMs, model {args.model}")
     gen = torch.Generator(device=dev).manual_seed(0)
     totals: dict[tuple[int, str], float] = {}
-    for name, (n, k) in shapes(args.model).items():
+    for name, (n, k) in projection_shapes(args.model)[0].items():
         layers = max(2, min(MAX_LAYERS, MIN_WORKING_SET // (n * k * 2)))
         weights = [torch.randn(n, k, device=dev, generator=gen, dtype=torch.bfloat16) / k ** 0.5
               for _ in range(layers)]
