@@ -11,10 +11,15 @@ A pair is named "NxK:dtype:mM" (kernels/linear_choices.py: key_name).
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from warmgate.server.cache.measured_file import (
+    READ_ERRORS,
+    read_measured,
+    unreadable,
+    write_measured,
+)
 
 LINEARS_FILE = "linear_choices.json"
 FORMAT_VERSION = 1
@@ -25,18 +30,13 @@ def load_linear_choices(directory: Path, identity: Mapping[str, str], names: Seq
     """({name: whether the GEMV runs it} for every name, "") when the file was written on this
     GPU and these libraries and holds every name; else (None, why not)."""
     path = directory / LINEARS_FILE
-    if not path.exists():
-        return None, f"no {path} yet"
+    data, why = read_measured(path, FORMAT_VERSION, identity, "timed")
+    if data is None:
+        return None, why
     try:
-        data = json.loads(path.read_text())
-        version, found_identity = data["version"], data["identity"]
         choices = {str(name): bool(gemv) for name, gemv in data["gemv"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        return None, f"{path} is unreadable ({type(exc).__name__}: {exc})"
-    if version != FORMAT_VERSION:
-        return None, f"{path} has format {version}, this build reads {FORMAT_VERSION}"
-    if found_identity != dict(identity):
-        return None, f"{path} was timed on {found_identity}, this is {dict(identity)}"
+    except READ_ERRORS as exc:
+        return None, unreadable(path, exc)
     missing = [name for name in names if name not in choices]
     if missing:
         return None, f"{path} lacks {missing[0]}"
@@ -46,10 +46,5 @@ def load_linear_choices(directory: Path, identity: Mapping[str, str], names: Seq
 def save_linear_choices(directory: Path, identity: Mapping[str, str],
                         choices: Mapping[str, bool]) -> Path:
     """Write the file atomically (a reader never sees half of it); returns its path."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / LINEARS_FILE
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"version": FORMAT_VERSION, "identity": dict(identity),
-                               "gemv": dict(sorted(choices.items()))}, indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_measured(directory / LINEARS_FILE, FORMAT_VERSION, identity,
+                          {"gemv": dict(sorted(choices.items()))})

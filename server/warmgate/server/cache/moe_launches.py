@@ -10,10 +10,15 @@ either differs or a bucket the plan needs is missing.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from warmgate.server.cache.measured_file import (
+    READ_ERRORS,
+    read_measured,
+    unreadable,
+    write_measured,
+)
 
 MOE_FILE = "moe_launches.json"
 FORMAT_VERSION = 1
@@ -26,23 +31,19 @@ def load_moe_launches(directory: Path, identity: Mapping[str, str], shape: str,
     """({bucket: launch} for every bucket, "") when the file was written on this GPU and these
     libraries for this expert shape; else (None, why not)."""
     path = directory / MOE_FILE
-    if not path.exists():
-        return None, f"no {path} yet"
+    data, why = read_measured(path, FORMAT_VERSION, identity, "tuned")
+    if data is None:
+        return None, why
     try:
-        data = json.loads(path.read_text())
-        version, found_identity, found_shape = data["version"], data["identity"], data["shape"]
+        found_shape = data["shape"]
         launches: dict[int, Launch] = {}
         for bucket, launch in data["launches"].items():
             values = tuple(int(v) for v in launch)
             if len(values) != 5:
                 raise ValueError(f"bucket {bucket}: {launch!r} is not 5 integers")
             launches[int(bucket)] = values  # type: ignore[assignment]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        return None, f"{path} is unreadable ({type(exc).__name__}: {exc})"
-    if version != FORMAT_VERSION:
-        return None, f"{path} has format {version}, this build reads {FORMAT_VERSION}"
-    if found_identity != dict(identity):
-        return None, f"{path} was tuned on {found_identity}, this is {dict(identity)}"
+    except READ_ERRORS as exc:
+        return None, unreadable(path, exc)
     if found_shape != shape:
         return None, f"{path} was tuned for experts {found_shape}, these are {shape}"
     missing = [b for b in buckets if b not in launches]
@@ -54,12 +55,5 @@ def load_moe_launches(directory: Path, identity: Mapping[str, str], shape: str,
 def save_moe_launches(directory: Path, identity: Mapping[str, str], shape: str,
                       launches: Mapping[int, Launch]) -> Path:
     """Write the file atomically (a reader never sees half of it); returns its path."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / MOE_FILE
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"version": FORMAT_VERSION, "identity": dict(identity),
-                               "shape": shape,
-                               "launches": {str(b): list(v) for b, v in sorted(launches.items())}},
-                              indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_measured(directory / MOE_FILE, FORMAT_VERSION, identity, {
+        "shape": shape, "launches": {str(b): list(v) for b, v in sorted(launches.items())}})

@@ -12,11 +12,17 @@ differ, or when it lacks one of the sweeps asked for.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from warmgate.server.cache.measured_file import (
+    READ_ERRORS,
+    read_measured,
+    unreadable,
+    write_measured,
+)
 
 # Set by apply_cache_env to the entry's shape_sweeps/ directory (cache/env.py).
 ENV_VAR = "WARMGATE_SHAPE_SWEEP_DIR"
@@ -46,19 +52,14 @@ def load_kernel_map(directory: Path, file_name: str, identity: Mapping[str, str]
     """(the map, "") when directory/file_name is there, readable, of this identity and holds
     every key; else (None, why not)."""
     path = directory / file_name
-    if not path.exists():
-        return None, f"no {path} yet"
+    data, why = read_measured(path, FORMAT_VERSION, identity, "learned")
+    if data is None:
+        return None, why
     try:
-        data = json.loads(path.read_text())
         found = KernelMap(identity=dict(data["identity"]),
                           sizes={k: [int(m) for m in v] for k, v in data["sizes"].items()})
-        version = data["version"]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        return None, f"{path} is unreadable ({type(exc).__name__}: {exc})"
-    if version != FORMAT_VERSION:
-        return None, f"{path} has format {version}, this build reads {FORMAT_VERSION}"
-    if found.identity != dict(identity):
-        return None, f"{path} was learned on {found.identity}, this is {dict(identity)}"
+    except READ_ERRORS as exc:
+        return None, unreadable(path, exc)
     missing = [k for k in keys if k not in found.sizes]
     if missing:
         return None, f"{path} lacks the sweep {missing[0]}"
@@ -67,10 +68,5 @@ def load_kernel_map(directory: Path, file_name: str, identity: Mapping[str, str]
 
 def save_kernel_map(directory: Path, file_name: str, kernel_map: KernelMap) -> Path:
     """Write the map (atomically: a reader never sees half a file); returns its path."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / file_name
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"version": FORMAT_VERSION, "identity": kernel_map.identity,
-                               "sizes": kernel_map.sizes}, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_measured(directory / file_name, FORMAT_VERSION, kernel_map.identity,
+                          {"sizes": dict(sorted(kernel_map.sizes.items()))})
