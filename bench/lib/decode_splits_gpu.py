@@ -14,13 +14,13 @@ run shows whether another tile reads the cache faster.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import triton
+from graph_timing import graph_us
 
 from warmgate.server.kernels import choose_num_splits, decode_attention, paged_attention_decode
 
@@ -75,27 +75,9 @@ def _time_splits(batch: int, context: int, head_dim: int, splits: int) -> SplitT
     out = torch.empty_like(q)
     scale = head_dim ** -0.5
 
-    def run_all() -> None:
-        for layer in range(layers):
-            paged_attention_decode(q, kv_cache, tables[layer], seq_lens, qsl, scale=scale,
-                                   query_len=1, num_splits=splits, out=out)
-
-    run_all()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run_all()
-    graph.replay()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        per_call.append(start.elapsed_time(end) * 1e3 / layers)  # us
-    us = statistics.median(per_call)
+    us = graph_us(lambda layer: paged_attention_decode(
+        q, kv_cache, tables[layer], seq_lens, qsl, scale=scale, query_len=1,
+        num_splits=splits, out=out), layers, REPLAYS)
     return SplitTiming(splits=splits, us=us, gbps=kv_bytes / (us * 1e-6) / 1e9)
 
 
