@@ -1,8 +1,12 @@
-"""A line on the terminal while one test runs long: `-q` prints a dot per test when it ends,
-so a test of two minutes looked like a hang. Once the running test passes NOTICE_AFTER_S, and
+"""A line on the terminal while a test runs long: `-q` prints a dot per test when it ends,
+so a test of two minutes looked like a hang. Once a running test passes NOTICE_AFTER_S, and
 every NOTICE_AFTER_S after, its name and time go on a line of their own.
 
-Registered by tests/conftest.py (`register`); a thread of its own looks once a second."""
+Registered by tests/conftest.py (`register`); a thread of its own looks once a second. It
+follows the tests through the log hooks (`pytest_runtest_logstart` / `logfinish`), which
+pytest-xdist also calls in the controlling process for each test a worker starts and ends:
+with `-n 2` two tests run at once, each noticed on its own, and the workers, which have no
+terminal, print nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 
 import pytest
 
@@ -24,31 +28,35 @@ class SlowTestNotice:
         self._write_line = write_line
         self._clock = clock
         self._lock = threading.Lock()
-        self._test: str | None = None
-        self._started = self._next_at = 0.0
+        self._running: dict[str, tuple[float, float]] = {}  # nodeid -> (started, next notice)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def begin(self, nodeid: str) -> None:
         with self._lock:
-            self._test, self._started = nodeid, self._clock()
-            self._next_at = self._started + NOTICE_AFTER_S
+            now = self._clock()
+            self._running[nodeid] = (now, now + NOTICE_AFTER_S)
 
-    def end(self) -> None:
+    def end(self, nodeid: str) -> None:
         with self._lock:
-            self._test = None
+            self._running.pop(nodeid, None)
 
     def due(self) -> str | None:
-        """The notice to print now, if one is due."""
+        """The notices to print now (a line per test due), if any is due."""
         now = self._clock()
+        lines = []
+        first = False
         with self._lock:
-            if self._test is None or now < self._next_at:
-                return None
-            # The first notice of a test leaves the line of dots it interrupts.
-            first = self._next_at == self._started + NOTICE_AFTER_S
-            self._next_at = now + NOTICE_AFTER_S
-            return (f"{chr(10) if first else ''}  ... {self._test} still running: "
-                    f"{now - self._started:.0f} s")
+            for nodeid, (started, next_at) in self._running.items():
+                if now < next_at:
+                    continue
+                # A test's first notice leaves the line of dots it interrupts.
+                first = first or next_at == started + NOTICE_AFTER_S
+                self._running[nodeid] = (started, now + NOTICE_AFTER_S)
+                lines.append(f"  ... {nodeid} still running: {now - started:.0f} s")
+        if not lines:
+            return None
+        return ("\n" if first else "") + "\n".join(lines)
 
     def _run(self) -> None:
         while not self._stop.wait(LOOK_EVERY_S):
@@ -56,17 +64,15 @@ class SlowTestNotice:
             if notice is not None:
                 self._write_line(notice)
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, None, None]:
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="slow-test-notice",
                                             daemon=True)
             self._thread.start()
-        self.begin(item.nodeid)
-        try:
-            yield
-        finally:
-            self.end()
+        self.begin(nodeid)
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        self.end(nodeid)
 
     def pytest_unconfigure(self) -> None:
         self._stop.set()
@@ -74,8 +80,10 @@ class SlowTestNotice:
 
 def register(config: pytest.Config) -> None:
     """Add the notice to a session, from a `pytest_configure` that runs after the terminal
-    reporter's (trylast): not where no terminal reporter prints (-p no:terminal)."""
-    if config.pluginmanager.get_plugin("terminalreporter") is None:
+    reporter's (trylast): not where no terminal reporter prints (-p no:terminal), nor in an
+    xdist worker (the controlling process notices its tests)."""
+    if (config.pluginmanager.get_plugin("terminalreporter") is None
+            or hasattr(config, "workerinput")):
         return
     config.pluginmanager.register(SlowTestNotice(terminal_writer()), "slow-test-notice")
 
