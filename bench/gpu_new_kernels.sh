@@ -4,7 +4,7 @@
 # 600 s: PARTS="tests moe", then PARTS="gemv invariant attention"):
 #   tests      their CPU test files compiled for the GPU, and tests/gpu files that cover them
 #   moe        bench/serve.py decode-latency, qwen3-30b-a3b on triton, the per-slot MoE path
-#              beside the grouped GEMMs it replaces at <= 8 tokens (--grouped-moe; goal: batch 1
+#              beside the grouped GEMMs it replaces at <= 2 tokens (--grouped-moe; goal: batch 1
 #              <= 2x the roofline of the active parameters)
 #   gemv       bench/serve.py dense-gemv: cuBLAS against the Triton GEMV per projection shape
 #              at 1-16 rows, as fractions of the card's bandwidth, and what the warmup picks

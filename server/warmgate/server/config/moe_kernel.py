@@ -39,13 +39,15 @@ MAX_EXPERTS = 512
 MAX_TILE_ELEMENTS = 128 * 128
 # The per-slot path's launches are marked by this BLOCK_M (a program's one row).
 GEMV_BLOCK_M = 1
-# Forwards of up to this many tokens (decode batches of a few streams; T * top_k rows, 64 at
-# Qwen3-30B-A3B's top-8) take the per-slot path: there nearly every row meets its expert alone
-# and the grouped path's row tiles are nearly all padding; past it tokens share experts more
-# and more, which the per-slot path reads once per row, the grouped path once per tile. The
-# bucket's autotune also times the grouped GEMMs, and bench/lib/decode_latency.py
-# --grouped-moe times a decode step on both paths.
-GEMV_MAX_TOKENS = 8
+# Forwards of up to this many tokens (decode batches of one or two streams; T * top_k rows)
+# take the per-slot path: there every row meets its expert alone and the grouped path's row
+# tiles are nearly all padding; past it tokens share experts more and more, which the
+# per-slot path reads once per row, the grouped path once per tile. On an H100
+# (bench/results/h100-moe-decode-paths.txt, Qwen3-30B-A3B, CUDA graphs) the per-slot path
+# took 4.53 ms a step at batch 1 against the grouped 5.17, and 8.50 against 6.69 at batch 8,
+# where the bucket's eager autotune had picked it. bench/lib/decode_latency.py --grouped-moe
+# times both paths.
+GEMV_MAX_TOKENS = 2
 # Its gate/up kernel keeps two float32 accumulators of BLOCK_N x BLOCK_K over its threads: at
 # most this many elements of each a thread (about 120 registers in all on sm_90, no spills;
 # twice as many took 239-255), so no candidate is larger.
