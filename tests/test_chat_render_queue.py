@@ -123,12 +123,16 @@ def test_cancelled_renders_do_not_hold_up_the_next_chat(server: ServerThread) ->
 
 
 def test_renders_past_the_queue_are_refused_at_once(server: ServerThread) -> None:
+    template = _template(server)
+
     async def body() -> None:
         async with AsyncWarmgateClient(server.target) as client:
             alone = await _alone(client)
+            # A fixed sleep was too short on a loaded machine: wait for the server's own count.
+            await _until(lambda: template.in_flight == 0)
             admitted = [asyncio.create_task(_chat(client, SLOW_MESSAGES, 60))
                         for _ in range(WORKERS + QUEUE)]
-            await asyncio.sleep(0.5)  # all admitted: running or waiting for a worker
+            await _until(lambda: template.in_flight == WORKERS + QUEUE)  # all admitted
             start = time.monotonic()
             refused = await asyncio.gather(*(_failure(client, SLOW_MESSAGES, 60)
                                              for _ in range(REFUSED)))

@@ -43,7 +43,7 @@ def test_buckets_cover_every_token_count_in_order() -> None:
     assert bucket_of(1) == bucket_of(GEMV_MAX_TOKENS) == GEMV_MAX_TOKENS
     assert bucket_of(GEMV_MAX_TOKENS + 1) == bucket_of(32) == 32 and bucket_of(33) == 256
     assert bucket_of(10**9) == LAUNCH_TABLE[-1][0]
-    assert buckets_up_to(1) == (8,) and buckets_up_to(300) == (8, 32, 256, 2048)
+    assert buckets_up_to(1) == (2,) and buckets_up_to(300) == (2, 32, 256, 2048)
 
 
 def test_the_table_is_fitted_to_the_expert_shape() -> None:

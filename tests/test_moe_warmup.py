@@ -42,7 +42,7 @@ def monitor() -> Iterator[JitMonitor]:
 
 
 def _warm(monitor: JitMonitor, timer: Any = None, **model: Any) -> tuple[Any, Any]:
-    """A tiny runner (budget 300 tokens: buckets 8, 32, 256 and 2048) warmed by the whole plan;
+    """A tiny runner (budget 300 tokens: buckets 2, 32, 256 and 2048) warmed by the whole plan;
     `timer` is attached before the plan, as the runner attaches its own on CUDA."""
     runner, load = load_runner(tiny_config(max_num_batched_tokens=300, max_num_seqs=4,
                                            **model), jit_monitor=monitor)
@@ -60,13 +60,13 @@ def test_the_plan_runs_the_moe_phase_with_every_bucket(arch: str, monitor: JitMo
     assert names.index("moe") == names.index("flashinfer") + 1 == names.index("compile") - 1
     phase = report.phase("moe")
     assert phase.status is PhaseStatus.RAN
-    assert phase.shapes["buckets"] == [8, 32, 256, 2048]
-    assert phase.shapes["token_counts"] == [8, 32, 256, 300]
+    assert phase.shapes["buckets"] == [2, 32, 256, 2048]
+    assert phase.shapes["token_counts"] == [2, 32, 256, 300]
     assert phase.shapes["source"] == "the table" and phase.shapes["autotune_s"] == 0.0
     launches = runner.model.moe_launches
-    assert sorted(launches.chosen) == [8, 32, 256, 2048]
+    assert sorted(launches.chosen) == [2, 32, 256, 2048]
     # Decode-sized forwards take the per-slot kernels, larger ones the grouped GEMMs.
-    assert [launches.chosen[b].per_slot for b in (8, 32, 256, 2048)] == [True] + [False] * 3
+    assert [launches.chosen[b].per_slot for b in (2, 32, 256, 2048)] == [True] + [False] * 3
     assert phase.shapes["launches"] == {str(b): str(launch)
                                         for b, launch in launches.chosen.items()}
     # Every layer shares the one table of launches.
@@ -96,12 +96,12 @@ def test_autotuned_launches_are_kept_and_a_warm_start_times_nothing(
     cold, report = _warm(monitor, timer, **MODELS["qwen3_moe"])
     phase = report.phase("moe")
     assert phase.shapes["source"] == "autotune" and phase.shapes["autotune_s"] > 0
-    assert {n for _, n in timer.calls} == {8, 32, 256, 300}  # each bucket at its count
+    assert {n for _, n in timer.calls} == {2, 32, 256, 300}  # each bucket at its count
     assert phase.compiles == {AUTOTUNE: 4}  # billed to the phase that tuned
     launches = cold.model.moe_launches
     judge = FakeTimer(best_m=64)
     assert launches.chosen == {b: min(candidates(b, launches.shape, 300),
-                                      key=lambda c: judge(c, 0)) for b in (8, 32, 256, 2048)}
+                                      key=lambda c: judge(c, 0)) for b in (2, 32, 256, 2048)}
     assert launches.chosen[2048].block_m == 64
     assert (tmp_path / MOE_FILE).is_file()
     with JitMonitor() as warm_monitor:
@@ -124,7 +124,7 @@ def test_serving_after_ready_autotunes_nothing_unless_a_bucket_was_left_out(
     sched = BatchDriver(runner)
     sched.add(DrivenRequest("late", prompt(100), None, 4))
     sched.step({"late": Work(100)})
-    sched.step({"late": Work(1)})  # a decode: bucket 8, still filled
+    sched.step({"late": Work(1)})  # a decode: bucket 2, still filled
     assert monitor.snapshot().after_ready == {AUTOTUNE: 1}
 
 
