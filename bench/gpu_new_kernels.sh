@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The kernels that have run only in the Triton interpreter so far, on the GPU in one run of
 # under ten minutes each, beside what they replace (PARTS picks what runs; keep a run under
-# 600 s: PARTS="tests moe", then PARTS="gemv invariant attention"):
+# 600 s: PARTS="tests moe" took 150 s on an H100, "gemv invariant attention" is timed out at
+# 480 s):
 #   tests      their CPU test files compiled for the GPU, and tests/gpu files that cover them
 #   moe        bench/serve.py decode-latency, qwen3-30b-a3b on triton, the per-slot MoE path
 #              beside the grouped GEMMs it replaces at <= 2 tokens (--grouped-moe; goal: batch 1
