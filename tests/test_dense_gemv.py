@@ -17,8 +17,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from triton.runtime.interpreter import InterpretedFunction
-
+from tests.kernel_device import kernel_device
 from tests.paged_reference import rel_err
 from warmgate.server.kernels.activation import silu_and_mul
 from warmgate.server.kernels.dense_gemv import (
@@ -29,10 +28,7 @@ from warmgate.server.kernels.dense_gemv import (
 )
 from warmgate.server.kernels.gemv_plan import MAX_ROWS, GemvLaunch, cdiv, gemv_launch
 
-DEVICE = "cpu" if isinstance(_gemv_kernel, InterpretedFunction) else "cuda"
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("the kernels were compiled for the GPU (TRITON_INTERPRET is off) and there is "
-                "no CUDA device", allow_module_level=True)
+DEVICE = kernel_device(_gemv_kernel)
 H100_SMS = 132
 # Against F.linear in the same dtype: both accumulate in float32 and round once, so they
 # differ by the rounding of the output (and the order of the float32 sums).

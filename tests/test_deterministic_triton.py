@@ -13,8 +13,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from triton.runtime.interpreter import InterpretedFunction
-
+from tests.kernel_device import kernel_device
 from tests.runner_helpers import tiny_config
 from warmgate.server.core.results import PhaseStatus
 from warmgate.server.kernels.batch_invariant import _matmul_kernel
@@ -25,10 +24,7 @@ from warmgate.server.runner.attention.triton_backend import TritonAttentionBacke
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.warmup.determinism import run_determinism_check
 
-DEVICE = "cpu" if isinstance(_matmul_kernel, InterpretedFunction) else "cuda"
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("the kernels were compiled for the GPU (TRITON_INTERPRET is off) and there is "
-                "no CUDA device", allow_module_level=True)
+DEVICE = kernel_device(_matmul_kernel)
 
 
 @pytest.mark.slow

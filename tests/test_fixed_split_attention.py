@@ -19,8 +19,6 @@ import torch
 
 pytest.importorskip("triton")
 
-from triton.runtime.interpreter import InterpretedFunction
-
 from tests.fixed_split_helpers import (
     BLOCK_SIZE,
     Part,
@@ -30,12 +28,10 @@ from tests.fixed_split_helpers import (
     reference_rows,
     run_step,
 )
+from tests.kernel_device import kernel_device
 from warmgate.server.kernels.fixed_split_attention import _fixed_split_kernel, key_tile
 
-DEVICE = "cpu" if isinstance(_fixed_split_kernel, InterpretedFunction) else "cuda"
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("the kernels were compiled for the GPU (TRITON_INTERPRET is off) and there is "
-                "no CUDA device", allow_module_level=True)
+DEVICE = kernel_device(_fixed_split_kernel)
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 8, 2, 16  # GQA: 4 query heads a KV head
 C = 2 * key_tile(HEAD_DIM, torch.float32, DEVICE == "cuda")  # the split size under test

@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 
 from triton.runtime.interpreter import InterpretedFunction
 
+from tests.kernel_device import kernel_device
 from tests.paged_reference import make_paged_batch
 from tests.runner_helpers import tiny_config
 from tests.test_triton_kernels import _meta
@@ -43,10 +44,7 @@ from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.warmup.determinism import run_determinism_check
 from warmgate.server.warmup.kernels import warmup_forward_kernels
 
-DEVICE = "cpu" if isinstance(_fixed_split_kernel, InterpretedFunction) else "cuda"
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("the kernels were compiled for the GPU (TRITON_INTERPRET is off) and there is "
-                "no CUDA device", allow_module_level=True)
+DEVICE = kernel_device(_fixed_split_kernel)
 
 
 def test_the_split_size_is_a_function_of_the_capacity_and_the_key_tile() -> None:

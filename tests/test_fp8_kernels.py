@@ -20,8 +20,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from triton.runtime.interpreter import InterpretedFunction
-
+from tests.kernel_device import kernel_device
 from warmgate.server.config.fp8_config import FP8Config
 from warmgate.server.kernels.fp8_block_gemm import (
     BlockGemmLaunch,
@@ -39,10 +38,7 @@ from warmgate.server.runner.fp8_linear import (
 )
 from warmgate.server.runner.moe import route
 
-DEVICE = "cpu" if isinstance(_block_gemm_kernel, InterpretedFunction) else "cuda"
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("the kernels were compiled for the GPU (TRITON_INTERPRET is off) and there is "
-                "no CUDA device", allow_module_level=True)
+DEVICE = kernel_device(_block_gemm_kernel)
 BLOCK = FP8Config("block", fmt="fp8")
 # Small tiles: several M, N and K tiles, four K tiles per 128-group.
 SMALL = BlockGemmLaunch(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1)

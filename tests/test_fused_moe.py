@@ -14,8 +14,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from triton.runtime.interpreter import InterpretedFunction
-
+from tests.kernel_device import kernel_device
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.kernels.fused_moe import (
     LAUNCH_TABLE,
@@ -29,10 +28,7 @@ from warmgate.server.kernels.fused_moe import (
 from warmgate.server.kernels.moe_route import route_topk
 from warmgate.server.runner.moe import MoEBlock, experts_for, route, routing_for, torch_moe
 
-DEVICE = "cpu" if isinstance(_grouped_gemm_kernel, InterpretedFunction) else "cuda"
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("the kernels were compiled for the GPU (TRITON_INTERPRET is off) and there is "
-                "no CUDA device", allow_module_level=True)
+DEVICE = kernel_device(_grouped_gemm_kernel)
 SMALL = MoELaunch(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=1)
 
 

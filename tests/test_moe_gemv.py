@@ -16,8 +16,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from triton.runtime.interpreter import InterpretedFunction
-
+from tests.kernel_device import kernel_device
 from warmgate.server.config.fp8_config import FP8Config
 from warmgate.server.config.moe_kernel import (
     GEMV_MAX_TOKENS,
@@ -36,10 +35,7 @@ from warmgate.server.runner.fp8_linear import dequantize, quantize
 from warmgate.server.runner.moe import torch_moe
 from warmgate.server.runner.moe_launches import MoELaunches
 
-DEVICE = "cpu" if isinstance(_down_kernel, InterpretedFunction) else "cuda"
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("the kernels were compiled for the GPU (TRITON_INTERPRET is off) and there is "
-                "no CUDA device", allow_module_level=True)
+DEVICE = kernel_device(_down_kernel)
 # Small tiles: several N tiles per expert, a partial last K tile (K = 80 or 112 over 32).
 SMALL = MoELaunch(block_m=1, block_n=16, block_k=32, num_warps=4, num_stages=1)
 GROUPED = MoELaunch(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=1)

@@ -23,8 +23,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from triton.runtime.interpreter import InterpretedFunction
-
+from tests.kernel_device import kernel_device
 from tests.runner_helpers import make_runner, prompt
 from warmgate.server.config.moe_kernel import GEMV_MAX_TOKENS
 from warmgate.server.kernels.fused_moe import ALIGN_KERNEL_MAX_BUCKET, fused_moe
@@ -33,10 +32,7 @@ from warmgate.server.runner.cuda_graphs import CudaGraphRunner
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.moe import MoEBlock, route
 
-DEVICE = "cpu" if isinstance(_route_kernel, InterpretedFunction) else "cuda"
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("the kernels were compiled for the GPU (TRITON_INTERPRET is off) and there is "
-                "no CUDA device", allow_module_level=True)
+DEVICE = kernel_device(_route_kernel)
 
 # A Qwen3-MoE of the tiny preset's shape: 8 experts, 2 a token.
 MOE = dict(architecture="qwen3_moe", num_experts=8, num_experts_per_tok=2,

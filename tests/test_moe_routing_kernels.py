@@ -12,17 +12,13 @@ import torch
 
 pytest.importorskip("triton")
 
-from triton.runtime.interpreter import InterpretedFunction
-
+from tests.kernel_device import kernel_device
 from warmgate.server.kernels.fused_moe import align_by_expert_torch, sum_slots
 from warmgate.server.kernels.moe_align import _align_kernel, align_rows
 from warmgate.server.kernels.moe_route import route_topk
 from warmgate.server.runner.moe import route
 
-DEVICE = "cpu" if isinstance(_align_kernel, InterpretedFunction) else "cuda"
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("the kernels were compiled for the GPU (TRITON_INTERPRET is off) and there is "
-                "no CUDA device", allow_module_level=True)
+DEVICE = kernel_device(_align_kernel)
 
 
 def _ids(tokens: int, experts: int, top_k: int, seed: int) -> torch.Tensor:

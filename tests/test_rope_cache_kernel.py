@@ -13,8 +13,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from triton.runtime.interpreter import InterpretedFunction
-
+from tests.kernel_device import kernel_device
 from tests.paged_reference import make_paged_batch, reference_attention, rel_err, tolerance
 from warmgate.server.kernels.rope_cache import _rope_cache_kernel, rope_and_cache
 from warmgate.server.kernels.rotary import rotary_embedding
@@ -23,10 +22,7 @@ from warmgate.server.runner.attention.triton_backend import TritonAttentionBacke
 from warmgate.server.runner.ops import TorchOps, build_cos_sin_cache
 
 NAN = float("nan")
-DEVICE = "cpu" if isinstance(_rope_cache_kernel, InterpretedFunction) else "cuda"
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("the kernels were compiled for the GPU and there is no CUDA device",
-                allow_module_level=True)
+DEVICE = kernel_device(_rope_cache_kernel)
 
 
 def _qkv(gen: torch.Generator, num_tokens: int, num_heads: int, num_kv_heads: int,

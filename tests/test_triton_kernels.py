@@ -18,8 +18,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from triton.runtime.interpreter import InterpretedFunction
-
+from tests.kernel_device import kernel_device
 from tests.paged_reference import (
     make_paged_batch,
     reference_attention,
@@ -43,10 +42,7 @@ from warmgate.server.runner.ops import TorchOps, build_cos_sin_cache
 
 NAN = float("nan")
 # Interpreted kernels read CPU tensors, compiled ones CUDA tensors.
-DEVICE = "cpu" if isinstance(_decode_kernel, InterpretedFunction) else "cuda"
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("the kernels were compiled for the GPU (TRITON_INTERPRET is off) and there is "
-                "no CUDA device", allow_module_level=True)
+DEVICE = kernel_device(_decode_kernel)
 
 
 @pytest.fixture(autouse=True)
