@@ -201,18 +201,16 @@ def test_a_cancelled_request_leaves_the_queue_while_the_workers_are_busy(
             queued = await asyncio.gather(*(_failure(client, SLOW_MESSAGES, CANCEL_AFTER_S)
                                             for _ in range(QUEUE)))
             assert {e.code for e in queued} == {grpc.StatusCode.DEADLINE_EXCEEDED}, queued
-            # Room for a whole queue again, while both workers still render: each of these
-            # is admitted and waits (until its deadline), none is refused.
-            deadline = time.monotonic() + SLACK_S
-            while True:
-                again = await asyncio.gather(*(_failure(client, SLOW_MESSAGES, 1.0)
-                                               for _ in range(QUEUE)))
-                codes = {e.code for e in again}
-                if codes == {grpc.StatusCode.DEADLINE_EXCEEDED}:
-                    break
-                assert codes <= {grpc.StatusCode.DEADLINE_EXCEEDED,
-                                 grpc.StatusCode.RESOURCE_EXHAUSTED}, again
-                assert time.monotonic() < deadline, codes  # the cancels not seen yet
+            # The server sees each cancel a moment after its client's deadline: its own
+            # count falls back to the two busy renders while both workers still render (a
+            # fixed retry window was outrun on a loaded CI machine).
+            template = _template(server)
+            await _until(lambda: template.in_flight == WORKERS)
+            # Room for a whole queue again: each of these is admitted and waits (until its
+            # deadline), none is refused.
+            again = await asyncio.gather(*(_failure(client, SLOW_MESSAGES, 1.0)
+                                           for _ in range(QUEUE)))
+            assert {e.code for e in again} == {grpc.StatusCode.DEADLINE_EXCEEDED}, again
             assert not any(task.done() for task in busy)
             for task in busy:
                 task.cancel()
