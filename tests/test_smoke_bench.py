@@ -4,6 +4,8 @@ served`'s output; then a real run on the CPU."""
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -44,32 +46,95 @@ def test_a_backend_without_kernels_for_the_head_size_is_a_row_not_a_run() -> Non
 
 
 def _run(config: str, state: str, started: float = 0.0) -> SimpleNamespace:
-    """A running configuration in one of its states, as the coordinator sees it."""
+    """A running configuration in one of its states, as the coordinator sees it; go() makes
+    it time its TTFT, and it records its stops."""
     preset, backend, k = config.split(":")
     run = SimpleNamespace(row=SmokeRow(SmokeConfig(preset, backend, int(k[1:]))),
                           started=started, warming=state == "warming",
-                          waiting=state == "waiting", timing=state == "timing", went=False)
-    run.go = lambda: setattr(run, "went", True)
+                          waiting=state == "waiting", timing=state == "timing", went=False,
+                          stopped=False, note="")
+
+    def go() -> None:
+        run.went, run.waiting, run.timing = True, False, True
+
+    run.go = go
+    run.pause = lambda: setattr(run, "stopped", True)
+    run.resume = lambda: setattr(run, "stopped", False)
     return run
 
 
-def test_ttft_is_timed_in_quiet_and_nothing_starts_while_a_server_waits() -> None:
-    smoke = load_script("bench/lib/smoke.py")
-    queue = [SmokeConfig("llama-3.2-1b", "triton", 0)]
+def _window(now: list[float]) -> object:
+    quiet = load_script("bench/lib/smoke_quiet.py")
+    return quiet.QuietWindow(clock=lambda: now[0], sleep=lambda s: None)
+
+
+def test_ttft_is_timed_with_every_other_run_stopped_one_server_at_a_time() -> None:
+    now = [0.0]
+    window = _window(now)
     a, b = _run("tiny:triton:k0", "waiting", 2.0), _run("tiny:triton:k3", "waiting", 1.0)
     warming = _run("qwen3-0.6b:triton:k0", "warming")
-    smoke._quiet_ttft([a, b, warming])
-    assert not a.went and not b.went  # another server still warms up
-    assert smoke._schedule(queue, [a, b, warming], set(), 10**12) is None
-    smoke._quiet_ttft([a, b])
-    assert b.went and not a.went  # the one waiting longest, one at a time
-    timing = _run("tiny:triton:k3", "timing")
-    smoke._quiet_ttft([a, timing])
-    assert not a.went
-    serving = _run("tiny:torch:k0", "serving")  # past its TTFT: the next may start
-    assert smoke._schedule(queue, [serving, warming], set(), 10**12) == queue[0]
-    assert smoke._schedule(queue, [serving], {"triton"}, 10**12) == queue[0]
+    window.step([a, b, warming])
+    assert b.went and not a.went  # the one waiting longest, while the other warms up
+    assert a.stopped and warming.stopped and not b.stopped
+    assert window.open
+    window.step([a, b, warming])  # still timing: nothing changes
+    assert not a.went and a.stopped and warming.stopped
+    b.timing = False  # measured: the others go on, and the next one times
+    window.step([a, b, warming])
+    assert a.went and not a.stopped and b.stopped and warming.stopped
+    window.step([b, warming])  # a's run ended while timing
+    assert not window.open and not b.stopped and not warming.stopped
+
+
+def test_a_stop_lasts_at_most_its_bound_and_the_row_says_so() -> None:
+    now = [0.0]
+    window = _window(now)
+    slow, other = _run("tiny:torch:k0", "waiting"), _run("tiny:torch:k3", "warming")
+    window.step([slow, other])
+    now[0] = 7.9
+    window.step([slow, other])
+    assert other.stopped and not slow.note
+    now[0] = 8.1
+    window.step([slow, other])
+    assert not other.stopped and not window.open
+    assert "partly beside other servers" in slow.note
+
+
+def test_new_runs_wait_only_for_a_backends_first_run_and_for_memory() -> None:
+    smoke = load_script("bench/lib/smoke.py")
+    queue = [SmokeConfig("llama-3.2-1b", "triton", 0)]
+    waiting, warming = _run("tiny:triton:k3", "waiting"), _run("qwen3-0.6b:triton:k0", "warming")
+    assert smoke._schedule(queue, [waiting, warming], set(), 10**12) == queue[0]
     assert smoke._schedule(queue, [warming], {"triton"}, 10**12) is None  # gated backend
+    assert smoke._schedule(queue, [waiting], {"torch"}, 10**12) == queue[0]
+    assert smoke._schedule(queue, [warming], set(), memory_bytes(queue[0]) - 1) is None
+
+
+def test_a_stopped_process_group_is_stopped_and_its_stop_is_counted() -> None:
+    quiet = load_script("bench/lib/smoke_quiet.py")
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        pause = quiet.ProcessGroupPause(proc.pid)
+        pause.pause()
+        assert _reaches(proc.pid, "T")
+        time.sleep(0.2)
+        pause.resume()
+        assert _reaches(proc.pid, "S") and pause.paused_s >= 0.2
+    finally:
+        proc.kill()
+        proc.wait()
+    pause.pause()  # an ended group: nothing to stop, nothing counted
+    assert pause.stopped_s() == pause.paused_s
+
+
+def _reaches(pid: int, state: str) -> bool:
+    """Whether the process's state letter in /proc (T: stopped, S: sleeping) becomes `state`
+    within a second (a signal lands a moment after it is sent)."""
+    for _ in range(100):
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == state:
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def test_each_backend_runs_a_small_one_first_then_the_largest_first() -> None:

@@ -8,11 +8,12 @@ requests with every sampling option (`bench/warm.py served`), one row each.
 
 Servers run side by side where the card's memory holds them (each with a fixed, small KV
 cache: bench/lib/smoke_plan.py), the largest first; each backend's first run goes alone, so
-its cold JIT is paid once. TTFT is timed in quiet: a ready server waits until no other warms
-up or times its TTFT, and no server starts while one waits (a warmup beside a first request
-would make it look slow). A preset the card cannot hold, or a backend with no kernels for
-its head size, gets a row that says so instead of a run. No configuration starts after
---deadline-s, and those left get a row that says so: rerun them with --presets.
+its cold JIT is paid once. TTFT is timed in quiet: a ready server times it while every other
+run is stopped, and none starts meanwhile (bench/lib/smoke_quiet.py); a row's ready time
+counts the seconds it was stopped, and its progress line says how many. A preset the card
+cannot hold, or a backend with no kernels for its head size, gets a row that says so instead
+of a run. No configuration starts after --deadline-s, and those left get a row that says
+so: rerun them with --presets.
 
 A row is clean when the run exited 0 with 0 compiles, autotunes, graph misses and errors
 after ready and first/steady TTFT at most --ttft-limit (1.15; a stricter goal, e.g. 1.05 for
@@ -44,6 +45,7 @@ from smoke_plan import (
     run_order,
     why_not,
 )
+from smoke_quiet import ProcessGroupPause, QuietWindow
 
 from warmgate.server.config.attention_backends import backend_available, backend_names
 from warmgate.server.devtools.gpu_card import detect
@@ -95,12 +97,24 @@ class Run:
         stem = config.name.replace(":", "-")
         self.log = logs / (stem + ".txt")
         self.gate = str(logs / stem)  # served's --ttft-gate files
+        self.note = ""  # what the quiet window says of its TTFT, if anything
         self._out = self.log.open("w")
         self.proc = subprocess.Popen(
             [sys.executable, WARM, "served", "--requests", str(args.requests), "--repeats", "5",
              "--gap-s", "0.3", "--ttft-gate", self.gate,
              "--server-args", config.server_args(device)],
             stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
+        self._pause = ProcessGroupPause(self.proc.pid)  # its session's group: pgid == pid
+
+    def pause(self) -> None:
+        self._pause.pause()
+
+    def resume(self) -> None:
+        self._pause.resume()
+
+    @property
+    def paused_s(self) -> float:
+        return self._pause.stopped_s()
 
     def _has(self, suffix: str) -> bool:
         return os.path.exists(self.gate + suffix)
@@ -121,9 +135,10 @@ class Run:
         Path(self.gate + ".go").touch()
 
     def poll(self, timeout_s: float) -> bool:
-        """Whether the run has ended (stopped now if past its time)."""
+        """Whether the run has ended (killed now if past its time, the seconds others' TTFT
+        kept it stopped not counted)."""
         if self.proc.poll() is None:
-            if time.monotonic() - self.started < timeout_s:
+            if time.monotonic() - self.started - self.paused_s < timeout_s:
                 return False
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
@@ -134,29 +149,17 @@ class Run:
         output = self.log.read_text(errors="replace")
         read_served(self.row, output)
         if not self.row.clean and not self.row.note:
-            self.row.note = "; ".join(self.row.faults())
+            self.row.note = "; ".join([*self.row.faults(), *filter(None, [self.note])])
             if self.row.exit_code:
                 lines = [ln for ln in output.splitlines() if ln.strip()]
                 self.row.note += f" ({self.log.name}: {lines[-1][:100] if lines else 'no output'})"
         return True
 
 
-def _quiet_ttft(running: list[Run]) -> None:
-    """Let the longest-waiting ready server time its TTFT when no other warms up or times."""
-    if any(r.warming or r.timing for r in running):
-        return
-    waiting = [r for r in running if r.waiting]
-    if waiting:
-        min(waiting, key=lambda r: r.started).go()
-
-
 def _schedule(queue: list[SmokeConfig], running: list[Run], gated: set[str],
               free_bytes: int) -> SmokeConfig | None:
-    """The next configuration that may start now: no server waits for or times its TTFT,
-    its backend's first run has ended (or it is that run), and it fits beside those
-    running."""
-    if any(r.waiting or r.timing for r in running):
-        return None
+    """The next configuration that may start now (no server times its TTFT meanwhile): its
+    backend's first run has ended (or it is that run), and it fits beside those running."""
     for config in queue:
         if config.backend in gated and any(r.row.config.backend == config.backend
                                            for r in running):
@@ -191,27 +194,31 @@ def _run_all(queue: list[SmokeConfig], backends: list[str], device: str, total: 
     gated = set(backends)  # each backend's first run has not ended yet
     running: list[Run] = []
     done: list[SmokeRow] = []
+    quiet = QuietWindow()
     start = time.monotonic()
-    while queue or running:
-        used = sum(memory_bytes(r.row.config) for r in running)
-        while (queue and len(running) < args.parallel
-               and time.monotonic() - start < args.deadline_s):
-            config = _schedule(queue, running, gated, int(MEMORY_SHARE * total) - used)
-            if config is None:
+    try:
+        while queue or running:
+            used = sum(memory_bytes(r.row.config) for r in running)
+            while (queue and not quiet.open and len(running) < args.parallel
+                   and time.monotonic() - start < args.deadline_s):
+                config = _schedule(queue, running, gated, int(MEMORY_SHARE * total) - used)
+                if config is None:
+                    break
+                queue.remove(config)
+                running.append(Run(config, device, args, logs))
+                used += memory_bytes(config)
+            if not running and time.monotonic() - start >= args.deadline_s:
                 break
-            queue.remove(config)
-            running.append(Run(config, device, args, logs))
-            used += memory_bytes(config)
-        if not running and time.monotonic() - start >= args.deadline_s:
-            break
-        _quiet_ttft(running)
-        for run in [r for r in running if r.poll(args.config_timeout_s)]:
-            running.remove(run)
-            gated.discard(run.row.config.backend)
-            done.append(run.row)
-            print(f"[+{time.monotonic() - start:4.0f} s, ran {run.row.wall_s:3.0f} s] "
-                  f"{format_row(run.row)}", flush=True)
-        time.sleep(0.2)
+            for run in [r for r in running if r.poll(args.config_timeout_s)]:
+                running.remove(run)
+                gated.discard(run.row.config.backend)
+                done.append(run.row)
+                print(f"[+{time.monotonic() - start:4.0f} s, ran {run.row.wall_s:3.0f} s, "
+                      f"stopped {run.paused_s:3.0f} s] {format_row(run.row)}", flush=True)
+            quiet.step(running)
+            time.sleep(0.2)
+    finally:
+        quiet.close()  # nothing left stopped, whatever ended the loop
     return done, queue
 
 

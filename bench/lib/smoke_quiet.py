@@ -1,0 +1,124 @@
+"""The smoke test's quiet TTFT: one ready server at a time times its first and steady TTFT
+while every other run of the smoke is stopped.
+
+Servers side by side share the GPU, and a first request timed beside another server's warmup
+or load looks slow for reasons of its own (on an H100, first/steady up to 1.45 with the others
+only serving). Waiting for the others to go idle serialised the matrix instead: a ready server
+held every start back until all warmups ended. So the coordinator stops every other run's
+process group (SIGSTOP: its client, server, engine and health processes alike), lets the GPU
+drain the work they had queued, has the ready one time its TTFT, and continues them (SIGCONT).
+
+A stop is bounded by MAX_PAUSE_S: a server's health process ends it when its heartbeats stop
+for 10 s (core/health_wire.py), and both resume together, so a stop shorter than that loses
+nothing. A TTFT still being timed then goes on beside the others, and the row says so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+MAX_PAUSE_S = 8.0
+# A stopped process launches nothing more, but its kernels already queued run on: the
+# longest a warmup queues (an autotune's timed launches, a graph replay) end well within this.
+SETTLE_S = 0.3
+
+
+class Pausable(Protocol):
+    """A run as the quiet window sees it (smoke.Run)."""
+
+    started: float
+    note: str
+
+    @property
+    def waiting(self) -> bool: ...
+
+    @property
+    def timing(self) -> bool: ...
+
+    def go(self) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+class ProcessGroupPause:
+    """Stops and continues one process group, counting the seconds it spent stopped."""
+
+    def __init__(self, pgid: int) -> None:
+        self.pgid = pgid
+        self.paused_s = 0.0
+        self._since: float | None = None
+
+    def pause(self) -> None:
+        if self._since is None and self._signal(signal.SIGSTOP):
+            self._since = time.monotonic()
+
+    def resume(self) -> None:
+        if self._since is not None:
+            self._signal(signal.SIGCONT)
+            self.paused_s += time.monotonic() - self._since
+            self._since = None
+
+    def stopped_s(self) -> float:
+        """Seconds stopped so far, the current stop included."""
+        current = 0.0 if self._since is None else time.monotonic() - self._since
+        return self.paused_s + current
+
+    def _signal(self, sig: signal.Signals) -> bool:
+        try:
+            os.killpg(self.pgid, sig)
+        except ProcessLookupError:  # it ended meanwhile
+            return False
+        return True
+
+
+class QuietWindow:
+    """Who times its TTFT now, and whom that stopped."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.timer: Pausable | None = None
+        self._stopped: list[Pausable] = []
+        self._since = 0.0
+        self._clock = clock
+        self._sleep = sleep
+
+    @property
+    def open(self) -> bool:
+        """Whether a server is timing its TTFT (no run may start meanwhile)."""
+        return self.timer is not None
+
+    def step(self, running: Sequence[Pausable]) -> None:
+        """Close the window once its TTFT is measured (or its run ended, or the stop's
+        bound passed), then open one for the server that has waited longest."""
+        if self.timer is not None:
+            ended = self.timer not in running or not self.timer.timing
+            if not ended and self._clock() - self._since < MAX_PAUSE_S:
+                return
+            if not ended:
+                self.timer.note = (f"TTFT timed partly beside other servers: not measured "
+                                   f"within the {MAX_PAUSE_S:.0f} s they may stay stopped")
+            self.close()
+        waiting = [r for r in running if r.waiting]
+        if not waiting:
+            return
+        self.timer = min(waiting, key=lambda r: r.started)
+        self._stopped = [r for r in running if r is not self.timer]
+        for run in self._stopped:
+            run.pause()
+        if self._stopped:
+            self._sleep(SETTLE_S)
+        self._since = self._clock()
+        self.timer.go()
+
+    def close(self) -> None:
+        """Continue every run the window stopped (also when the smoke itself ends)."""
+        for run in self._stopped:
+            run.resume()
+        self._stopped = []
+        self.timer = None
