@@ -3,6 +3,7 @@ and the exponential race.
 
 The race (argmax of p / q with q ~ Exp(1) is a draw from p) needs no normalised distribution
 and lets every row take its own noise. Greedy rows take the argmax; warpers never change it.
+The row reductions (softmax, cumsum) come from a RowReductions object: torch's by default.
 """
 
 from __future__ import annotations
@@ -12,24 +13,28 @@ from collections.abc import Sequence
 import torch
 
 from warmgate.server.runner.host_copy import to_device
+from warmgate.server.runner.sampling.row_reductions import TORCH_REDUCTIONS, RowReductions
 from warmgate.server.runner.scheduler_output import SamplingParams
 
 
 def choose_tokens(x: torch.Tensor, params: Sequence[SamplingParams],
                   generators: Sequence[torch.Generator | None],
-                  row_wise: bool = False) -> torch.Tensor:
+                  row_wise: bool = False,
+                  reductions: RowReductions = TORCH_REDUCTIONS) -> torch.Tensor:
     """One token per row of x [N, V]: the argmax for greedy rows, a draw for the others. An
     all-greedy batch never draws random numbers (vLLM issue 54455 was that path left cold).
-    row_wise (--deterministic): each drawn row's softmax, sort and cumsum run on it alone,
-    whose kernels then cannot pick another split for another row count."""
+    row_wise (--deterministic): a drawn row's token must not depend on the other rows. With
+    batch-invariant reductions the rows are drawn together anyway; otherwise each drawn row's
+    softmax, sort and cumsum run on it alone, whose kernels then cannot pick another split
+    for another row count."""
     greedy = x.argmax(dim=-1)
     if all(p.is_greedy for p in params):
         return greedy
-    if row_wise:
+    if row_wise and not reductions.batch_invariant:
         return torch.cat([greedy[i:i + 1] if p.is_greedy
-                          else _draw(x[i:i + 1].clone(), [p], [generators[i]])
+                          else _draw(x[i:i + 1].clone(), [p], [generators[i]], reductions)
                           for i, p in enumerate(params)])
-    sampled = _draw(x, params, generators)
+    sampled = _draw(x, params, generators, reductions)
     if not any(p.is_greedy for p in params):
         return sampled
     mask = to_device([p.is_greedy for p in params], torch.bool, greedy.device)
@@ -37,13 +42,15 @@ def choose_tokens(x: torch.Tensor, params: Sequence[SamplingParams],
 
 
 def _draw(x: torch.Tensor, params: Sequence[SamplingParams],
-          generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+          generators: Sequence[torch.Generator | None],
+          reductions: RowReductions) -> torch.Tensor:
     """The race's winner per row of x [N, V] -> [N]."""
-    probs = probabilities(x, params)
+    probs = probabilities(x, params, reductions)
     return (probs / _noise(probs, generators)).argmax(dim=-1)
 
 
-def probabilities(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+def probabilities(x: torch.Tensor, params: Sequence[SamplingParams],
+                  reductions: RowReductions = TORCH_REDUCTIONS) -> torch.Tensor:
     """Temperature, then min_p, then top-k, then top-p over what top-k kept (vLLM V1's order);
     [N, V] probabilities. Greedy rows get temperature 1 so they stay finite."""
     dev = x.device
@@ -51,21 +58,24 @@ def probabilities(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Te
                       torch.float32, dev)
     x = x / temps[:, None]
     if any(p.min_p > 0.0 for p in params):
-        x = min_p_filter(x, to_device([p.min_p for p in params], torch.float32, dev))
+        x = min_p_filter(x, to_device([p.min_p for p in params], torch.float32, dev),
+                         reductions)
     if any(p.top_k > 0 for p in params) or any(p.top_p < 1.0 for p in params):
-        x = top_k_top_p(x, params)
-    return torch.softmax(x, dim=-1)
+        x = top_k_top_p(x, params, reductions)
+    return reductions.softmax(x)
 
 
-def min_p_filter(x: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+def min_p_filter(x: torch.Tensor, min_p: torch.Tensor,
+                 reductions: RowReductions = TORCH_REDUCTIONS) -> torch.Tensor:
     """-inf where a token's probability is below min_p times the row's largest (rows with
     min_p 0 keep everything; the most likely token always stays)."""
-    probs = torch.softmax(x, dim=-1)
+    probs = reductions.softmax(x)
     threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
     return x.masked_fill(probs < threshold, float("-inf"))
 
 
-def top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+def top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams],
+                reductions: RowReductions = TORCH_REDUCTIONS) -> torch.Tensor:
     """x [N, V] with -inf outside each row's top-k, then outside the smallest nucleus of what
     top-k kept whose mass reaches top_p.
 
@@ -88,8 +98,8 @@ def top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tens
     sorted_x = sorted_x.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
     if any(p.top_p < 1.0 for p in params):
         top_p = to_device([p.top_p for p in params], torch.float32, dev)
-        probs = torch.softmax(sorted_x, dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs
+        probs = reductions.softmax(sorted_x)
+        mass_before = reductions.cumsum(probs) - probs
         # Drop a token once the tokens above it already hold top_p: the smallest nucleus
         # whose mass reaches top_p. Rows with top_p 1 are left alone (a float cumsum can
         # pass 1.0).
