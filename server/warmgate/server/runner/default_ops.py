@@ -1,4 +1,4 @@
-"""The ops object a runner's model calls, and the sampler's row reductions, from its
+"""The ops object a runner's model calls, and the sampler's warper ops, from its
 configuration."""
 
 from __future__ import annotations
@@ -8,7 +8,11 @@ import logging
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.runner.deterministic_ops import RowwiseTorchOps
 from warmgate.server.runner.ops import TorchOps
-from warmgate.server.runner.sampling.row_reductions import TORCH_REDUCTIONS, RowReductions
+from warmgate.server.runner.sampling.warper_ops import (
+    TORCH_WARPER_OPS,
+    WarperOps,
+    invariant_warper_ops,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,21 +39,22 @@ def default_ops(config: RunnerConfig) -> TorchOps:
     return RowwiseTorchOps() if deterministic else TorchOps()
 
 
-def sampler_reductions(config: RunnerConfig) -> RowReductions:
-    """The warpers' softmax and cumsum. --deterministic where the ops are Triton kernels: the
-    one-program-per-row kernels (kernels/row_reductions.py), so the sampled rows are drawn in
-    one batch and each still gets its own bits. Everywhere else torch's: the default mode
-    does not need invariance, and --deterministic on the CPU draws each sampled row alone
-    (the CPU path never imports triton)."""
+def sampler_warper_ops(config: RunnerConfig) -> WarperOps:
+    """The warpers' softmax, cumsum and top-k. --deterministic where the ops are Triton
+    kernels: the one-program-per-row kernels (kernels/row_reductions.py) and the top-k with
+    ties in index order, so the sampled rows are drawn in one batch and each still gets its
+    own bits. Everywhere else torch's: the default mode does not need invariance, and
+    --deterministic on the CPU draws each sampled row alone (the CPU path never imports
+    triton)."""
     if not config.numerics.deterministic:
-        return TORCH_REDUCTIONS
+        return TORCH_WARPER_OPS
     if not uses_triton_kernels(config):
         logger.info("sampler: --deterministic on %s draws each sampled row alone (torch "
-                    "softmax and cumsum, one row per call)", config.device.device)
-        return TORCH_REDUCTIONS
+                    "softmax, top-k and cumsum, one row per call)", config.device.device)
+        return TORCH_WARPER_OPS
     from warmgate.server.kernels.row_reductions import ROW_BLOCK, row_cumsum, row_softmax
 
     logger.info("sampler: --deterministic draws the sampled rows in one batch with per-row "
-                "Triton softmax and cumsum (chunks of %d columns, one program per row)",
-                ROW_BLOCK)
-    return RowReductions(row_softmax, row_cumsum, batch_invariant=True, name="triton-per-row")
+                "Triton softmax and cumsum (chunks of %d columns, one program per row) and "
+                "top-k ties in index order", ROW_BLOCK)
+    return invariant_warper_ops(row_softmax, row_cumsum, name="triton-per-row")
