@@ -44,21 +44,21 @@ def _torch_top(x: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def canonical_top(x: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `width` largest of each row of float32 x [N, V], largest first and equal values by
-    lower index: one order, so a row's first k entries are the same for any width >= k and
-    any algorithm topk or sort pick. The key per element is one int64: the value's bits made
-    monotone (a negative float's magnitude bits flipped) above, V - 1 - index below; every key
-    is distinct."""
+    """The `width` largest of each row of x [N, V], largest first and equal values by lower
+    index: one order, so a row's first k entries are the same for any width >= k and any
+    algorithm topk or sort pick. The whole row is a stable sort (the default's cost); a part
+    of it is a topk over one distinct int64 key per element: the value's float32 bits made
+    monotone (a negative float's magnitude bits flipped) above, V - 1 - index below."""
+    x = x + 0.0  # -0.0 becomes +0.0 (IEEE): values that compare equal share one order
     vocab = x.shape[-1]
-    # + 0.0 turns -0.0 into +0.0 (IEEE), which compare equal and so must share a key.
-    bits = (x.float() + 0.0).view(torch.int32)  # [N, V], a new dense tensor
+    if width >= vocab:
+        values, indices = x.sort(dim=-1, descending=True, stable=True)
+        return values, indices
+    bits = x.float().view(torch.int32)  # [N, V]; x is a new dense tensor
     monotone = torch.where(bits < 0, bits ^ _LOW_31_BITS, bits).to(torch.int64)
     tie_break = vocab - 1 - torch.arange(vocab, device=x.device, dtype=torch.int64)  # [V]
     keys = monotone * (1 << 32) + tie_break  # [N, V]
-    if width < vocab:
-        _, indices = keys.topk(width, dim=-1)
-    else:
-        _, indices = keys.sort(dim=-1, descending=True)
+    _, indices = keys.topk(width, dim=-1)
     return x.gather(-1, indices), indices
 
 
