@@ -13,6 +13,9 @@
 #              the unsplit kernel, bits checked
 #   attention  --deterministic's fixed-split attention beside the default decode kernel and
 #              the unsplit varlen kernel, bits checked
+#   sampler    bench/lib/sampler_gpu.py: choose_tokens at 1-128 sampled rows over a 128,256
+#              vocabulary, the default path beside --deterministic's old per-row loop and its
+#              batched draw on the per-row softmax/cumsum kernels, bits checked
 #   OUT=/tmp/out PARTS="gemv invariant attention" bash bench/gpu_new_kernels.sh
 # Every output lands in one tarball, $OUT/gpu-new-kernels.tgz; the summaries go to stdout.
 set -uo pipefail
@@ -25,6 +28,7 @@ echo "commit ${COMMIT:-$(git rev-parse HEAD 2>/dev/null)}" >"$OUT/commit.txt"
 PARTS=${PARTS:-tests moe}
 TESTS=${TESTS:-tests/test_moe_gemv.py tests/test_batch_invariant_split_k.py \
 tests/test_fixed_split_attention.py tests/test_fixed_split_backend.py tests/test_dense_gemv.py \
+tests/test_row_reductions.py tests/test_sampler_invariant_draws.py \
 tests/gpu/test_moe_gpu.py tests/gpu/test_dense_gemv_gpu.py tests/gpu/test_deterministic_gpu.py}
 T0=$(date +%s)
 stage() { echo "=== $1 (+$(( $(date +%s) - T0 )) s, $(date +%T))"; }
@@ -56,6 +60,8 @@ attention)
     --model llama-3.2-1b --capacity 2048
   bench fixed-split-attention-llama-3.1-8b 90 python3 bench/lib/fixed_split_attention_gpu.py \
     --model llama-3.1-8b --capacity 8192 ;;
-*) echo "unknown part: $part (tests, moe, gemv, invariant or attention)"; exit 2 ;;
+sampler)
+  bench sampler-draws 90 python3 bench/lib/sampler_gpu.py ;;
+*) echo "unknown part: $part (tests, moe, gemv, invariant, attention or sampler)"; exit 2 ;;
 esac; done
 stage done

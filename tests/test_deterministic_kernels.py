@@ -96,9 +96,9 @@ def test_a_seeded_row_draws_the_same_token_alone_and_beside_other_rows(
     rows_seen: list[int] = []
     real = warpers.probabilities
 
-    def spy(x: torch.Tensor, params: Any) -> torch.Tensor:
+    def spy(x: torch.Tensor, params: Any, *reductions: Any) -> torch.Tensor:
         rows_seen.append(x.shape[0])
-        return real(x, params)
+        return real(x, params, *reductions)
 
     monkeypatch.setattr(warpers, "probabilities", spy)
     gen = torch.Generator().manual_seed(5)

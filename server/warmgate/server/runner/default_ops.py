@@ -1,10 +1,26 @@
-"""The ops object a runner's model calls, from its configuration."""
+"""The ops object a runner's model calls, and the sampler's warper ops, from its
+configuration."""
 
 from __future__ import annotations
+
+import logging
 
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.runner.deterministic_ops import RowwiseTorchOps
 from warmgate.server.runner.ops import TorchOps
+from warmgate.server.runner.sampling.warper_ops import (
+    TORCH_WARPER_OPS,
+    WarperOps,
+    invariant_warper_ops,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def uses_triton_kernels(config: RunnerConfig) -> bool:
+    """CUDA with a GPU attention backend: the runner's own ops are Triton kernels."""
+    return (config.device.device.startswith("cuda")
+            and config.device.attention_backend != "torch")
 
 
 def default_ops(config: RunnerConfig) -> TorchOps:
@@ -12,7 +28,7 @@ def default_ops(config: RunnerConfig) -> TorchOps:
     torch everywhere else (the CPU path never imports triton). --deterministic: their
     batch-invariant forms (runner.deterministic_ops, kernels.invariant_ops)."""
     deterministic = config.numerics.deterministic
-    if config.device.device.startswith("cuda") and config.device.attention_backend != "torch":
+    if uses_triton_kernels(config):
         from warmgate.server.kernels.invariant_ops import BatchInvariantOps
         from warmgate.server.kernels.ops import TritonOps
         from warmgate.server.kernels.triton_key import start_triton_key
@@ -21,3 +37,24 @@ def default_ops(config: RunnerConfig) -> TorchOps:
         # Same methods as TorchOps.
         return BatchInvariantOps() if deterministic else TritonOps()  # type: ignore[return-value]
     return RowwiseTorchOps() if deterministic else TorchOps()
+
+
+def sampler_warper_ops(config: RunnerConfig) -> WarperOps:
+    """The warpers' softmax, cumsum and top-k. --deterministic where the ops are Triton
+    kernels: the one-program-per-row kernels (kernels/row_reductions.py) and the top-k with
+    ties in index order, so the sampled rows are drawn in one batch and each still gets its
+    own bits. Everywhere else torch's: the default mode does not need invariance, and
+    --deterministic on the CPU draws each sampled row alone (the CPU path never imports
+    triton)."""
+    if not config.numerics.deterministic:
+        return TORCH_WARPER_OPS
+    if not uses_triton_kernels(config):
+        logger.info("sampler: --deterministic on %s draws each sampled row alone (torch "
+                    "softmax, top-k and cumsum, one row per call)", config.device.device)
+        return TORCH_WARPER_OPS
+    from warmgate.server.kernels.row_reductions import ROW_BLOCK, row_cumsum, row_softmax
+
+    logger.info("sampler: --deterministic draws the sampled rows in one batch with per-row "
+                "Triton softmax and cumsum (chunks of %d columns, one program per row) and "
+                "top-k ties in index order", ROW_BLOCK)
+    return invariant_warper_ops(row_softmax, row_cumsum, name="triton-per-row")

@@ -24,7 +24,7 @@ from warmgate.server.runner.attention import AttentionSpec, create_backend
 from warmgate.server.runner.attention.base import AttentionMetadata
 from warmgate.server.runner.batch import BatchKind
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
-from warmgate.server.runner.default_ops import default_ops
+from warmgate.server.runner.default_ops import default_ops, sampler_warper_ops
 from warmgate.server.runner.input_batch import InputBatch, StepInputs
 from warmgate.server.runner.linear_tuning import choose_linears
 from warmgate.server.runner.loading import allocate_kv, load_model, load_stats
@@ -107,7 +107,8 @@ class ModelRunner(RunnerSettings):
                 COMMUNICATOR_SETUP, name=name, seconds=seconds)
         self._choose_forward()
         self.sampler = Sampler(log_softmax=self.ops.log_softmax,
-                               row_wise=self.config.numerics.deterministic)
+                               row_wise=self.config.numerics.deterministic,
+                               warper_ops=sampler_warper_ops(config))
         # Structured output's bitmask rows: 1 per request, 1 + k with drafts, at most.
         self.token_bitmask = TokenBitmaskBuffer(
             min(self.max_num_reqs * self.decode_query_len, self.max_num_tokens),

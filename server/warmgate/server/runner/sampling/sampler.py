@@ -13,6 +13,7 @@ from warmgate.server.runner.sampling.grammar_mask import apply_token_bitmask
 from warmgate.server.runner.sampling.processors import apply_logits_processors
 from warmgate.server.runner.sampling.rows import SamplingRows, TokenHistory
 from warmgate.server.runner.sampling.seeded import SeededStream
+from warmgate.server.runner.sampling.warper_ops import TORCH_WARPER_OPS, WarperOps
 from warmgate.server.runner.sampling.warpers import choose_tokens
 from warmgate.server.runner.scheduler_output import SamplingParams
 
@@ -24,13 +25,16 @@ def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 class Sampler:
-    def __init__(self, log_softmax: LogSoftmax = _log_softmax, row_wise: bool = False) -> None:
+    def __init__(self, log_softmax: LogSoftmax = _log_softmax, row_wise: bool = False,
+                 warper_ops: WarperOps = TORCH_WARPER_OPS) -> None:
         """log_softmax: [R, V] -> float32 [R, V], the logprobs' normaliser (the runner's ops:
-        batch invariant under --deterministic). row_wise (--deterministic): every sampled
-        row's probabilities are computed alone, so a seeded row's draw depends only on its
-        logits and (seed, position), never on the rows beside it."""
+        batch invariant under --deterministic). row_wise (--deterministic): a seeded row's
+        draw depends only on its logits and (seed, position), never on the rows beside it:
+        the sampled rows are drawn together when `warper_ops` (the warpers' softmax, cumsum
+        and top-k) are batch invariant, else each alone."""
         self.log_softmax = log_softmax
         self.row_wise = row_wise
+        self.warper_ops = warper_ops
 
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
                streams: Sequence[SeededStream | None],
@@ -45,7 +49,7 @@ class Sampler:
             x = apply_logits_processors(x, SamplingRows.of(params, histories,
                                                                 logits.device))
         gens = [s.generators(1, logits.device)[0] if s is not None else None for s in streams]
-        return choose_tokens(x, params, gens, self.row_wise)
+        return choose_tokens(x, params, gens, self.row_wise, self.warper_ops)
 
     def verify(self, logits: torch.Tensor, draft_token_ids: Sequence[Sequence[int]],
                params: Sequence[SamplingParams], streams: Sequence[SeededStream | None],
@@ -81,4 +85,5 @@ class Sampler:
         gens = [g for s, d in zip(streams, draft_token_ids, strict=True)
                 for g in (s.generators(len(d) + 1, dev) if s is not None
                           else [None] * (len(d) + 1))]
-        return layout.accept(choose_tokens(x, row_params, gens, self.row_wise))
+        return layout.accept(choose_tokens(x, row_params, gens, self.row_wise,
+                                           self.warper_ops))
