@@ -1,0 +1,110 @@
+"""A Qwen3-style model (per-head q/k RMSNorm) on the triton backend, through the Triton
+interpreter on the CPU: the norms run inside the rope + KV-cache kernel, so every layer
+launches two RMSNorms (input and post-attention) instead of four, and the logits and tokens
+equal the torch backend's, whose layers keep the separate norms. Both the default ops and
+--deterministic's (the fixed-split attention branch) are covered; a model without q/k norms
+hands the kernel none."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from tests.runner_helpers import (
+    full_prefill_logits,
+    prompt,
+    record_uniform_flags,
+    tiny_config,
+)
+from tests.serving_helpers import Served, greedy
+from warmgate.server.kernels.invariant_ops import BatchInvariantOps
+from warmgate.server.kernels.ops import TritonOps
+from warmgate.server.runner.attention import triton_backend
+from warmgate.server.runner.model_runner import ModelRunner
+
+NEW_TOKENS = 4
+
+
+def _norm_widths(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Spy on the runner's ops.rms_norm: appends each call's row width."""
+    widths: list[int] = []
+    ops = runner.model.ops  # the layers share the model's ops object
+    real = ops.rms_norm
+
+    def spy(x: torch.Tensor, weight: torch.Tensor, eps: float,
+            residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        widths.append(x.shape[-1])
+        return real(x, weight, eps, residual)
+
+    monkeypatch.setattr(ops, "rms_norm", spy)
+    return widths
+
+
+def _fused_launches(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Spy on the triton backend's rope_and_cache: appends whether each launch was handed
+    the q/k norm weights."""
+    handed: list[bool] = []
+    real = triton_backend.rope_and_cache
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        handed.append(kwargs.get("q_norm_weight") is not None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(triton_backend, "rope_and_cache", spy)
+    return handed
+
+
+def _serve(runner: ModelRunner) -> tuple[torch.Tensor, list[list[int]]]:
+    """Last-row prefill logits of one prompt, then the greedy tokens of a mixed batch."""
+    logits = full_prefill_logits(runner, prompt(30, offset=3))
+    served = Served(runner)
+    reqs = [served.submit("a", prompt(30, offset=3), greedy(NEW_TOKENS)),
+            served.submit("b", prompt(7, offset=5), greedy(NEW_TOKENS))]
+    served.run()
+    return logits, [list(r.output_token_ids) for r in reqs]
+
+
+@pytest.mark.parametrize(("architecture", "deterministic"),
+                         [("qwen3", False), ("qwen3", True), ("llama", False)])
+def test_the_triton_backend_normalises_q_and_k_heads_inside_the_rope_kernel(
+        architecture: str, deterministic: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tiny_config(max_num_seqs=2, max_model_len=64, num_blocks=40,
+                         architecture=architecture)
+    head_dim, num_layers = config.model.head_dim, config.model.num_layers
+    assert head_dim != config.model.hidden_size  # so a per-head norm is told apart by width
+    reference = ModelRunner(config)  # the torch backend: separate per-head norms
+    fused_config = dataclasses.replace(
+        config, device=dataclasses.replace(config.device, attention_backend="triton"),
+        numerics=dataclasses.replace(config.numerics, deterministic=deterministic))
+    ops = BatchInvariantOps() if deterministic else TritonOps()
+    runner = ModelRunner(fused_config, ops=ops)  # type: ignore[arg-type]
+    assert runner.attention_backend.fuses_rope
+    assert runner.attention_backend.spec.deterministic == deterministic
+    qk_norm = architecture == "qwen3"
+    assert (runner.model.layers[0].q_norm is not None) == qk_norm
+
+    ref_widths = _norm_widths(reference, monkeypatch)
+    ref_forwards = record_uniform_flags(reference, monkeypatch)
+    ref_logits, ref_tokens = _serve(reference)
+    widths = _norm_widths(runner, monkeypatch)
+    forwards = record_uniform_flags(runner, monkeypatch)
+    handed = _fused_launches(monkeypatch)
+    logits, tokens = _serve(runner)
+
+    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
+    assert tokens == ref_tokens
+    # One fused launch per layer and forward, handed the norm weights exactly when the
+    # model has them; the layers themselves then never normalise a head: two RMSNorms a
+    # layer (input, post-attention) and the final one.
+    assert forwards and handed == [qk_norm] * (len(forwards) * num_layers)
+    assert widths.count(head_dim) == 0
+    assert len(widths) == len(forwards) * (2 * num_layers + 1)
+    # The torch backend's layers normalise q and k apart: two more launches per layer.
+    per_forward = (4 if qk_norm else 2) * num_layers + 1
+    assert len(ref_widths) == len(ref_forwards) * per_forward
+    assert ref_widths.count(head_dim) == len(ref_forwards) * 2 * num_layers * qk_norm
