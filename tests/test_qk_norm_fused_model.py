@@ -59,6 +59,17 @@ def _fused_launches(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return handed
 
 
+def _distinct_qk_norm_weights(runner: ModelRunner) -> None:
+    """Random weights fill every norm with ones; give each layer's q and k norm a gain of
+    its own (the same in every runner), so a weight applied twice, to the wrong head or not
+    at all changes the logits."""
+    gen = torch.Generator().manual_seed(7)
+    for layer in runner.model.layers:
+        for weight in (layer.q_norm, layer.k_norm):
+            if weight is not None:
+                weight.copy_(torch.rand(weight.shape, generator=gen) + 0.5)
+
+
 def _serve(runner: ModelRunner) -> tuple[torch.Tensor, list[list[int]]]:
     """Last-row prefill logits of one prompt, then the greedy tokens of a mixed batch."""
     logits = full_prefill_logits(runner, prompt(30, offset=3))
@@ -88,6 +99,8 @@ def test_the_triton_backend_normalises_q_and_k_heads_inside_the_rope_kernel(
     qk_norm = architecture == "qwen3"
     assert (runner.model.layers[0].q_norm is not None) == qk_norm
 
+    _distinct_qk_norm_weights(reference)
+    _distinct_qk_norm_weights(runner)
     ref_widths = _norm_widths(reference, monkeypatch)
     ref_forwards = record_uniform_flags(reference, monkeypatch)
     ref_logits, ref_tokens = _serve(reference)
