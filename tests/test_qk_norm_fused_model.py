@@ -3,11 +3,13 @@ interpreter on the CPU: the norms run inside the rope + KV-cache kernel, so ever
 launches two RMSNorms (input and post-attention) instead of four, and the logits and tokens
 equal the torch backend's, whose layers keep the separate norms. Both the default ops and
 --deterministic's (the fixed-split attention branch) are covered; a model without q/k norms
-hands the kernel none."""
+hands the kernel none. And a Qwen3 / Qwen3-MoE checkpoint served on the triton backend gives
+transformers' logits and greedy tokens."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,13 +17,14 @@ import torch
 
 pytest.importorskip("triton")
 
+from tests.reference_helpers import hf_greedy, hf_last_logits, runner_for
 from tests.runner_helpers import (
     full_prefill_logits,
     prompt,
     record_uniform_flags,
     tiny_config,
 )
-from tests.serving_helpers import Served, greedy
+from tests.serving_helpers import Served, greedy, reference_greedy
 from warmgate.server.kernels.invariant_ops import BatchInvariantOps
 from warmgate.server.kernels.ops import TritonOps
 from warmgate.server.runner.attention import triton_backend
@@ -121,3 +124,19 @@ def test_the_triton_backend_normalises_q_and_k_heads_inside_the_rope_kernel(
     per_forward = (4 if qk_norm else 2) * num_layers + 1
     assert len(ref_widths) == len(ref_forwards) * per_forward
     assert ref_widths.count(head_dim) == len(ref_forwards) * 2 * num_layers * qk_norm
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe-norm"])
+def test_a_qwen3_checkpoint_on_the_triton_backend_matches_transformers(
+        arch: str, tmp_path: Path) -> None:
+    from tests.test_reference_tiny import LOGITS_ATOL, MAX_POSITIONS, VOCAB, _build
+
+    model = _build(arch, "default", seed=len(arch) + 3)  # q/k norm gains drawn around 1
+    model.save_pretrained(tmp_path)
+    prompt = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    runner = runner_for(tmp_path, max_model_len=MAX_POSITIONS, attention_backend="triton")
+    assert runner.attention_backend.fuses_rope and runner.config.model.qk_norm
+    diff = (full_prefill_logits(runner, prompt) - hf_last_logits(model, prompt)).abs().max()
+    assert diff.item() <= LOGITS_ATOL, f"prefill logits differ by {diff.item()}"
+    assert reference_greedy(runner, prompt, NEW_TOKENS) == hf_greedy(model, prompt, NEW_TOKENS)
