@@ -2,9 +2,11 @@
 
 One decoder serves every supported architecture (config.ARCHITECTURES): Llama and Mistral are
 the plain layer, Qwen2 adds biases to the q/k/v projection, Qwen3 RMS-normalises each q and k
-head before rotary. The attention variants differ only inside `pre_attention`; Qwen3-MoE
-(Qwen3's attention) and Mixtral (Mistral's) replace the MLP with routed experts
-(runner.moe), the only change to `post_attention`.
+head before rotary (where the backend fuses rotary into its cache write, inside that kernel:
+the layer hands it the norm weights). The attention variants differ only inside
+`pre_attention` and what it hands the backend; Qwen3-MoE (Qwen3's attention) and Mixtral
+(Mistral's) replace the MLP with routed experts (runner.moe), the only change to
+`post_attention`.
 
 Projections are fused the way serving kernels want them (q/k/v in one matmul, gate/up in
 another); `weights.py` splits and fuses to and from Hugging Face tensor names. Attention is
