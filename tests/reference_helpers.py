@@ -23,8 +23,10 @@ from warmgate.server.runner.weights import model_config_from_hf
 
 
 def runner_for(directory: str | Path, *, max_model_len: int, num_spec: int = 0,
-               max_num_seqs: int = 4, block_size: int = 16) -> ModelRunner:
-    """A CPU float32 torch-backend runner serving the HF directory."""
+               max_num_seqs: int = 4, block_size: int = 16,
+               attention_backend: str = "torch") -> ModelRunner:
+    """A CPU float32 runner serving the HF directory, on the torch attention backend unless
+    another is named (triton: its kernels in the Triton interpreter)."""
     model = model_config_from_hf(directory, max_model_len=max_model_len)
     blocks_per_seq = -(-max_model_len // block_size)
     config = RunnerConfig(
@@ -33,7 +35,8 @@ def runner_for(directory: str | Path, *, max_model_len: int, num_spec: int = 0,
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
                                   max_num_batched_tokens=max_model_len),
         speculative=SpeculativeConfig(num_speculative_steps=num_spec),
-        device=DeviceConfig(device="cpu", dtype="float32", attention_backend="torch"))
+        device=DeviceConfig(device="cpu", dtype="float32",
+                            attention_backend=attention_backend))
     return ModelRunner(resolve_runner_config(config, cuda_available=False))
 
 

@@ -1,9 +1,10 @@
 """The fused rotary + KV-cache-write kernel compiled for the GPU, at real model shapes.
 
 It must produce exactly the bits of the two kernels it replaces (the rotary kernel, then
-reshape_and_cache): same float32 arithmetic, one rounding. Both cache layouts, padding slots,
-prefill-sized and decode-sized batches, a CUDA-graph replay, and each attention backend's
-forward with the rope fused against the unfused path.
+reshape_and_cache): same float32 arithmetic, one rounding; with Qwen3's q/k norm, the values
+of the per-head rms_norm launches before them up to their sum of squares' order. Both cache
+layouts, padding slots, prefill-sized and decode-sized batches, a CUDA-graph replay, and each
+attention backend's forward with the rope fused against the unfused path.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from tests.paged_reference import make_paged_batch
 from warmgate.server.kernels.kv_cache import reshape_and_cache
+from warmgate.server.kernels.rms_norm import rms_norm
 from warmgate.server.kernels.rope_cache import _rope_cache_kernel, rope_and_cache
 from warmgate.server.kernels.rotary import rotary_embedding
 from warmgate.server.runner.attention import backend_available, create_backend
@@ -78,6 +80,49 @@ def test_matches_rotary_then_cache_write(layout: str, num_heads: int, num_kv_hea
     got = (nhd if layout == "NHD"
            else torch.stack([key_cache, value_cache]).transpose(2, 3))
     assert torch.equal(got.nan_to_num(7.0), ref_cache.nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(16, 8), (32, 4)])  # Qwen3 0.6B, 30B
+@pytest.mark.parametrize("num_tokens", [1, 64, 777])
+def test_qk_norm_matches_the_norms_then_rotary_then_cache_write(
+        layout: str, num_heads: int, num_kv_heads: int, num_tokens: int) -> None:
+    """With Qwen3's q/k norm weights the kernel replaces two per-head rms_norm launches too:
+    the same values up to the norm's sum of squares, taken as two halves, rounding apart
+    (bf16 hides that almost always; where it shows, an ulp of the normalised value, which a
+    rotated element near 0 keeps as an absolute error)."""
+    head_dim, eps = 128, 1e-6
+    num_blocks = 2 + num_tokens // BLOCK_SIZE * 2
+    q, k, v = _qkv(num_tokens, num_heads, num_kv_heads, head_dim, seed=num_tokens + 1)
+    gen = torch.Generator(device=DEVICE).manual_seed(num_heads)
+    q_weight, k_weight = (torch.rand(head_dim, generator=gen, device=DEVICE).add(0.5).to(DTYPE)
+                          for _ in range(2))
+    cos_sin = build_cos_sin_cache(MAX_POS, head_dim, 1000000.0, DEVICE)
+    positions = torch.randint(0, MAX_POS, (num_tokens,), device=DEVICE)
+    slots = (torch.randperm((num_blocks - 1) * BLOCK_SIZE, device=DEVICE)[:num_tokens]
+             + BLOCK_SIZE)
+    slots[::7] = -1
+    nhd = torch.full((2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim), float("nan"),
+                     dtype=DTYPE, device=DEVICE)
+    ref_cache = nhd.clone()
+    q_normed, _ = rms_norm(q.reshape(-1, head_dim), q_weight, eps)
+    k_normed, _ = rms_norm(k.reshape(-1, head_dim), k_weight, eps)
+    ref_q, ref_k = rotary_embedding(q_normed.view(q.shape), k_normed.view(k.shape), positions,
+                                    cos_sin)
+    reshape_and_cache(ref_k, v, ref_cache, slots)
+    if layout == "NHD":
+        key_cache, value_cache = nhd[0], nhd[1]
+    else:
+        hnd = nhd.transpose(2, 3).contiguous()
+        key_cache, value_cache = hnd[0], hnd[1]
+    q_rot = rope_and_cache(q, k, v, positions, cos_sin, key_cache, value_cache, slots,
+                           layout=layout, q_norm_weight=q_weight,  # type: ignore[arg-type]
+                           k_norm_weight=k_weight, eps=eps)
+    got = (nhd if layout == "NHD"
+           else torch.stack([key_cache, value_cache]).transpose(2, 3))
+    for out, ref in ((q_rot, ref_q), (got.nan_to_num(7.0), ref_cache.nan_to_num(7.0))):
+        torch.testing.assert_close(out, ref, rtol=2 ** -7, atol=2 ** -6)
+        assert float((out != ref).float().mean()) <= 0.01
 
 
 def test_cuda_graph_replay_reads_new_positions_and_slots() -> None:
@@ -146,10 +191,13 @@ def test_backend_forward_fused_equals_unfused(backend_name: str, q_lens: list[in
     assert torch.equal(batch.kv_cache, unfused_cache)
 
 
+@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
 @pytest.mark.parametrize("backend_name", ["triton", "flashinfer"])
-def test_a_decode_step_runs_the_fused_kernel_and_not_the_three(backend_name: str) -> None:
+def test_a_decode_step_runs_the_fused_kernel_and_not_the_three(backend_name: str,
+                                                               architecture: str) -> None:
     """The proof in the profile: a runner's decode step launches _rope_cache_kernel and none
-    of the kernels it replaced (rotary, reshape_and_cache, FlashInfer's index_copy)."""
+    of the kernels it replaced (rotary, reshape_and_cache, FlashInfer's index_copy); with
+    Qwen3's q/k norm no per-head RMSNorm either: two a layer and the final one."""
     if not backend_available(backend_name):
         pytest.skip(f"{backend_name} is not installed")
     from torch.profiler import ProfilerActivity, profile
@@ -162,7 +210,8 @@ def test_a_decode_step_runs_the_fused_kernel_and_not_the_three(backend_name: str
                                      num_blocks=64, max_model_len=256, max_num_seqs=4,
                                      max_num_batched_tokens=256, num_heads=32, num_kv_heads=8,
                                      head_dim=64, hidden_size=2048, intermediate_size=2048,
-                                     num_layers=2, vocab_size=32000))
+                                     num_layers=2, vocab_size=32000,
+                                     architecture=architecture))
     sched = MiniScheduler(runner)
     for rid, n in (("a", 9), ("b", 30)):
         sched.add(rid, prompt(n, offset=n))
@@ -176,3 +225,5 @@ def test_a_decode_step_runs_the_fused_kernel_and_not_the_three(backend_name: str
     assert any("_rope_cache_kernel" in n for n in names), names
     replaced = ("_rotary_kernel", "_reshape_and_cache_kernel", "index_copy")
     assert not [n for n in names if any(r in n for r in replaced)], names
+    norms = sum(e.count for e in prof.key_averages() if "_rms_norm_kernel" in e.key)
+    assert norms == 2 * len(runner.model.layers) + 1, names

@@ -10,6 +10,13 @@ paged cache. On the H200 the three steps cost 70 + 50..180 us per decode step on
 The rotation is the "rotate half" (NeoX / Llama) layout with the cos/sin cache built by
 runner.ops.build_cos_sin_cache, in float32 as TorchOps.rotary computes it, so q and the cached
 k round exactly once, to the same values the separate kernels produced.
+
+Qwen3 RMS-normalises every q and k head over head_dim before the rotation: given the norm
+weights (QK_NORM, a constexpr, so other models compile the variant without it) the program
+normalises the heads it has just loaded (kernels._rope_norm) instead of two more launches per
+layer that each read and wrote q or k. The normalised values are rounded to the activation
+dtype before they are rotated, as the separate norm's output was, so the result differs from
+norm-then-rotate only where the sum of squares, taken here as two halves, rounds apart.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import triton
 import triton.language as tl
 
 from warmgate.server.kernels._launch import pow2, unit_stride_last
+from warmgate.server.kernels._rope_norm import rms_norm_heads
 
 # How a [num_blocks, ...] cache orders a page's slots and KV heads: NHD [page slot, head, D]
 # (ours and FlashInfer's "NHD"), HND [head, page slot, D] (FlashInfer's "HND").
@@ -32,13 +40,13 @@ CacheLayout = Literal["NHD", "HND"]
 @triton.jit(do_not_specialize=["num_slots"])
 def _rope_cache_kernel(
     q_ptr, k_ptr, v_ptr, q_out_ptr, key_cache_ptr, value_cache_ptr,
-    positions_ptr, cos_sin_ptr, slot_mapping_ptr,
+    positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_norm_ptr, k_norm_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_qot, stride_qoh, stride_cs,
     stride_cb, stride_cslot, stride_ch,
-    num_q_heads, num_kv_heads, num_slots,
+    num_q_heads, num_kv_heads, num_slots, eps,
     PAGE_SIZE: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, QK_NORM: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token)
@@ -56,6 +64,8 @@ def _rope_cache_kernel(
     src = q_ptr + token * stride_qt + offs_hq[:, None] * stride_qh + offs_d[None, :]
     q1 = tl.load(src, mask=q_mask, other=0.0).to(tl.float32)
     q2 = tl.load(src + HALF, mask=q_mask, other=0.0).to(tl.float32)
+    if QK_NORM:  # Qwen3: every head RMS-normalised over D before it is rotated
+        q1, q2 = rms_norm_heads(q1, q2, q_norm_ptr, q_ptr, offs_d, d_mask, eps, HALF)
     dst = q_out_ptr + token * stride_qot + offs_hq[:, None] * stride_qoh + offs_d[None, :]
     q_ty = q_out_ptr.dtype.element_ty
     tl.store(dst, (q1 * cos - q2 * sin).to(q_ty), mask=q_mask)
@@ -71,6 +81,8 @@ def _rope_cache_kernel(
     k_src = k_ptr + token * stride_kt + offs_hk[:, None] * stride_kh + offs_d[None, :]
     k1 = tl.load(k_src, mask=kv_mask, other=0.0).to(tl.float32)
     k2 = tl.load(k_src + HALF, mask=kv_mask, other=0.0).to(tl.float32)
+    if QK_NORM:
+        k1, k2 = rms_norm_heads(k1, k2, k_norm_ptr, k_ptr, offs_d, d_mask, eps, HALF)
     c_ty = key_cache_ptr.dtype.element_ty
     tl.store(key_cache_ptr + cache_off, (k1 * cos - k2 * sin).to(c_ty), mask=kv_mask)
     tl.store(key_cache_ptr + cache_off + HALF, (k2 * cos + k1 * sin).to(c_ty), mask=kv_mask)
@@ -93,11 +105,30 @@ def _cache_strides(cache: torch.Tensor, layout: CacheLayout) -> tuple[int, int, 
     raise ValueError(f"rope_and_cache: layout must be 'NHD' or 'HND', got {layout!r}")
 
 
+def _check_qk_norm(q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                   eps: float | None, head_dim: int) -> bool:
+    """Whether the launch normalises q and k heads; a partial or misshapen set is refused."""
+    if q_weight is None and k_weight is None and eps is None:
+        return False
+    if q_weight is None or k_weight is None or eps is None:
+        raise ValueError("rope_and_cache: q_norm_weight, k_norm_weight and eps come together, "
+                         f"got q_norm_weight={q_weight is not None}, "
+                         f"k_norm_weight={k_weight is not None}, eps={eps}")
+    for name, weight in (("q_norm_weight", q_weight), ("k_norm_weight", k_weight)):
+        if weight.shape != (head_dim,) or weight.stride(0) != 1:
+            raise ValueError(f"rope_and_cache: {name} must be a dense [{head_dim}] vector, "
+                             f"got shape {tuple(weight.shape)} strides {weight.stride()}")
+    return True
+
+
 def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                    key_cache: torch.Tensor, value_cache: torch.Tensor,
                    slot_mapping: torch.Tensor, *, layout: CacheLayout = "NHD",
-                   q_out: torch.Tensor | None = None) -> torch.Tensor:
+                   q_out: torch.Tensor | None = None,
+                   q_norm_weight: torch.Tensor | None = None,
+                   k_norm_weight: torch.Tensor | None = None,
+                   eps: float | None = None) -> torch.Tensor:
     """Rotate q and k by `positions`, write the rotated k and v into the paged cache.
 
     q: [T, Hq, D]; k, v: [T, Hk, D] (views of the fused qkv projection are fine: only the
@@ -106,6 +137,9 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     [num_blocks, Hk, block_size, D] (HND). slot_mapping: [S] int64, S <= T: token t goes to
     block slot // block_size, offset slot % block_size; a negative slot, or t >= S, writes
     nothing. Returns the rotated q, dense [T, Hq, D] (`q_out` when given).
+    q_norm_weight, k_norm_weight: [D] each, with `eps` (all three or none): every head of q
+    and of k is RMS-normalised over D and scaled by its weight first, rounded to q's and k's
+    dtype, as the separate per-head norm (kernels.rms_norm) writes it.
     No host sync: safe under CUDA-graph capture.
     """
     num_tokens, num_q_heads, head_dim = q.shape
@@ -121,6 +155,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if value_cache.stride() != key_cache.stride() or value_cache.shape != key_cache.shape:
         raise ValueError("rope_and_cache: the key and value caches must share shape and strides")
     page_size = key_cache.shape[1] if layout == "NHD" else key_cache.shape[2]
+    qk_norm = _check_qk_norm(q_norm_weight, k_norm_weight, eps, head_dim)
     q, k, v = unit_stride_last(q), unit_stride_last(k), unit_stride_last(v)
     cos_sin = unit_stride_last(cos_sin_cache.to(torch.float32))  # [max_pos, D]
     if q_out is None:
@@ -129,12 +164,14 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         half = head_dim // 2
         _rope_cache_kernel[(num_tokens,)](
             q, k, v, q_out, key_cache, value_cache, positions, cos_sin, slot_mapping,
+            # Without the norm the weight pointers are never read (QK_NORM is a constexpr).
+            q_norm_weight if qk_norm else q, k_norm_weight if qk_norm else k,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             q_out.stride(0), q_out.stride(1), cos_sin.stride(0),
             stride_cb, stride_cslot, stride_ch,
-            num_q_heads, num_kv_heads, num_slots,
+            num_q_heads, num_kv_heads, num_slots, eps if qk_norm else 0.0,
             PAGE_SIZE=page_size, HALF=half, BLOCK_HALF=pow2(half),
-            BLOCK_HQ=pow2(num_q_heads), BLOCK_HK=pow2(num_kv_heads),
+            BLOCK_HQ=pow2(num_q_heads), BLOCK_HK=pow2(num_kv_heads), QK_NORM=qk_norm,
             num_warps=4,
         )
     return q_out

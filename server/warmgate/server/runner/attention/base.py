@@ -67,10 +67,17 @@ class AttentionMetadata:
 
 @dataclass(frozen=True)
 class RopeInput:
-    """What a backend that applies the rotary embedding itself needs (fuses_rope)."""
+    """What a backend that applies the rotary embedding itself needs (fuses_rope).
+
+    With a per-head q/k norm (Qwen3) the weights and eps ride along and the backend
+    normalises every q and k head before it rotates them; the model then skips its own.
+    """
 
     positions: torch.Tensor  # [num_tokens] int64
     cos_sin_cache: torch.Tensor  # [max_pos, head_dim] float32, cos then sin
+    q_norm_weight: torch.Tensor | None = None  # [head_dim]
+    k_norm_weight: torch.Tensor | None = None  # [head_dim]
+    norm_eps: float | None = None
 
 
 class AttentionBackend(abc.ABC):
@@ -103,7 +110,8 @@ class AttentionBackend(abc.ABC):
 
         q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim].
         With `rope` (only ever passed when fuses_rope), q and k are unrotated and the backend
-        rotates both by rope.positions first. Returns [num_tokens, num_heads, head_dim].
+        rotates both by rope.positions first, after normalising their heads when rope carries
+        norm weights. Returns [num_tokens, num_heads, head_dim].
         """
 
     def jit_warmup(self) -> dict[str, object] | None:

@@ -142,9 +142,12 @@ class FlashInferAttentionBackend(AttentionBackend):
         else:
             # One Triton kernel rotates q (into a dense tensor: run() wants it contiguous) and
             # k and writes k and v into the NHD cache, where the index_copy pair plus the
-            # model's rotary kernel were three launches and two extra passes.
+            # model's rotary kernel were three launches and two extra passes (and Qwen3's
+            # per-head q/k norms two more).
             q = rope_and_cache(q, k, v, rope.positions, rope.cos_sin_cache, k_cache, v_cache,
-                               meta.slot_mapping, layout="NHD")
+                               meta.slot_mapping, layout="NHD",
+                               q_norm_weight=rope.q_norm_weight,
+                               k_norm_weight=rope.k_norm_weight, eps=rope.norm_eps)
         if self._active is None:
             raise RuntimeError("FlashInfer backend used before plan(); the runner must plan "
                                "each batch")

@@ -1,9 +1,10 @@
 """The `triton` attention backend: our own paged-attention kernels.
 
-forward = the cache write (with the rotary embedding fused in: kernels.rope_cache), then the
-decode kernel for uniform decode batches (the CUDA-graph path: no host syncs, launch shapes
-from Python ints fixed per captured graph) or the varlen kernel for everything else. Under
---deterministic every batch runs the fixed-split kernel instead (kernels.fixed_split_attention).
+forward = the cache write (with the rotary embedding, and Qwen3's per-head q/k norm, fused
+in: kernels.rope_cache), then the decode kernel for uniform decode batches (the CUDA-graph
+path: no host syncs, launch shapes from Python ints fixed per captured graph) or the varlen
+kernel for everything else. Under --deterministic every batch runs the fixed-split kernel
+instead (kernels.fixed_split_attention).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ class TritonAttentionBackend(AttentionBackend):
             reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
         else:
             q = rope_and_cache(q, k, v, rope.positions, rope.cos_sin_cache, kv_cache[0],
-                               kv_cache[1], meta.slot_mapping)
+                               kv_cache[1], meta.slot_mapping, q_norm_weight=rope.q_norm_weight,
+                               k_norm_weight=rope.k_norm_weight, eps=rope.norm_eps)
         # --deterministic: the fixed-split kernel for every batch. Its key splits sit at fixed
         # absolute positions and are folded in one order, with the same tiles for every query
         # length, so a token's attention is the same bits in a prefill chunk, a decode or a
