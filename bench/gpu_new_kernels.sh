@@ -16,6 +16,8 @@
 #   sampler    bench/lib/sampler_gpu.py: choose_tokens at 1-128 sampled rows over a 128,256
 #              vocabulary, the default path beside --deterministic's old per-row loop and its
 #              batched draw on the per-row softmax/cumsum kernels, bits checked
+#   qknorm     bench/lib/qk_norm_rope_gpu.py: Qwen3's two per-head q/k RMSNorm launches a layer
+#              against the norms inside the rope + KV-cache kernel, outputs compared
 #   OUT=/tmp/out PARTS="gemv invariant attention" bash bench/gpu_new_kernels.sh
 # Every output lands in one tarball, $OUT/gpu-new-kernels.tgz; the summaries go to stdout.
 set -uo pipefail
@@ -29,7 +31,7 @@ PARTS=${PARTS:-tests moe}
 TESTS=${TESTS:-tests/test_moe_gemv.py tests/test_batch_invariant_split_k.py \
 tests/test_fixed_split_attention.py tests/test_fixed_split_backend.py tests/test_dense_gemv.py \
 tests/test_row_reductions.py tests/test_sampler_invariant_draws.py \
-tests/gpu/test_moe_gpu.py tests/gpu/test_dense_gemv_gpu.py tests/gpu/test_deterministic_gpu.py}
+tests/test_rope_qk_norm_kernel.py tests/gpu/test_rope_cache_gpu.py tests/gpu/test_moe_gpu.py tests/gpu/test_dense_gemv_gpu.py tests/gpu/test_deterministic_gpu.py}
 T0=$(date +%s)
 stage() { echo "=== $1 (+$(( $(date +%s) - T0 )) s, $(date +%T))"; }
 # name, timeout, command...: its stdout to $OUT/$CARD-name.txt and the screen, stderr's tail
@@ -62,6 +64,9 @@ attention)
     --model llama-3.1-8b --capacity 8192 ;;
 sampler)
   bench sampler-draws 90 python3 bench/lib/sampler_gpu.py ;;
-*) echo "unknown part: $part (tests, moe, gemv, invariant, attention or sampler)"; exit 2 ;;
+qknorm)
+  bench qk-norm-rope 90 python3 bench/lib/qk_norm_rope_gpu.py ;;
+*) echo "unknown part: $part (tests, moe, gemv, invariant, attention, sampler or qknorm)"
+   exit 2 ;;
 esac; done
 stage done
