@@ -29,6 +29,7 @@ from warmgate.server.kernels._launch import (
     unit_stride_last,
     upcast_dots,
 )
+from warmgate.server.kernels._row_softmax_state import row_max_and_sum
 from warmgate.server.kernels.matmul_plan import (
     MatmulTiles,
     device_sm_count,
@@ -184,22 +185,8 @@ def _log_softmax_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_V)
-    # Per-lane running max and rescaled sum, combined across lanes once at the end: the order
-    # of every addition is fixed by (vocab, BLOCK_V) alone.
-    run_max = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    run_sum = tl.zeros((BLOCK_V,), dtype=tl.float32)
-    for v0 in range(0, vocab, BLOCK_V):
-        mask = v0 + offs < vocab
-        x = tl.load(x_ptr + row * stride_x + v0 + offs, mask=mask,
-                    other=float("-inf")).to(tl.float32)
-        new_max = tl.maximum(run_max, x)
-        # A lane still at -inf has nothing to rescale (and -inf - -inf would be NaN).
-        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        run_sum = run_sum * tl.exp(run_max - safe_max) + tl.exp(x - safe_max)
-        run_max = new_max
-    row_max = tl.max(run_max, axis=0)
-    safe_row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
-    total = tl.sum(run_sum * tl.exp(run_max - safe_row_max), axis=0)
+    # The order of every addition is fixed by (vocab, BLOCK_V) alone.
+    safe_row_max, total = row_max_and_sum(x_ptr + row * stride_x, vocab, BLOCK_V)
     log_norm = safe_row_max + tl.log(total)
     for v0 in range(0, vocab, BLOCK_V):
         mask = v0 + offs < vocab

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from warmgate.server.kernels._launch import elementwise_warps
+from warmgate.server.kernels._row_softmax_state import row_max_and_sum
 
 __all__ = ["ROW_BLOCK", "row_cumsum", "row_softmax"]
 
@@ -33,22 +34,8 @@ def _row_softmax_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
     x_row = x_ptr + row * n_cols
     out_row = out_ptr + row * n_cols
     offs = tl.arange(0, BLOCK)
-    # Per-lane running max and rescaled sum, combined across lanes once at the end: the same
-    # order for every row of this length.
-    run_max = tl.full((BLOCK,), float("-inf"), dtype=tl.float32)
-    run_sum = tl.zeros((BLOCK,), dtype=tl.float32)
-    for c0 in range(0, n_cols, BLOCK):
-        x = tl.load(x_row + c0 + offs, mask=c0 + offs < n_cols,
-                    other=float("-inf")).to(tl.float32)
-        new_max = tl.maximum(run_max, x)
-        # A lane still at -inf has nothing to rescale (and -inf - -inf would be NaN).
-        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        run_sum = run_sum * tl.exp(run_max - safe_max) + tl.exp(x - safe_max)
-        run_max = new_max
-    row_max = tl.max(run_max, axis=0)
     # A row of only -inf gives 0 / 0, NaN, as torch.softmax does.
-    safe_row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
-    total = tl.sum(run_sum * tl.exp(run_max - safe_row_max), axis=0)
+    safe_row_max, total = row_max_and_sum(x_row, n_cols, BLOCK)
     for c0 in range(0, n_cols, BLOCK):
         mask = c0 + offs < n_cols
         x = tl.load(x_row + c0 + offs, mask=mask, other=float("-inf")).to(tl.float32)
