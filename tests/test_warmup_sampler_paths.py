@@ -37,9 +37,9 @@ def test_every_sampling_feature_runs_in_the_sampler_phase(num_spec: int,
     min_p_calls: list[int] = []
     original_min_p = warpers.min_p_filter
 
-    def min_p(x: Any, m: Any) -> Any:
+    def min_p(x: Any, *rest: Any) -> Any:
         min_p_calls.append(x.shape[0])
-        return original_min_p(x, m)
+        return original_min_p(x, *rest)
     monkeypatch.setattr(warpers, "min_p_filter", min_p)
     logprob_steps: list[int] = []
     original_sampled = step.sampled_logprobs
