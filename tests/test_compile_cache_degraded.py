@@ -274,6 +274,42 @@ def test_a_cpp_link_that_hit_the_full_disk_links_again_in_the_private_cache(
     cache.close()
 
 
+def _forget_isa_here() -> None:
+    """The vector-ISA answers inductor caches per process, dropped by the test itself (not by
+    the code under test), so the first probe after this one runs on the full volume."""
+    from torch._inductor import cpu_vec_isa
+
+    cpu_vec_isa.valid_vec_isa_list.cache_clear()
+    cpu_vec_isa.VecISA._VecISA__bool__impl.cache_clear()  # type: ignore[attr-defined]
+
+
+def test_the_vector_isa_probed_on_a_full_volume_is_probed_again_in_the_private_cache(
+        small_fs: Path, compilers_environ: None) -> None:
+    """Inductor decides once which vector ISA its C++ kernels use, by building a probe in its
+    cache directory. On the full volume that build fails and "none" was kept after the
+    degrade: the next test process's compiles of cached vector kernels then failed
+    ('at::vec' has not been declared)."""
+    machine = subprocess.run(
+        [sys.executable, "-c", "from torch._inductor.cpu_vec_isa import pick_vec_isa; "
+                               "print(bool(pick_vec_isa()))"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    if machine != "True":
+        pytest.skip("this machine's CPU has no vector ISA inductor uses")
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    cache = CompileCache(small_fs, environ=os.environ)
+    assert cache.open(RunnerConfig(), inputs=INPUTS).state == "miss"
+    leave_free(small_fs, FREE_PAGES)
+    _forget_isa_here()
+    assert not pick_vec_isa()  # the probe could not build on the full volume
+
+    report = run_plan_with_cache(cache, LinkingPlan())
+
+    assert report.succeeded and cache.info.degraded
+    assert pick_vec_isa(), "the ISA answer from the full volume outlived the degrade"
+    cache.close()
+
+
 def _trash_entry(root: Path, name: str, moved_at: int, size: int) -> Path:
     path = root / cache_fs.TRASH_DIR / f"{name}.{moved_at}.1.1"
     path.mkdir(parents=True)
