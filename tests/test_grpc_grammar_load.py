@@ -58,7 +58,9 @@ def test_bursts_of_over_budget_schemas_fail_alone_and_a_new_grammar_compiles_aft
             # At once, without waiting for the probes: a small new grammar compiles and serves.
             got, _ = await collect(c, [1, 2, 3], regex="(yes|no)!", max_tokens=8)
             assert got.finish_reason == "stop" and got.text in ("yes!", "no!"), got
-            assert s.generation.grammar_probes_idle == 2
+            # The killed probes' replacements start in the background (a process each, slow
+            # on a loaded machine): every one comes back.
+            await grammar_probes_idle(s)
 
     run(body(), 180)
 
