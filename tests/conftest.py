@@ -3,8 +3,9 @@ interpreter, and Triton reads TRITON_INTERPRET when a kernel is defined: the mom
 module that imports the runner's kernels is collected, whichever test file that is. So the
 switch is set here, once, before collection, not in the files that test the kernels.
 
-Also here: the notice that names a test running long (tests/slow_test_notice.py), and the
-slow tests left out unless asked for (tests/slow_tests.py)."""
+Also here: each xdist worker's share of the cores for torch's threads; the notice that
+names a test running long (tests/slow_test_notice.py); and the slow tests left out unless
+asked for (tests/slow_tests.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,18 @@ import pytest
 import torch
 
 from tests import slow_test_notice, slow_tests
+from warmgate.server.cpu_threads import usable_cpus
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Under xdist each worker is a process with torch's default of a thread per core: two
+# workers on two cores ran four busy threads, each parallel op waiting at its barrier for a
+# descheduled one. A worker's share of the cores ran four of the heaviest files in 62 s
+# instead of 132 s on the 2-core CI machine. (Servers the tests start set their own.)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, usable_cpus() // _WORKERS))
 
 
 @pytest.hookimpl(trylast=True)  # after the terminal reporter exists
