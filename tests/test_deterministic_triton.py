@@ -28,11 +28,12 @@ DEVICE = kernel_device(_matmul_kernel)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("k", "intermediate"), [(0, None), (3, None), (0, 512)])
+@pytest.mark.parametrize(("k", "intermediate"), [(0, 512), (3, None)])
 def test_the_triton_deterministic_path_passes_the_determinism_phase(
-        k: int, intermediate: int | None) -> None:
+        monkeypatch: pytest.MonkeyPatch, k: int, intermediate: int | None) -> None:
     # An intermediate size of 512 gives the down projection (64 x 512) a K split, so the
-    # probe's decodes run it through the workspace and the summing kernel.
+    # probe's decodes run it through the workspace and the summing kernel; the other
+    # projections stay unsplit.
     sizes = {} if intermediate is None else {"intermediate_size": intermediate}
     c = tiny_config(attention_backend="triton", num_spec=k, device=DEVICE, **sizes)
     c = dataclasses.replace(c, numerics=dataclasses.replace(c.numerics, deterministic=True))
@@ -41,31 +42,26 @@ def test_the_triton_deterministic_path_passes_the_determinism_phase(
         down = runner.model.layers[0].down_proj
         assert planned_tiles(*down.shape, device_sm_count(down.device)).splits > 1
     assert runner.attention_backend.spec.deterministic
+    uniform = _uniform_decodes_use_the_fixed_split_kernel(monkeypatch, runner)
     phase = run_determinism_check(runner, runner.execute_model, runner.sample_tokens)
     assert phase.status is PhaseStatus.RAN, phase.detail
+    # None ran on the split decode kernel; without drafts the probes' decodes are uniform
+    # ones (with drafts they are verifications).
+    assert any(uniform) or k > 0
 
 
-def test_deterministic_flashinfer_attention_is_the_triton_fixed_split_kernel() -> None:
-    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, num_blocks=8,
-                         max_blocks_per_req=4, max_num_reqs=2, max_num_tokens=16,
-                         dtype=torch.float32, device=torch.device(DEVICE), deterministic=True)
-    assert isinstance(create_backend("flashinfer", spec), TritonAttentionBackend)
-
-
-@pytest.mark.slow
-def test_a_deterministic_uniform_decode_never_runs_the_decode_kernel(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # Under the interpreter the two kernels happen to agree bit for bit (one split, the same
-    # tile), so only the routing itself can be checked here; on a GPU they differ.
+def _uniform_decodes_use_the_fixed_split_kernel(monkeypatch: pytest.MonkeyPatch,
+                                                runner: ModelRunner) -> list[bool]:
+    """The default split decode kernel made to fail if it runs, and a record of whether each
+    attention call was a uniform decode. Under the interpreter the two kernels happen to agree
+    bit for bit (one split, the same tile), so only the routing itself can be checked here;
+    on a GPU they differ."""
     from warmgate.server.runner.attention import triton_backend
 
     def forbidden(*_args: object, **_kwargs: object) -> torch.Tensor:
         raise AssertionError("the split decode kernel ran under --deterministic")
 
     monkeypatch.setattr(triton_backend, "paged_attention_decode", forbidden)
-    c = tiny_config(attention_backend="triton", device=DEVICE)
-    c = dataclasses.replace(c, numerics=dataclasses.replace(c.numerics, deterministic=True))
-    runner = ModelRunner(c, ops=BatchInvariantOps())  # type: ignore[arg-type]
     seen: list[bool] = []
     real_forward = runner.attention_backend.forward
 
@@ -75,6 +71,11 @@ def test_a_deterministic_uniform_decode_never_runs_the_decode_kernel(
         return real_forward(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(runner.attention_backend, "forward", spy)
-    phase = run_determinism_check(runner, runner.execute_model, runner.sample_tokens)
-    assert phase.status is PhaseStatus.RAN, phase.detail
-    assert any(seen)  # uniform decodes did run
+    return seen
+
+
+def test_deterministic_flashinfer_attention_is_the_triton_fixed_split_kernel() -> None:
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, num_blocks=8,
+                         max_blocks_per_req=4, max_num_reqs=2, max_num_tokens=16,
+                         dtype=torch.float32, device=torch.device(DEVICE), deterministic=True)
+    assert isinstance(create_backend("flashinfer", spec), TritonAttentionBackend)

@@ -75,3 +75,22 @@ def test_a_marker_expression_naming_them_picks_them(project: Path) -> None:
 def test_ci_asks_for_them() -> None:
     run = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert "export WARMGATE_SLOW_TESTS=1" in run
+
+
+class _Item:
+    """A collected test as slow_files_first sees it: its file and whether it is marked slow."""
+
+    def __init__(self, name: str, path: str, slow: bool) -> None:
+        self.name, self.path, self.slow = name, Path(path), slow
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if name == "slow" and self.slow else None
+
+
+def test_asked_for_the_files_holding_slow_tests_go_first_each_in_its_order() -> None:
+    from tests.slow_tests import slow_files_first
+
+    items = [_Item("a1", "a.py", False), _Item("b1", "b.py", False), _Item("b2", "b.py", True),
+             _Item("c1", "c.py", False), _Item("d1", "d.py", True), _Item("d2", "d.py", False)]
+    slow_files_first(items)  # type: ignore[arg-type]
+    assert [i.name for i in items] == ["b1", "b2", "d1", "d2", "a1", "c1"]

@@ -42,7 +42,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 MAX_TOKENS = 64
 # Seeds per k: each run draws its own schemas.
-SEEDS = {0: (0, 1, 2), 3: (3, 4, 5)}
+SEEDS = {0: (0, 1), 3: (3, 4)}
 SCHEMAS_PER_SEED = 2
 # Our float32 logits and transformers' differ by float rounding; closer than this is a tie.
 LOGIT_TIE = 1e-3
