@@ -58,10 +58,22 @@ def server(model_dir: Path) -> Iterator[ServerThread]:
         yield thread
 
 
+TEMPLATE_WORKER_MODULE = "warmgate.server.text.template_worker"
+
+
+def _is_template_worker(proc: psutil.Process) -> bool:
+    try:
+        return TEMPLATE_WORKER_MODULE in proc.cmdline()
+    except psutil.Error:
+        return False
+
+
 def tree_rss_mib() -> float:
-    """This process (the server runs in it) and its children (the template workers)."""
+    """This process (the server runs in it) and its template workers. Other children are not
+    the server's to bound: a compile pool that torch starts for an earlier test in this worker
+    (a few hundred MiB each) would be counted against the template."""
     me = psutil.Process()
-    procs = [me, *me.children(recursive=True)]
+    procs = [me, *(p for p in me.children(recursive=True) if _is_template_worker(p))]
     total = 0
     for p in procs:
         try:
