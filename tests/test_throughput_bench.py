@@ -4,6 +4,7 @@ server process on the CPU."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -74,5 +75,9 @@ def test_a_sweep_against_a_server_process_gives_every_token(tmp_path: Path) -> N
     rows = json.loads(out.read_text())
     assert [(r["streams"], r["output_tokens"], r["errors"]) for r in rows] == [(1, 5, 0),
                                                                               (3, 15, 0)]
-    assert all(r["tokens_per_s"] > 0 and r["itl_p50_s"] > 0 for r in rows)
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    # A reader slower than the steps gets its queued tokens in one message (the server
+    # coalesces them), so on a loaded machine a row can have no gap to measure: NaN, never 0.
+    assert all(r["itl_p50_s"] > 0 or math.isnan(r["itl_p50_s"]) for r in rows)
+    assert any(r["itl_p50_s"] > 0 for r in rows)
     assert "ITL p50" in proc.stdout
