@@ -95,13 +95,21 @@ def test_rope_and_cache_matches_torch(dtype: torch.dtype, num_heads: int, num_kv
     assert int((~value_cache.isnan()).sum()) == per_cache
 
 
-def test_rope_and_cache_rejects_bad_shapes() -> None:
+def small_call() -> tuple[torch.Tensor, ...]:
+    """Valid arguments of one small rope_and_cache call (3 tokens, 2 query heads, 1 KV head of
+    16, one cache for both keys and values) for the tests that change one of them:
+    q, k, v, positions, cos_sin, cache, slots."""
     gen = torch.Generator().manual_seed(1)
     q, k, v = _qkv(gen, 3, 2, 1, 16, torch.float32)
     cache = torch.zeros(2, 4, 1, 16, device=DEVICE)
     cos_sin = build_cos_sin_cache(8, 16, 10000.0, DEVICE)
     slots = torch.zeros(3, dtype=torch.int64, device=DEVICE)
     positions = torch.zeros(3, dtype=torch.int64, device=DEVICE)
+    return q, k, v, positions, cos_sin, cache, slots
+
+
+def test_rope_and_cache_rejects_bad_shapes() -> None:
+    q, k, v, positions, cos_sin, cache, slots = small_call()
     with pytest.raises(ValueError, match="layout"):
         rope_and_cache(q, k, v, positions, cos_sin, cache, cache, slots,
                        layout="NDH")  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from tests.paged_reference import rel_err, tolerance
-from tests.test_rope_cache_kernel import DEVICE, _qkv
+from tests.test_rope_cache_kernel import DEVICE, _qkv, small_call
 from warmgate.server.kernels.rms_norm import rms_norm
 from warmgate.server.kernels.rope_cache import rope_and_cache
 from warmgate.server.kernels.rotary import rotary_embedding
@@ -160,12 +160,7 @@ def test_a_tokens_outputs_are_the_same_bits_alone_and_in_a_batch(dtype: torch.dt
 
 
 def test_the_norm_arguments_come_together_and_match_head_dim() -> None:
-    gen = torch.Generator().manual_seed(1)
-    q, k, v = _qkv(gen, 3, 2, 1, 16, torch.float32)
-    cache = torch.zeros(2, 4, 1, 16, device=DEVICE)
-    cos_sin = build_cos_sin_cache(8, 16, 10000.0, DEVICE)
-    slots = torch.zeros(3, dtype=torch.int64, device=DEVICE)
-    positions = torch.zeros(3, dtype=torch.int64, device=DEVICE)
+    q, k, v, positions, cos_sin, cache, slots = small_call()
     weight = torch.ones(16, device=DEVICE)
     with pytest.raises(ValueError, match="come together"):
         rope_and_cache(q, k, v, positions, cos_sin, cache, cache, slots, q_norm_weight=weight,
