@@ -33,7 +33,7 @@ from warmgate.server.kernels.fixed_split_attention import _fixed_split_kernel, k
 
 DEVICE = kernel_device(_fixed_split_kernel)
 
-NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 8, 2, 16  # GQA: 4 query heads a KV head
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 16  # GQA: 2 query heads a KV head
 C = 2 * key_tile(HEAD_DIM, torch.float32, DEVICE == "cuda")  # the split size under test
 LENGTH = 3 * C + 5  # the probe request crosses three split boundaries
 TABLE_WIDTH = cdiv(LENGTH, BLOCK_SIZE) + 2
