@@ -33,9 +33,12 @@ def test_the_triton_deterministic_path_passes_the_determinism_phase(
         monkeypatch: pytest.MonkeyPatch, k: int, intermediate: int | None) -> None:
     # An intermediate size of 512 gives the down projection (64 x 512) a K split, so the
     # probe's decodes run it through the workspace and the summing kernel; the other
-    # projections stay unsplit.
+    # projections stay unsplit. One layer: a second would run the same kernels on the same
+    # shapes (batch invariance is per launch), and the one layer still runs every norm (the
+    # first without a residual, the post-attention and the final one adding it).
     sizes = {} if intermediate is None else {"intermediate_size": intermediate}
-    c = tiny_config(attention_backend="triton", num_spec=k, device=DEVICE, **sizes)
+    c = tiny_config(attention_backend="triton", num_spec=k, device=DEVICE, num_layers=1,
+                    **sizes)
     c = dataclasses.replace(c, numerics=dataclasses.replace(c.numerics, deterministic=True))
     runner = ModelRunner(c, ops=BatchInvariantOps())  # type: ignore[arg-type]
     if intermediate is not None:
