@@ -35,10 +35,13 @@ def test_the_triton_deterministic_path_passes_the_determinism_phase(
     # probe's decodes run it through the workspace and the summing kernel; the other
     # projections stay unsplit. One layer: a second would run the same kernels on the same
     # shapes (batch invariance is per launch), and the one layer still runs every norm (the
-    # first without a residual, the post-attention and the final one adding it).
+    # first without a residual, the post-attention and the final one adding it). Two query
+    # heads on one KV head (GQA still): what this checks lies along the token axis, and half
+    # the heads halve the attention programs; tests/test_fixed_split_attention.py checks the
+    # kernel's bits over several KV heads.
     sizes = {} if intermediate is None else {"intermediate_size": intermediate}
     c = tiny_config(attention_backend="triton", num_spec=k, device=DEVICE, num_layers=1,
-                    **sizes)
+                    num_heads=2, num_kv_heads=1, **sizes)
     c = dataclasses.replace(c, numerics=dataclasses.replace(c.numerics, deterministic=True))
     runner = ModelRunner(c, ops=BatchInvariantOps())  # type: ignore[arg-type]
     if intermediate is not None:
