@@ -4,6 +4,8 @@ tokens, and a warmed compiled runner compiles nothing for random batches after r
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.test_compile_warmup import (
@@ -12,7 +14,7 @@ from tests.test_compile_warmup import (
     run_random_batches,
 )
 from warmgate.server.config.rope_config import RopeConfig
-from warmgate.server.config.runner_config import resolve_runner_config
+from warmgate.server.config.runner_config import RunnerConfig, resolve_runner_config
 from warmgate.server.jit import JitMonitor
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.warmup import load_runner, run_warmup_plan
@@ -21,14 +23,24 @@ pytestmark = pytest.mark.slow
 YARN = RopeConfig(rope_type="yarn", theta=1000.0, factor=4.0, original_max_position_embeddings=16)
 
 
+def _config(architecture: str, compile: bool = True) -> RunnerConfig:
+    """The compile tests' configuration with three token buckets, 1, 8 and 16 (what capture
+    sizes 1 and 8 give; no graph is captured on the CPU), instead of its five: each
+    architecture's halves compiled for a single token, a padded batch and the whole budget.
+    That every bucket of the default list compiles is tests/test_compile_warmup.py's; here
+    each bucket was a cold compile of its own."""
+    c = compiled_config(compile=compile, architecture=architecture, rope=YARN)
+    return dataclasses.replace(c, compilation=dataclasses.replace(c.compilation,
+                                                                  cuda_graph_sizes=(1, 8)))
+
+
 @pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
 def test_compiled_matches_eager_and_compiles_nothing_after_ready(architecture: str) -> None:
-    eager = ModelRunner(resolve_runner_config(
-        compiled_config(compile=False, architecture=architecture, rope=YARN)))
+    eager = ModelRunner(resolve_runner_config(_config(architecture, compile=False)))
     with JitMonitor() as monitor:
-        compiled, load = load_runner(compiled_config(architecture=architecture, rope=YARN),
-                                     jit_monitor=monitor)
+        compiled, load = load_runner(_config(architecture), jit_monitor=monitor)
         assert run_warmup_plan(compiled, load_phase=load).succeeded
+        assert compiled.compile_buckets == (1, 8, 16)
         monitor.mark_ready()
         assert_compiled_matches_eager(compiled, eager)
         run_random_batches(compiled, monitor, 40)

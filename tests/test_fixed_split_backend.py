@@ -20,6 +20,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from tests.kernel_device import kernel_device
 from tests.paged_reference import make_paged_batch
 from tests.runner_helpers import tiny_config
+from tests.test_deterministic_triton import uniform_decodes_use_the_fixed_split_kernel
 from tests.test_triton_kernels import _meta
 from warmgate.server.core.results import PhaseStatus
 from warmgate.server.kernels import fixed_split_attention
@@ -135,7 +136,8 @@ INTERPRETER_SIZED = pytest.mark.skipif(torch.cuda.is_available(),
 
 
 def _deterministic_runner(k: int) -> ModelRunner:
-    c = tiny_config(attention_backend="triton", num_spec=k, device=DEVICE)
+    # One layer: a second would run the same attention launches on the same batches.
+    c = tiny_config(attention_backend="triton", num_spec=k, device=DEVICE, num_layers=1)
     c = dataclasses.replace(c, numerics=dataclasses.replace(c.numerics, deterministic=True))
     return ModelRunner(c, ops=BatchInvariantOps())  # type: ignore[arg-type]
 
@@ -187,7 +189,11 @@ def test_the_determinism_phase_passes_with_a_split_every_key_tile(
     monkeypatch.setattr(triton_backend, "device_sm_count", lambda device: 4)
     runner = _deterministic_runner(k)
     seen = _record_ways(monkeypatch)
+    uniform = uniform_decodes_use_the_fixed_split_kernel(monkeypatch, runner)
     phase = run_determinism_check(runner, runner.execute_model, runner.sample_tokens)
     assert phase.status is PhaseStatus.RAN, phase.detail
     # Both ways ran over sequences of two splits and more.
     assert {programs > 1 for programs, longest in seen if longest > tiles[0]} == {False, True}
+    # None ran on the split decode kernel; without drafts the probes' decodes are uniform
+    # ones (with drafts they are verifications).
+    assert any(uniform) or k > 0

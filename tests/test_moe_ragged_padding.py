@@ -34,9 +34,11 @@ from warmgate.server.runner.moe import MoEBlock, route
 
 DEVICE = kernel_device(_route_kernel)
 
-# A Qwen3-MoE of the tiny preset's shape: 8 experts, 2 a token.
+# A Qwen3-MoE of the tiny preset's shape: 8 experts, 2 a token. One layer: its attention
+# already leaves the padding rows NaN for its router, and a second layer would run the same
+# kernels over the same bucket.
 MOE = dict(architecture="qwen3_moe", num_experts=8, num_experts_per_tok=2,
-           moe_intermediate_size=32, norm_topk_prob=True)
+           moe_intermediate_size=32, norm_topk_prob=True, num_layers=1)
 # The largest ragged bucket the runner captures (the token budget) takes the torch alignment
 # (past 256 tokens), the smaller ones the kernel's.
 MAX_TOKENS = 264

@@ -86,20 +86,28 @@ def _prompt(model: dict[str, Any], task: str) -> list[int]:
     return list(model["text"].tokenizer.encode_chat([{"role": "user", "content": task}]))
 
 
-def _run(model: dict[str, Any], k: int, cases: list[tuple[list[int], GrammarSpec | None]]
-         ) -> list[Any]:
-    """All cases as one batch (the serving loop), greedy; the requests back, in order."""
+def _run(model: dict[str, Any], k: int, cases: list[tuple[list[int], GrammarSpec | None]],
+         max_tokens: list[int] | None = None) -> list[Any]:
+    """All cases as one batch (the serving loop), greedy, each case up to its max_tokens
+    (MAX_TOKENS by default); the requests back, in order."""
     served = Served(model["runners"][k])
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS,
-                            stop_token_ids=model["text"].eos_token_ids)
     reqs = []
     for i, (prompt, spec) in enumerate(cases):
+        params = SamplingParams(temperature=0.0,
+                                max_tokens=MAX_TOKENS if max_tokens is None else max_tokens[i],
+                                stop_token_ids=model["text"].eos_token_ids)
         req = served.submit(f"r{i}", prompt, params)
         if spec is not None:
             req.grammar = model["backend"].matcher(spec)
         reqs.append(req)
     served.run()
     return reqs
+
+
+def _lengths(reqs: list[Any]) -> list[int]:
+    """Each request's output length: what an unconstrained reference for it needs to run
+    (_check_against_reference reads no further)."""
+    return [len(r.output_token_ids) for r in reqs]
 
 
 def _first_difference(a: list[int], b: list[int]) -> int | None:
@@ -157,7 +165,11 @@ def test_random_schemas_parse_validate_and_follow_the_unconstrained_reference(
     specs = [GrammarSpec("json_schema", json.dumps(s)) for s in schemas]
     # Constrained rows share their batches with a plain one.
     constrained = _run(model, k, [*zip(prompts, specs, strict=True), (prompts[0], None)])
-    reference = _run(model, k, [(p, None) for p in prompts])
+    # The first reference runs as long as the plain row beside the constrained ones, to be
+    # compared whole; the others only as long as their constrained output, the part the
+    # first-difference check reads.
+    reference = _run(model, k, [(p, None) for p in prompts],
+                     [MAX_TOKENS, *_lengths(constrained[1:len(prompts)])])
     assert constrained[-1].output_token_ids == reference[0].output_token_ids
     completed = diverged = agreed = positions = 0
     for prompt, schema, spec, got, ref in zip(prompts, schemas, specs, constrained, reference,
@@ -191,7 +203,7 @@ def test_regex_and_ebnf_outputs_match_and_follow_the_reference(model: dict[str, 
     prompts = [_prompt(model, task) for task, _, _ in cases]
     constrained = _run(model, k, [(p, spec) for p, (_, spec, _) in zip(prompts, cases,
                                                                         strict=True)])
-    reference = _run(model, k, [(p, None) for p in prompts])
+    reference = _run(model, k, [(p, None) for p in prompts], _lengths(constrained))
     for p, (_, spec, check), got, ref in zip(prompts, cases, constrained, reference,
                                              strict=True):
         text = model["text"].tokenizer.decode(got.output_token_ids)
