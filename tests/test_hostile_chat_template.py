@@ -21,6 +21,7 @@ from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.errors import WarmgateRpcError
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.config.serving_config import ServingConfig
+from warmgate.server.text import template_worker
 from warmgate.server.text.model_text import load_model_text
 
 TIMEOUT_S = 1.0
@@ -58,24 +59,24 @@ def server(model_dir: Path) -> Iterator[ServerThread]:
         yield thread
 
 
-TEMPLATE_WORKER_MODULE = "warmgate.server.text.template_worker"
-
-
-def _is_template_worker(proc: psutil.Process) -> bool:
-    try:
-        return TEMPLATE_WORKER_MODULE in proc.cmdline()
-    except psutil.Error:
-        return False
+def template_workers() -> list[psutil.Process]:
+    """The chat template's worker processes under this one, found by the module they run."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if template_worker.__name__ in p.cmdline():
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
 
 
 def tree_rss_mib() -> float:
     """This process (the server runs in it) and its template workers. Other children are not
     the server's to bound: a compile pool that torch starts for an earlier test in this worker
     (a few hundred MiB each) would be counted against the template."""
-    me = psutil.Process()
-    procs = [me, *(p for p in me.children(recursive=True) if _is_template_worker(p))]
     total = 0
-    for p in procs:
+    for p in [psutil.Process(), *template_workers()]:
         try:
             total += p.memory_info().rss
         except psutil.NoSuchProcess:
@@ -136,6 +137,7 @@ def test_hostile_template_fails_its_request_within_the_bound_and_the_server_keep
     async def body() -> None:
         async with AsyncWarmgateClient(server.target) as client:
             stop, latencies = asyncio.Event(), list[float]()
+            assert template_workers()  # the workers the bound counts are found
             rss = PeakRss()
             traffic = asyncio.create_task(_plain_traffic(client, stop, latencies))
             await asyncio.sleep(0.2)
