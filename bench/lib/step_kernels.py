@@ -1,6 +1,6 @@
 """Where a decode step's GPU time goes, kernel by kernel, with CUDA graphs on.
 
-    python bench/serve.py step-kernels --model llama-3.1-8b --backend flashinfer
+    python bench/serve.py step-kernels --model llama-3.1-8b --backends flashinfer
 
 One runner per backend is built with random weights, its requests prefilled to
 --prompt-len tokens and graphs captured; then decode steps run under torch.profiler at each
