@@ -3,9 +3,10 @@ interpreter, and Triton reads TRITON_INTERPRET when a kernel is defined: the mom
 module that imports the runner's kernels is collected, whichever test file that is. So the
 switch is set here, once, before collection, not in the files that test the kernels.
 
-Also here: each xdist worker's share of the cores for torch's threads; the notice that
-names a test running long (tests/slow_test_notice.py); and the slow tests left out unless
-asked for (tests/slow_tests.py)."""
+Also here: the interpreter's nested patching skipped (tests/interpreter_patching.py); each
+xdist worker's share of the cores for torch's threads; the notice that names a test running
+long (tests/slow_test_notice.py); and the slow tests left out unless asked for
+(tests/slow_tests.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import os
 import pytest
 import torch
 
-from tests import slow_test_notice, slow_tests
+from tests import interpreter_patching, slow_test_notice, slow_tests
 from warmgate.server.cpu_threads import usable_cpus
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    interpreter_patching.skip_nested_patches()  # why: tests/interpreter_patching.py
 
 # Under xdist each worker is a process with torch's default of a thread per core: two
 # workers on two cores ran four busy threads, each parallel op waiting at its barrier for a
