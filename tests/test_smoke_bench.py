@@ -144,6 +144,12 @@ def test_a_waiting_head_keeps_its_place_and_smaller_ones_fill_in_only_beside_it(
     # fp8, which the head waited for, ends: the head starts beside small at once.
     assert scheduler.pick([big, tiny], [small], lambda c: True) == big
     assert scheduler.head is None
+    # Two servers at once at most, while prebuilds hold what keeps the head waiting: one
+    # smaller run may start beside it, and the other slot stays the head's.
+    two, held = schedule.Scheduler(H100, 2), H100 - memory_bytes(big) + 1
+    assert two.pick([big, small, tiny], [], lambda c: True, held=held) == small
+    assert two.pick([big, tiny], [small], lambda c: True, held=held) is None
+    assert two.head == big
 
 
 SECONDS = {"tiny": 30, "qwen3-0.6b": 40, "qwen2.5-1.5b": 40, "llama-3.2-1b": 40,
