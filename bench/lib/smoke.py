@@ -7,13 +7,34 @@ requests with every sampling option (`bench/warm.py served`), one row each.
     python bench/warm.py smoke --device cpu --presets tiny --backends torch   # a dry run
 
 Servers run side by side where the card's memory holds them (each with a fixed, small KV
-cache: bench/lib/smoke_plan.py), the largest first; each backend's first run goes alone, so
-its cold JIT is paid once. TTFT is timed in quiet: a ready server times it while every other
-run is stopped, and none starts meanwhile (bench/lib/smoke_quiet.py); a row's ready time
-counts the seconds it was stopped, and its progress line says how many. A preset the card
-cannot hold, or a backend with no kernels for its head size, gets a row that says so instead
-of a run. No configuration starts after --deadline-s, and those left get a row that says
-so: rerun them with --presets.
+cache: bench/lib/smoke_plan.py), the largest first; a configuration that waits for memory at
+the queue's head keeps its place: smaller ones start beside the runs only if they also fit
+beside it, so it starts once the runs it waited for end (bench/lib/smoke_schedule.py).
+FlashInfer's JIT (90-110 s cold) is built once per module set before any FlashInfer server
+starts: at the start, one process per key (head size, dtype, tensor-core decode) among the
+FlashInfer configurations, all at once, builds the server's own modules into the shared
+cache (bench/lib/smoke_jit.py); a key's configurations start once its build has ended, and a
+failed build gives them a row that quotes its output. The torch and triton backends' first
+runs warm up alone instead (their cold compile is about 15 s): the backend's others start
+once it is ready. TTFT is timed in quiet: a ready server times it while every other run is
+stopped, and none starts meanwhile (bench/lib/smoke_quiet.py); a row's ready time counts the
+seconds it was stopped, and its progress line says how many. A preset the card cannot hold,
+or a backend with no kernels for its head size, gets a row that says so instead of a run. No
+configuration starts after --deadline-s, and those left get a row that says so: rerun them
+with --configs.
+
+Each row gives the device memory its processes held at most (peak GiB, sampled from
+nvidia-smi about once a second; "-" without it) beside the estimate the packing used (est
+GiB), and one line the largest ratio and the most a server held beyond its weights and KV
+cache: what OVERHEAD_BYTES should be (bench/lib/smoke_memory.py). Each run's output is
+<logs>/<configuration>.txt, its server's whole log <configuration>.server.txt (where its ready
+seconds went, phase by phase), each prebuild's jit-<key>.txt.
+
+    python bench/warm.py smoke --plan rows.txt --backends torch,triton,flashinfer
+
+runs nothing: it replays the same decisions on the run and ready seconds a table gives per
+configuration (`# configuration estimate_GiB ran_s stopped_s ready_s` and a row per line)
+for a card of --plan-gib, and prints each run's start and end and the predicted length.
 
 A row is clean when the run exited 0 with 0 compiles, autotunes, graph misses and errors
 after ready and first/steady TTFT at most --ttft-limit (1.15; a stricter goal, e.g. 1.05 for
