@@ -13,12 +13,17 @@ import pytest
 
 from tests.bench_harness import load_script, run_bench
 from warmgate.server.config.presets import preset_names
+from warmgate.server.runner.attention import flashinfer_backend as fi_backend
 
 plan = load_script("bench/lib/smoke_plan.py")
+jit = load_script("bench/lib/smoke_jit.py")
+schedule = load_script("bench/lib/smoke_schedule.py")
+memory = load_script("bench/lib/smoke_memory.py")
 SmokeConfig, SmokeRow, read_served = plan.SmokeConfig, plan.SmokeRow, plan.read_served
 fits, matrix, memory_bytes, run_order = plan.fits, plan.matrix, plan.memory_bytes, plan.run_order
 GIB = 2**30
 H100, H200 = 80 * GIB, 141 * GIB
+H100_CARD = 79 * GIB  # what torch reports of an H100 80GB
 
 
 def test_the_matrix_is_every_preset_backend_and_k() -> None:
@@ -100,14 +105,173 @@ def test_a_stop_lasts_at_most_its_bound_and_the_row_says_so() -> None:
     assert "partly beside other servers" in slow.note
 
 
-def test_new_runs_wait_only_for_a_backends_first_run_and_for_memory() -> None:
-    smoke = load_script("bench/lib/smoke.py")
+def test_new_runs_wait_only_for_their_gate_and_for_memory() -> None:
+    """torch and triton wait while their backend's first run warms alone; FlashInfer waits for
+    its JIT key's prebuild instead; and all of them for memory."""
     queue = [SmokeConfig("llama-3.2-1b", "triton", 0)]
-    waiting, warming = _run("tiny:triton:k3", "waiting"), _run("qwen3-0.6b:triton:k0", "warming")
-    assert smoke._schedule(queue, [waiting, warming], set(), 10**12) == queue[0]
-    assert smoke._schedule(queue, [warming], {"triton"}, 10**12) is None  # gated backend
-    assert smoke._schedule(queue, [waiting], {"torch"}, 10**12) == queue[0]
-    assert smoke._schedule(queue, [warming], set(), memory_bytes(queue[0]) - 1) is None
+    fi = SmokeConfig("qwen3-0.6b", "flashinfer", 0)
+    key = jit.JitKey(128, "bfloat16", False)
+    gates = schedule.Gates({queue[0]: None, fi: key})
+    first = SmokeConfig("tiny", "triton", 0)
+    assert not gates.may_start(queue[0], [first])  # triton's first run is warming
+    assert gates.may_start(queue[0], [SmokeConfig("tiny", "torch", 0)])
+    gates.compiled("triton")  # ready: the cold compile is in the caches
+    assert gates.may_start(queue[0], [first])
+    assert not gates.may_start(fi, [])
+    gates.built.add(key)
+    assert gates.may_start(fi, [first])
+    pick = schedule.Scheduler(memory_bytes(queue[0]) + memory_bytes(first), 4).pick
+    assert pick(queue, [first], lambda c: True) == queue[0]
+    assert pick(queue, [first], lambda c: True, held=1) is None  # a prebuild holds the rest
+    assert pick(queue, [first], lambda c: False) is None
+    assert schedule.Scheduler(10**13, 1).pick(queue, [first], lambda c: True) is None
+
+
+def test_a_waiting_head_keeps_its_place_and_smaller_ones_fill_in_only_beside_it() -> None:
+    big, fp8 = SmokeConfig("qwen3-30b-a3b", "triton", 0), SmokeConfig("qwen3-30b-a3b-fp8",
+                                                                       "triton", 0)
+    small, tiny = SmokeConfig("qwen3-0.6b", "torch", 0), SmokeConfig("tiny", "torch", 3)
+    budget = int(0.9 * H100)
+    scheduler = schedule.Scheduler(budget, 4)
+    queue = [big, small, tiny]
+    # fp8 runs: the head (big) does not fit; small fits beside both fp8 and big, so it starts.
+    assert scheduler.pick(queue, [fp8], lambda c: True) == small
+    assert scheduler.head == big
+    # tiny would fit beside fp8 and small, but not beside big and small: it waits.
+    assert memory_bytes(fp8) + memory_bytes(small) + memory_bytes(tiny) <= budget
+    assert memory_bytes(big) + memory_bytes(small) + memory_bytes(tiny) > budget
+    assert scheduler.pick([big, tiny], [fp8, small], lambda c: True) is None
+    # fp8, which the head waited for, ends: the head starts beside small at once.
+    assert scheduler.pick([big, tiny], [small], lambda c: True) == big
+    assert scheduler.head is None
+    # Two servers at once at most, while prebuilds hold what keeps the head waiting: one
+    # smaller run may start beside it, and the other slot stays the head's.
+    two, held = schedule.Scheduler(H100, 2), H100 - memory_bytes(big) + 1
+    assert two.pick([big, small, tiny], [], lambda c: True, held=held) == small
+    assert two.pick([big, tiny], [small], lambda c: True, held=held) is None
+    assert two.head == big
+
+
+SECONDS = {"tiny": 30, "qwen3-0.6b": 40, "qwen2.5-1.5b": 40, "llama-3.2-1b": 40,
+           "mistral-7b": 45, "llama-3.1-8b": 45, "llama-3.1-8b-fp8": 60,
+           "qwen3-30b-a3b-fp8": 70, "qwen3-30b-a3b": 50}  # about an H100's, by preset
+
+
+def _h100_plan(scheduler: type) -> tuple[list, list]:
+    """The H100 matrix replayed on fixed seconds (ready at half of each run)."""
+    configs = [c for c in matrix(None, ["torch", "triton", "flashinfer"], [0, 3])
+               if plan.why_not(c, H100_CARD) is None]
+    keys = {c: jit.jit_key(c, "cuda", (9, 0)) for c in configs}
+    queue = run_order(configs, {"torch", "triton"})
+    seconds = {c: (SECONDS[c.preset], SECONDS[c.preset] / 2) for c in configs}
+    original, schedule.Scheduler = schedule.Scheduler, scheduler
+    try:
+        return schedule.simulate(queue, keys, seconds, {k: 110.0 for k in keys.values() if k},
+                                 int(0.9 * H100_CARD), 4, 480.0)
+    finally:
+        schedule.Scheduler = original
+
+
+def test_the_largest_preset_starts_before_the_deadline_in_a_simulated_h100_run() -> None:
+    done, left = _h100_plan(schedule.Scheduler)
+    moe = [p for p in done if p.config.preset == "qwen3-30b-a3b"]
+    assert len(moe) == 6 and all(p.start_s < 480 for p in moe), [c.name for c in left]
+    by_name = {p.config.name: p for p in done}
+    # Each FlashInfer run starts once its key's prebuild (110 s here) has ended.
+    assert min(p.start_s for p in done if p.config.backend == "flashinfer") >= 110.0
+    # tiny warms alone per backend; the others of its backend start once it is ready.
+    assert min(p.start_s for p in done if p.config.backend == "torch"
+               and p.config.preset != "tiny") >= by_name["tiny:torch:k0"].ready_s
+    # No two runs ever held more than the budget at once.
+    for p in done:
+        at = [q for q in done if q.start_s <= p.start_s < q.end_s]
+        assert sum(memory_bytes(q.config) for q in at) <= 0.9 * H100_CARD
+
+
+class _FirstThatFits(schedule.Scheduler):
+    """The rule before: the first configuration that fits starts, whatever waits before it."""
+
+    def pick(self, queue, running, may_start, held=0):  # type: ignore[no-untyped-def]
+        if len(running) >= self.parallel:
+            return None
+        free = self.budget - held - sum(memory_bytes(c) for c in running)
+        return next((c for c in queue if may_start(c) and memory_bytes(c) <= free), None)
+
+
+def test_the_simulated_h100_run_starves_the_largest_preset_if_smaller_ones_pass_it() -> None:
+    """The timeline above tells the rules apart: passing the head starves it there."""
+    _, left = _h100_plan(_FirstThatFits)
+    assert any(c.preset == "qwen3-30b-a3b" for c in left)
+
+
+def test_the_jit_keys_of_the_h100_matrix_and_their_minimal_specs() -> None:
+    keys = {jit.jit_key(c, "cuda", (9, 0)) for c in matrix(None, ["flashinfer"], [0, 3])
+            if plan.why_not(c, H100_CARD) is None}
+    assert keys == {jit.JitKey(64, "bfloat16", True), jit.JitKey(128, "bfloat16", True),
+                    jit.JitKey(128, "bfloat16", False)}  # qwen3-0.6b: 16 heads on 8
+    assert jit.jit_key(SmokeConfig("llama-3.1-8b-fp8", "flashinfer", 0), "cuda", (9, 0)) == \
+        jit.JitKey(128, "bfloat16", True)  # FP8 projections, bf16 attention
+    assert jit.jit_key(SmokeConfig("llama-3.1-8b", "triton", 0)) is None
+    for key in keys:
+        spec = jit.minimal_spec(key, "cpu")
+        assert (spec.head_dim, str(spec.dtype), fi_backend.tensor_core_decode(
+            spec.num_heads, spec.num_kv_heads)) == (key.head_dim, f"torch.{key.dtype}",
+                                                    key.tensor_cores)
+
+
+def test_a_failed_prebuild_ends_with_its_output_in_the_note(tmp_path: Path) -> None:
+    build = jit.Prebuild(jit.JitKey(128, "bfloat16", True), "cpu", tmp_path / "jit.txt")
+    while not build.poll(60.0):
+        time.sleep(0.1)
+    assert build.exit_code == 2 and not build.ok
+    assert build.note.startswith("FlashInfer JIT prebuild (head 128 bfloat16 tensor-core "
+                                 "decode) failed, exit 2; jit.txt:")
+    assert "--device cpu: FlashInfer builds its modules for a CUDA device" in build.note
+
+
+# nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits on an H100
+# with two servers (one with an engine process) and a process whose figure the driver hides.
+COMPUTE_APPS = """1201, 20184
+1207, 518
+1388, 65210
+1390, [N/A]
+"""
+
+
+def test_device_memory_is_summed_over_each_runs_session() -> None:
+    assert memory.parse_compute_apps(COMPUTE_APPS) == {
+        1201: 20184 * 2**20, 1207: 518 * 2**20, 1388: 65210 * 2**20}
+    assert memory.parse_compute_apps("") == {}
+    now = [0.0]
+    texts = [COMPUTE_APPS, COMPUTE_APPS.replace("20184", "10000")]
+    sessions = {1201: 1200, 1207: 1200, 1388: 1380}
+    sampler = memory.MemorySampler(True, query=lambda: texts.pop(0),
+                                   session=sessions.get, clock=lambda: now[0])
+    sampler.sample([1200, 1380])
+    sampler.sample([1200])  # within the second: no sample
+    now[0] = 1.5
+    sampler.sample([1200])
+    assert sampler.peak(1200) == (20184 + 518) * 2**20  # the peak, not the last sample
+    assert sampler.peak(1380) == 65210 * 2**20
+    assert sampler.peak(999) is None
+    off = memory.MemorySampler(False, query=lambda: COMPUTE_APPS, session=sessions.get)
+    off.sample([1200])
+    assert off.peak(1200) is None
+
+
+def test_the_rows_show_peak_beside_estimate_and_one_line_sums_them_up() -> None:
+    small, big = SmokeConfig("tiny", "torch", 0), SmokeConfig("llama-3.1-8b", "triton", 3)
+    rows = [SmokeRow(small, exit_code=0, peak_bytes=3 * GIB),
+            SmokeRow(big, exit_code=0, peak_bytes=plan.weights_and_kv_bytes(big) + 5 * GIB),
+            SmokeRow(SmokeConfig("tiny", "triton", 0), exit_code=0)]
+    assert plan.format_row(rows[0]).split()[8:10] == ["4.0", "3.0"]
+    assert plan.format_row(rows[2]).split()[8:10] == ["4.0", "-"]
+    line = memory.summary(rows)
+    ratio = (plan.weights_and_kv_bytes(big) + 5 * GIB) / memory_bytes(big)
+    assert line == (f"device memory, 2 runs measured: peak/estimate at most {ratio:.2f} "
+                    "(llama-3.1-8b:triton:k3); beyond weights and KV cache at most 5.0 GiB "
+                    "(llama-3.1-8b:triton:k3), OVERHEAD_BYTES is 4.0 GiB")
+    assert memory.summary(rows[2:]).startswith("device memory: not measured")
 
 
 def test_a_stopped_process_group_is_stopped_and_its_stop_is_counted() -> None:
@@ -137,11 +301,24 @@ def _reaches(pid: int, state: str) -> bool:
     return False
 
 
-def test_each_backend_runs_a_small_one_first_then_the_largest_first() -> None:
+def test_each_backend_without_a_prebuild_runs_a_small_one_first_then_the_largest_first(
+        ) -> None:
     configs = matrix(["llama-3.1-8b", "tiny", "qwen3-30b-a3b"], ["triton", "flashinfer"], [0])
-    order = run_order(configs)
-    assert [c.name for c in order[:2]] == ["tiny:triton:k0", "tiny:flashinfer:k0"]
-    assert [c.preset for c in order[2:4]] == ["qwen3-30b-a3b"] * 2
+    order = run_order(configs, {"triton"})
+    assert order[0].name == "tiny:triton:k0"
+    assert [c.name for c in order[1:3]] == ["qwen3-30b-a3b:flashinfer:k0",
+                                            "qwen3-30b-a3b:triton:k0"]
+    assert order[-1].name == "tiny:flashinfer:k0"  # FlashInfer's JIT is its prebuild's
+
+
+def test_plan_reads_run_and_ready_seconds() -> None:
+    text = ("# H100\n# configuration estimate_GiB ran_s stopped_s ready_s\n"
+            "tiny:torch:k0 4.0 33 2 19.0\n\n")
+    assert schedule.read_seconds(text) == {"tiny:torch:k0": (33.0, 19.0)}
+    with pytest.raises(ValueError, match="no '# configuration"):
+        schedule.read_seconds("tiny:torch:k0 33\n")
+    with pytest.raises(ValueError, match="no ran_s and ready_s figures"):
+        schedule.read_seconds(text + "tiny:torch:k3 4.0 33\n")
 
 
 SERVED = """server: --model qwen3-30b-a3b --device cuda --metrics-port 0
@@ -187,3 +364,30 @@ def test_a_smoke_run_on_the_cpu(tmp_path: Path) -> None:
     mixtral = next(ln for ln in table.splitlines() if ln.startswith("mixtral-8x7b:torch:k3"))
     assert "does not fit: needs about 93 GiB" in mixtral
     assert (tmp_path / "tiny-torch-k3.txt").is_file()
+    assert "config_hash=" in (tmp_path / "tiny-torch-k3.server.txt").read_text()  # its own log
+    assert row[8:10] == ["4.0", "-"]  # est GiB; peak GiB: no nvidia-smi on the CPU
+    assert "device memory: not measured" in table
+
+
+@pytest.mark.slow
+def test_a_failed_prebuild_fails_its_keys_rows_and_the_smoke(tmp_path: Path) -> None:
+    """FlashInfer on the CPU: its key's prebuild fails at once, and its rows say why."""
+    result = run_bench("bench/warm.py smoke", [
+        "--device", "cpu", "--presets", "qwen3-0.6b", "--backends", "flashinfer", "--ks", "0,3",
+        "--logs", str(tmp_path)], timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FlashInfer JIT prebuild head 128 float32 plain decode: FAILED in" in result.stdout
+    table = result.stdout.split("\nsmoke, cpu")[-1]
+    for k in (0, 3):
+        row = next(ln for ln in table.splitlines() if ln.startswith(f"qwen3-0.6b:flashinfer:k{k}"))
+        assert "not run: FlashInfer JIT prebuild (head 128 float32 plain decode) failed" in row
+        assert "FlashInfer builds its modules for a CUDA device" in row
+    assert "2 configurations: 0 clean, 0 not clean, 0 do not fit or apply, 2 not run" in table
+
+
+def test_served_writes_the_servers_log_when_the_server_fails(tmp_path: Path) -> None:
+    log = tmp_path / "server.txt"
+    result = run_bench("bench/warm.py served", [
+        "--server-args", "--model tiny --device cuda", "--server-log", str(log)], timeout=120)
+    assert result.returncode != 0
+    assert "CUDA is not available" in log.read_text(), result.stdout + result.stderr

@@ -30,7 +30,9 @@ import contextlib
 import random
 import re
 import shlex
+import signal
 import statistics
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -42,6 +44,7 @@ from first_request_generate import _warm_client, server_process
 from first_request_options import AFTER_READY, METRICS_PORT, scrape_metrics
 
 from warmgate.server.devtools.random_batches import random_features, random_params
+from warmgate.server.devtools.server_process import ServerProcess
 from warmgate.server.runner.scheduler_output import SamplingParams
 
 AFTER_READY_COMPILES = re.compile(
@@ -162,6 +165,9 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
                         "TTFT, then create PREFIX.measured: a coordinator of servers run side "
                         "by side (bench/warm.py smoke) lets each time its TTFT while no other "
                         "warms up or times its own")
+    p.add_argument("--server-log", default=None, metavar="PATH",
+                   help="write the server's whole log here when the run ends, failed or not "
+                        "(a SIGTERM ends the run that way too): where its ready seconds went")
     p.add_argument("--ready-timeout", type=float, default=900.0)
     p.add_argument("--request-timeout", type=float, default=300.0)
     return p
@@ -186,19 +192,31 @@ def _gated(prefix: str | None, timeout_s: float) -> Any:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    from warmgate.client.api import WaitResult, WarmgateClient
     from warmgate.server.startup import load_server_config
 
     args = _parser(prog).parse_args(argv)
     flags = [*shlex.split(args.server_args), "--metrics-port", "0"]
     runner = load_server_config(flags, environ={}, resolve=False).runner
-    vocab = runner.model.vocab_size
     # Room for the prompt, its tokens and drafts within the model length.
     max_prompt = max(1, min(args.max_prompt, runner.model.max_model_len - args.max_tokens - 8))
     rng = random.Random(args.seed)
     print(f"server: {shlex.join(flags)}", flush=True)
-    with server_process(flags, keep_caches=True) as server, \
-            WarmgateClient(server.target, timeout=args.ready_timeout) as client:
+    server = server_process(flags, keep_caches=True)
+    # SIGTERM (the smoke's timeout) unwinds as an exit does, so the log below is written.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return _serve(args, server, runner.model.vocab_size, max_prompt, rng)
+    finally:
+        if args.server_log:
+            Path(args.server_log).write_text(server.log())
+
+
+def _serve(args: argparse.Namespace, server: ServerProcess, vocab: int, max_prompt: int,
+           rng: random.Random) -> int:
+    """Start the server, wait for ready, time TTFT, run the workload, read the metrics."""
+    from warmgate.client.api import WaitResult, WarmgateClient
+
+    with server, WarmgateClient(server.target, timeout=args.ready_timeout) as client:
         metrics_port = int(server.wait_for(METRICS_PORT).group(1))
         if client.wait_ready(args.ready_timeout) is not WaitResult.READY:
             raise SystemExit(f"not ready: {client.get_status().failure_reason}\n"
@@ -236,6 +254,4 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main(sys.argv[1:]))

@@ -7,13 +7,34 @@ requests with every sampling option (`bench/warm.py served`), one row each.
     python bench/warm.py smoke --device cpu --presets tiny --backends torch   # a dry run
 
 Servers run side by side where the card's memory holds them (each with a fixed, small KV
-cache: bench/lib/smoke_plan.py), the largest first; each backend's first run goes alone, so
-its cold JIT is paid once. TTFT is timed in quiet: a ready server times it while every other
-run is stopped, and none starts meanwhile (bench/lib/smoke_quiet.py); a row's ready time
-counts the seconds it was stopped, and its progress line says how many. A preset the card
-cannot hold, or a backend with no kernels for its head size, gets a row that says so instead
-of a run. No configuration starts after --deadline-s, and those left get a row that says
-so: rerun them with --presets.
+cache: bench/lib/smoke_plan.py), the largest first; a configuration that waits for memory at
+the queue's head keeps its place: smaller ones start beside the runs only if they also fit
+beside it, so it starts once the runs it waited for end (bench/lib/smoke_schedule.py).
+FlashInfer's JIT (90-110 s cold) is built once per module set before any FlashInfer server
+starts: at the start, one process per key (head size, dtype, tensor-core decode) among the
+FlashInfer configurations, all at once, builds the server's own modules into the shared
+cache (bench/lib/smoke_jit.py); a key's configurations start once its build has ended, and a
+failed build gives them a row that quotes its output. The torch and triton backends' first
+runs warm up alone instead (their cold compile is about 15 s): the backend's others start
+once it is ready. TTFT is timed in quiet: a ready server times it while every other run is
+stopped, and none starts meanwhile (bench/lib/smoke_quiet.py); a row's ready time counts the
+seconds it was stopped, and its progress line says how many. A preset the card cannot hold,
+or a backend with no kernels for its head size, gets a row that says so instead of a run. No
+configuration starts after --deadline-s, and those left get a row that says so: rerun them
+with --configs.
+
+Each row gives the device memory its processes held at most (peak GiB, sampled from
+nvidia-smi about once a second; "-" without it) beside the estimate the packing used (est
+GiB), and one line the largest ratio and the most a server held beyond its weights and KV
+cache: what OVERHEAD_BYTES should be (bench/lib/smoke_memory.py). Each run's output is
+<logs>/<configuration>.txt, its server's whole log <configuration>.server.txt (where its ready
+seconds went, phase by phase), each prebuild's jit-<key>.txt.
+
+    python bench/warm.py smoke --plan rows.txt --backends torch,triton,flashinfer
+
+runs nothing: it replays the same decisions on the run and ready seconds a table gives per
+configuration (`# configuration estimate_GiB ran_s stopped_s ready_s` and a row per line)
+for a card of --plan-gib, and prints each run's start and end and the predicted length.
 
 A row is clean when the run exited 0 with 0 compiles, autotunes, graph misses and errors
 after ready and first/steady TTFT at most --ttft-limit (1.15; a stricter goal, e.g. 1.05 for
@@ -24,14 +45,15 @@ none was left; 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from smoke_jit import PREBUILD_BYTES, JitKey, Prebuild, jit_key
+from smoke_memory import sampler_for, summary
 from smoke_plan import (
     HEADER,
     MEMORY_SHARE,
@@ -40,19 +62,19 @@ from smoke_plan import (
     SmokeRow,
     format_row,
     matrix,
-    memory_bytes,
-    read_served,
     run_order,
     why_not,
 )
-from smoke_quiet import ProcessGroupPause, QuietWindow
+from smoke_quiet import QuietWindow
+from smoke_run import Run, log_stem
+from smoke_schedule import Gates, Scheduler, format_plan, read_seconds, simulate
 
 from warmgate.server.config.attention_backends import backend_available, backend_names
 from warmgate.server.devtools.gpu_card import detect
 
-WARM = str(Path(__file__).resolve().parents[1] / "warm.py")
 GIB = 2**30
 TAIL = 25  # log lines printed for a run that failed
+PLAN_CAPABILITY = (9, 0)  # --plan's card: an H100's compute capability (FP8 presets allowed)
 
 
 def _parser(prog: str | None) -> argparse.ArgumentParser:
@@ -73,8 +95,17 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     p.add_argument("--parallel", type=int, default=4, help="servers at once, at most")
     p.add_argument("--deadline-s", type=float, default=480.0,
                    help="no configuration starts after this many seconds")
-    p.add_argument("--config-timeout-s", type=float, default=300.0)
+    p.add_argument("--config-timeout-s", type=float, default=300.0,
+                   help="a run (or a JIT prebuild) still going after this is stopped")
     p.add_argument("--logs", default=None, help="each run's output here (default: a temp dir)")
+    p.add_argument("--plan", default=None, metavar="FILE",
+                   help="run nothing: print the order and predicted length of a run on a "
+                        "card of --plan-gib, from the run and ready seconds FILE gives per "
+                        "configuration (a table with a '# configuration ... ran_s ... "
+                        "ready_s' header line)")
+    p.add_argument("--plan-gib", type=float, default=79.0, help="--plan's card memory")
+    p.add_argument("--plan-jit-s", type=float, default=110.0,
+                   help="--plan's seconds for each FlashInfer JIT prebuild")
     return p
 
 
@@ -84,89 +115,6 @@ def _total_bytes(device: str) -> int:
     if device.startswith("cuda"):
         return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-class Run:
-    """One configuration's `bench/warm.py served` in a session of its own (its server is in
-    it too, so a timeout stops both)."""
-
-    def __init__(self, config: SmokeConfig, device: str, args: argparse.Namespace,
-                 logs: Path) -> None:
-        self.row = SmokeRow(config, ttft_limit=args.ttft_limit)
-        self.started = time.monotonic()
-        stem = config.name.replace(":", "-")
-        self.log = logs / (stem + ".txt")
-        self.gate = str(logs / stem)  # served's --ttft-gate files
-        self.note = ""  # what the quiet window says of its TTFT, if anything
-        self._out = self.log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, WARM, "served", "--requests", str(args.requests), "--repeats", "5",
-             "--gap-s", "0.3", "--ttft-gate", self.gate,
-             "--server-args", config.server_args(device)],
-            stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
-        self._pause = ProcessGroupPause(self.proc.pid)  # its session's group: pgid == pid
-
-    def pause(self) -> None:
-        self._pause.pause()
-
-    def resume(self) -> None:
-        self._pause.resume()
-
-    @property
-    def paused_s(self) -> float:
-        return self._pause.stopped_s()
-
-    def _has(self, suffix: str) -> bool:
-        return os.path.exists(self.gate + suffix)
-
-    @property
-    def warming(self) -> bool:
-        return not self._has(".ready")
-
-    @property
-    def waiting(self) -> bool:
-        return self._has(".ready") and not self._has(".go")
-
-    @property
-    def timing(self) -> bool:
-        return self._has(".go") and not self._has(".measured")
-
-    def go(self) -> None:
-        Path(self.gate + ".go").touch()
-
-    def poll(self, timeout_s: float) -> bool:
-        """Whether the run has ended (killed now if past its time, the seconds others' TTFT
-        kept it stopped not counted)."""
-        if self.proc.poll() is None:
-            if time.monotonic() - self.started - self.paused_s < timeout_s:
-                return False
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            self.row.note = f"timed out after {timeout_s:.0f} s"
-        self._out.close()
-        self.row.wall_s = time.monotonic() - self.started
-        self.row.exit_code = self.proc.returncode
-        output = self.log.read_text(errors="replace")
-        read_served(self.row, output)
-        if not self.row.clean and not self.row.note:
-            self.row.note = "; ".join([*self.row.faults(), *filter(None, [self.note])])
-            if self.row.exit_code:
-                lines = [ln for ln in output.splitlines() if ln.strip()]
-                self.row.note += f" ({self.log.name}: {lines[-1][:100] if lines else 'no output'})"
-        return True
-
-
-def _schedule(queue: list[SmokeConfig], running: list[Run], gated: set[str],
-              free_bytes: int) -> SmokeConfig | None:
-    """The next configuration that may start now (no server times its TTFT meanwhile): its
-    backend's first run has ended (or it is that run), and it fits beside those running."""
-    for config in queue:
-        if config.backend in gated and any(r.row.config.backend == config.backend
-                                           for r in running):
-            continue
-        if memory_bytes(config) <= free_bytes or not running:
-            return config
-    return None
 
 
 def _select(args: argparse.Namespace, prog: str | None) -> tuple[list[SmokeConfig], list[str]]:
@@ -187,31 +135,62 @@ def _select(args: argparse.Namespace, prog: str | None) -> tuple[list[SmokeConfi
     return configs, backends
 
 
-def _run_all(queue: list[SmokeConfig], backends: list[str], device: str, total: int,
-             args: argparse.Namespace, logs: Path) -> tuple[list[SmokeRow], list[SmokeConfig]]:
-    """Run the queue (see the module's docstring); the rows of the runs, and the
-    configurations the deadline left."""
-    gated = set(backends)  # each backend's first run has not ended yet
+def _prebuilds(keys: dict[SmokeConfig, JitKey | None], device: str, logs: Path
+               ) -> list[Prebuild]:
+    """Every JIT key's build, all at once (nvcc runs on the CPU; each holds little memory)."""
+    builds = [Prebuild(key, device, logs / f"{key.stem}.txt")
+              for key in sorted({k for k in keys.values() if k is not None})]
+    for build in builds:
+        print(f"FlashInfer JIT prebuild: {build.key.name} "
+              f"({sum(k == build.key for k in keys.values())} configurations wait for it)",
+              flush=True)
+    return builds
+
+
+def _run_all(queue: list[SmokeConfig], keys: dict[SmokeConfig, JitKey | None], device: str,
+             total: int, args: argparse.Namespace, logs: Path
+             ) -> tuple[list[SmokeRow], list[SmokeConfig]]:
+    """Run the queue (see the module's docstring); the rows of the runs and of those a failed
+    prebuild kept from running, and the configurations the deadline left."""
+    gates, scheduler = Gates(keys), Scheduler(int(MEMORY_SHARE * total), args.parallel)
     running: list[Run] = []
     done: list[SmokeRow] = []
-    quiet = QuietWindow()
+    quiet, memory = QuietWindow(), sampler_for(device)
     start = time.monotonic()
+    builds = _prebuilds(keys, device, logs)
     try:
         while queue or running:
-            used = sum(memory_bytes(r.row.config) for r in running)
-            while (queue and not quiet.open and len(running) < args.parallel
+            for build in [b for b in builds if b.poll(args.config_timeout_s)]:
+                builds.remove(build)
+                print(f"[+{time.monotonic() - start:4.0f} s] FlashInfer JIT prebuild "
+                      f"{build.key.name}: {'built' if build.ok else 'FAILED'} in "
+                      f"{build.seconds:.0f} s", flush=True)
+                if build.ok:
+                    gates.built.add(build.key)
+                for config in [c for c in queue if keys[c] == build.key and not build.ok]:
+                    queue.remove(config)
+                    done.append(SmokeRow(config, note=f"not run: {build.note}"))
+            configs = [r.row.config for r in running]  # grows as runs start: the gates see them
+            may_start = functools.partial(gates.may_start, running=configs)
+            while (queue and not quiet.open
                    and time.monotonic() - start < args.deadline_s):
-                config = _schedule(queue, running, gated, int(MEMORY_SHARE * total) - used)
+                config = scheduler.pick(queue, configs, may_start,
+                                        held=PREBUILD_BYTES * len(builds))
                 if config is None:
                     break
                 queue.remove(config)
                 running.append(Run(config, device, args, logs))
-                used += memory_bytes(config)
+                configs.append(config)
             if not running and time.monotonic() - start >= args.deadline_s:
                 break
+            memory.sample(r.session for r in running)
+            for run in running:
+                if not run.warming:  # ready: its backend's cold compile is in the caches
+                    gates.compiled(run.row.config.backend)
             for run in [r for r in running if r.poll(args.config_timeout_s)]:
                 running.remove(run)
-                gated.discard(run.row.config.backend)
+                gates.compiled(run.row.config.backend)
+                run.row.peak_bytes = memory.peak(run.session)
                 done.append(run.row)
                 print(f"[+{time.monotonic() - start:4.0f} s, ran {run.row.wall_s:3.0f} s, "
                       f"stopped {run.paused_s:3.0f} s] {format_row(run.row)}", flush=True)
@@ -219,6 +198,8 @@ def _run_all(queue: list[SmokeConfig], backends: list[str], device: str, total: 
             time.sleep(0.2)
     finally:
         quiet.close()  # nothing left stopped, whatever ended the loop
+        for build in builds:
+            build.kill()
     return done, queue
 
 
@@ -231,21 +212,47 @@ def _report(rows: dict[SmokeConfig, SmokeRow], logs: Path) -> int:
     left = [r for r in rows.values() if r.note.startswith("not run")]
     print(f"{len(rows)} configurations: {len(ran) - len(dirty)} clean, {len(dirty)} not clean, "
           f"{len(rows) - len(ran) - len(left)} do not fit or apply, {len(left)} not run")
+    print(summary(ran))
     for row in ran:
         if row.exit_code:  # what the run said last: why it failed
-            lines = (logs / (row.config.name.replace(":", "-") + ".txt")).read_text(
+            lines = (logs / (log_stem(row.config) + ".txt")).read_text(
                 errors="replace").splitlines()
             print(f"\n--- {row.config.name}: the last {min(len(lines), TAIL)} lines of its log")
             print("\n".join(line[:300] for line in lines[-TAIL:]))
     return 1 if dirty or left else 0
 
 
+def _plan(args: argparse.Namespace, configs: list[SmokeConfig], prog: str | None) -> int:
+    """--plan: the scheduler's decisions on the given seconds, nothing run."""
+    try:
+        seconds = read_seconds(Path(args.plan).read_text())
+    except (OSError, ValueError) as exc:
+        _parser(prog).error(f"--plan {args.plan}: {exc}")
+    total = int(args.plan_gib * GIB)
+    runnable = [c for c in configs if why_not(c, total) is None]
+    missing = [c.name for c in runnable if c.name not in seconds]
+    if missing:
+        _parser(prog).error(f"--plan {args.plan}: no seconds for {', '.join(missing)}")
+    keys = {c: jit_key(c, "cuda", PLAN_CAPABILITY) for c in runnable}
+    queue = run_order(runnable, {c.backend for c, k in keys.items() if k is None})
+    done, left = simulate(queue, keys, {c: seconds[c.name] for c in runnable},
+                          {k: args.plan_jit_s for k in keys.values() if k is not None},
+                          int(MEMORY_SHARE * total), args.parallel, args.deadline_s)
+    print(f"{len(runnable)} of {len(configs)} configurations run on {args.plan_gib:.0f} GiB, "
+          f"up to {args.parallel} servers at once, FlashInfer prebuilds of "
+          f"{args.plan_jit_s:.0f} s")
+    print("\n".join(format_plan(done, left, args.deadline_s)))
+    return 0
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     import torch
 
     args = _parser(prog).parse_args(argv)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     configs, backends = _select(args, prog)
+    if args.plan:
+        return _plan(args, configs, prog)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     card = detect(device)
     if device.startswith("cuda"):
         torch.cuda.empty_cache()  # the copy check's 2 GiB back before any server starts
@@ -257,9 +264,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
           f"{total / GIB:.0f} GiB, up to {args.parallel} servers at once; logs in {logs}",
           flush=True)
     rows = {c: SmokeRow(c, note=why_not(c, total) or "") for c in configs}
+    runnable = [c for c in configs if not rows[c].note]
+    keys = {c: jit_key(c, device) for c in runnable}
     start = time.monotonic()
-    done, left = _run_all(run_order([c for c in configs if not rows[c].note]), backends,
-                          device, total, args, logs)
+    done, left = _run_all(run_order(runnable, {c.backend for c, k in keys.items() if k is None}),
+                          keys, device, total, args, logs)
     for row in done:
         rows[row.config] = row
     for config in left:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from warmgate.server.config.attention_backends import head_dim_problem
@@ -54,14 +55,18 @@ def matrix(presets: list[str] | None, backends: list[str], ks: list[int]
     return [SmokeConfig(p, b, k) for p in names for b in backends for k in ks]
 
 
-@functools.cache  # the scheduler asks it of every running configuration, every loop
-def memory_bytes(config: SmokeConfig) -> int:
-    """Device memory a server of this configuration needs, about: weights (FP8 projections at
-    a byte, the rest in bf16), its KV cache at the smoke's shape, and OVERHEAD_BYTES."""
+def weights_and_kv_bytes(config: SmokeConfig) -> int:
+    """A server's weights (FP8 projections at a byte, the rest in bf16) and its KV cache at
+    the smoke's shape: what it holds besides OVERHEAD_BYTES."""
     model = ModelConfig.from_preset(config.preset)
     weights = num_params(model) * (1.1 if model.fp8 is not None else 2)
-    kv = NUM_BLOCKS * BLOCK_SIZE * kv_bytes_per_token(model)
-    return int(weights + kv + OVERHEAD_BYTES)
+    return int(weights + NUM_BLOCKS * BLOCK_SIZE * kv_bytes_per_token(model))
+
+
+@functools.cache  # the scheduler asks it of every running configuration, every loop
+def memory_bytes(config: SmokeConfig) -> int:
+    """Device memory a server of this configuration needs, about."""
+    return weights_and_kv_bytes(config) + OVERHEAD_BYTES
 
 
 def fits(config: SmokeConfig, total_bytes: int) -> bool:
@@ -80,13 +85,13 @@ def why_not(config: SmokeConfig, total_bytes: int) -> str | None:
     return None
 
 
-def run_order(configs: list[SmokeConfig]) -> list[SmokeConfig]:
+def run_order(configs: list[SmokeConfig], alone: Collection[str]) -> list[SmokeConfig]:
     """The largest first (they bound the run's length; the small ones fill in beside them),
-    but each backend's first run a small one: it pays the backend's cold JIT alone, before
-    that backend's other runs start and would each pay it again."""
+    but the first run of each backend in `alone` a small one: it pays the backend's cold
+    compile alone, before that backend's other runs start and would each pay it again."""
     by_size = sorted(configs, key=lambda c: (-memory_bytes(c), c.name))
     firsts: list[SmokeConfig] = []
-    for backend in dict.fromkeys(c.backend for c in configs):
+    for backend in dict.fromkeys(c.backend for c in configs if c.backend in alone):
         firsts.append(min((c for c in configs if c.backend == backend),
                           key=lambda c: (memory_bytes(c), c.name)))
     return firsts + [c for c in by_size if c not in firsts]
@@ -104,6 +109,7 @@ class SmokeRow:
     errors: int | None = None
     note: str = ""
     wall_s: float = 0.0
+    peak_bytes: int | None = None  # device memory its processes held at most; None: unread
     tail: list[str] = field(default_factory=list)
     ttft_limit: float = TTFT_LIMIT  # first/steady TTFT above it is a fault
 
@@ -156,11 +162,14 @@ def _cell(value: float | int | None, fmt: str) -> str:
 
 
 HEADER = (f"{'configuration':34} {'ready s':>7} {'TTFT f/s':>8} {'compiles':>8} "
-          f"{'autotunes':>9} {'misses':>6} {'errors':>6} {'exit':>4}  note")
+          f"{'autotunes':>9} {'misses':>6} {'errors':>6} {'exit':>4} {'est GiB':>7} "
+          f"{'peak GiB':>8}  note")
 
 
 def format_row(row: SmokeRow) -> str:
+    peak = None if row.peak_bytes is None else row.peak_bytes / 2**30
     return (f"{row.config.name:34} {_cell(row.ready_s, '7.1f')} {_cell(row.ttft_ratio, '8.2f')} "
             f"{_cell(row.compiles, '8d')} {_cell(row.autotunes, '9d')} "
             f"{_cell(row.graph_misses, '6d')} {_cell(row.errors, '6d')} "
-            f"{_cell(row.exit_code, '4d')}  {row.note or ('clean' if row.clean else 'NOT clean')}")
+            f"{_cell(row.exit_code, '4d')} {memory_bytes(row.config) / 2**30:7.1f} "
+            f"{_cell(peak, '8.1f')}  {row.note or ('clean' if row.clean else 'NOT clean')}")

@@ -46,6 +46,12 @@ PARALLEL_JIT_ENV = "WARMGATE_FLASHINFER_PARALLEL_JIT"
 _RAGGED_GRAPH = "ragged graph"
 
 
+def tensor_core_decode(num_heads: int, num_kv_heads: int) -> bool:
+    """Whether decode runs FlashInfer's tensor-core kernel (a JIT module of its own): it pays
+    off once several query heads share a KV head."""
+    return num_heads // num_kv_heads >= 4
+
+
 @dataclass
 class PagedLayout:
     """FlashInfer's CSR page table for one batch (host tensors, indices on the device)."""
@@ -88,8 +94,7 @@ class FlashInferAttentionBackend(AttentionBackend):
 
         self._fi = flashinfer
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=spec.device)
-        # Tensor-core decode kernels pay off once several query heads share a KV head.
-        self.use_tensor_cores = spec.num_heads // spec.num_kv_heads >= 4
+        self.use_tensor_cores = tensor_core_decode(spec.num_heads, spec.num_kv_heads)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores)
