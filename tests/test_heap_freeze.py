@@ -21,7 +21,7 @@ from warmgate.server.core.progress import ProgressCallback
 from warmgate.server.core.results import WarmupReport
 from warmgate.server.devtools.server_process import ServerProcess
 
-FROZEN_LINE = r"{}: heap frozen after warmup: \d+ objects collected, \d+ frozen \(\d+ in all\)"
+FROZEN_LINE = r"{}: heap frozen after warmup: \d+ objects collected, \d+ frozen in [\d.]+ ms"
 
 
 @pytest.fixture(autouse=True)
