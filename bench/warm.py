@@ -23,6 +23,9 @@ COMMANDS = {
     "smoke": Command("smoke.py", "every preset x backend x k on fresh servers: one row each "
                                  "(ready s, first/steady TTFT, compiles, autotunes, misses, "
                                  "errors after ready)"),
+    "gc-after-warmup": Command("gc_after_warmup.py", "the collector's pauses in the first "
+                                                     "serving steps after a warmup, with the "
+                                                     "heap freeze before ready vs without"),
     "kernel-map-touch": Command("kernel_map_touch.py", "the first GEMM at a token count the "
                                                        "warmup skipped against the same again"),
 }

@@ -20,6 +20,8 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 READY = re.compile(r"warmup outcome=SUCCEEDED")
 WORKER_PID = re.compile(r"tensor parallel: started rank 1/2 \(pid (\d+)\)")
+# The worker rank freezes its heap on rank 0's word after the warmup (control/heap_freeze.py).
+WORKER_FROZEN = re.compile(r"\[rank 1\] .*rank 1: heap frozen after warmup: \d+ objects")
 DISTRIBUTED = re.compile(r"phase=distributed status=RAN .*\"rank_seconds\":\[[0-9.e-]+,"
                          r"[0-9.e-]+\]")
 FLAGS = ["--tensor-parallel-size", "2", "--health-port", "0", "--shutdown-grace", "2",
@@ -52,6 +54,7 @@ def _ready(p: ServerProcess) -> int:
     p.wait_for(READY, READY_TIMEOUT_S)
     assert _health(p.health_port) == SERVING
     p.wait_for(DISTRIBUTED, 1)
+    p.wait_for(WORKER_FROZEN, 30)
     return int(p.wait_for(WORKER_PID, 1).group(1))
 
 

@@ -34,6 +34,7 @@ from warmgate.server.config.server_config import ServerConfig
 from warmgate.server.control.controller import WarmupController
 from warmgate.server.control.engine import PlanEngine, WarmupEngine
 from warmgate.server.control.faults import FaultInjector
+from warmgate.server.control.heap_freeze import freeze_warm_heap, thaw_warm_heap
 from warmgate.server.control.remote_engine import RemoteEngine
 from warmgate.server.control.status import Identity
 from warmgate.server.core.failures import FatalDeviceError
@@ -108,6 +109,9 @@ class RunningServer:
             self.metrics_endpoint.close()
         if self.jit_monitor is not None:
             self.jit_monitor.close()
+        # The warmup's freeze back to the collector: a caller in this process (a test) that
+        # drops the server gets its cycles collected.
+        thaw_warm_heap()
 
 
 def identity_of(config: RunnerConfig) -> Identity:
@@ -203,6 +207,8 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
                                    metrics.serving, text)
     generate_pb2_grpc.add_GenerationServicer_to_server(generation, server)
     controller.add_ready_listener(generation.prepare)
+    # Last, so what the hooks before it built (the KV block pool) is frozen too.
+    controller.add_ready_listener(lambda: freeze_warm_heap("server", engine.runner))
     if config.warmup_on_start:  # ready follows the load: its import overlaps the warmup
         generation.launch_grammar_probes()
     if isinstance(engine, PlanEngine):  # a dead tensor-parallel worker ends the process

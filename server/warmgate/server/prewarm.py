@@ -61,7 +61,7 @@ def run_warmup_only(config: ServerConfig, *, out: TextIO | None = None) -> int:
                                   device=device.device,
                                   attention_backend=device.attention_backend)
             report.compile_cache = engine.compile_cache_info()
-        else:
+        else:  # no heap freeze after it (control/heap_freeze.py): nothing is served after
             report = engine.run_plan(mixed_num_tokens=config.mixed_num_tokens, force=False,
                                      progress=progress)
     except FatalDeviceError as exc:

@@ -25,6 +25,12 @@ import time
 
 import torch
 
+from warmgate.server.control.heap_freeze import (
+    FREEZE_PROGRAM,
+    THAW_PROGRAM,
+    freeze_warm_heap,
+    thaw_warm_heap,
+)
 from warmgate.server.distributed.channel import receive
 from warmgate.server.distributed.process_group import join_group, join_store
 from warmgate.server.distributed.replies import ReplySender
@@ -79,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     from warmgate.server.warmup.gemm_shapes import sweep_gemm_shapes
 
     runner = WorkerRunner(config, tensor_parallel=tp, jit_monitor=monitor)
-    runner.programs = {"sweep_gemm_shapes": sweep_gemm_shapes}
+    rank = f"rank {args.rank}"
+    # The heap programs: rank 0 sends them after a successful warmup (before its readiness
+    # turns SERVING) and before the next one (control/heap_freeze.py).
+    runner.programs = {"sweep_gemm_shapes": sweep_gemm_shapes,
+                       FREEZE_PROGRAM: lambda _runner: freeze_warm_heap(rank),
+                       THAW_PROGRAM: lambda _runner: thaw_warm_heap()}
     logger.info("rank %d/%d loaded: %s", args.rank, size, runner.load_stats)
     while (message := receive(stdin)) is not None:
         runner.handle(*message)

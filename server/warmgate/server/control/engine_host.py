@@ -28,6 +28,7 @@ from warmgate.server.control import engine_wire as wire
 from warmgate.server.control.engine import PlanEngine
 from warmgate.server.control.engine_grammars import EngineGrammars
 from warmgate.server.control.faults import FaultInjector
+from warmgate.server.control.heap_freeze import freeze_warm_heap, thaw_warm_heap
 from warmgate.server.control.worker import WarmupCancelled
 from warmgate.server.core.failures import FatalDeviceError
 from warmgate.server.core.progress import ProgressEvent
@@ -156,11 +157,17 @@ class EngineHost:
             return phase, runner is not None
         self._cancel.clear()  # a cancel meant for the job before this one
         if kind == wire.PLAN:
-            return self.engine.run_plan(mixed_num_tokens=args[0], force=args[1],
-                                        progress=self._progress)
-        if kind == wire.MIXED:
-            return self.engine.run_mixed(args[0], progress=self._progress)
-        raise ValueError(f"unknown engine command {kind!r}")
+            thaw_warm_heap(self.engine.runner)
+            report = self.engine.run_plan(mixed_num_tokens=args[0], force=args[1],
+                                          progress=self._progress)
+        elif kind == wire.MIXED:
+            thaw_warm_heap(self.engine.runner)
+            report = self.engine.run_mixed(args[0], progress=self._progress)
+        else:
+            raise ValueError(f"unknown engine command {kind!r}")
+        if report.succeeded:  # before the reply: the front turns SERVING only after it
+            freeze_warm_heap("engine", self.engine.runner)
+        return report
 
     def _progress(self, event: ProgressEvent) -> None:
         if self._cancel.is_set():

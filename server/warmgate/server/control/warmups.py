@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from warmgate.server.control.engine import WarmupEngine
+from warmgate.server.control.heap_freeze import thaw_warm_heap
 from warmgate.server.control.readiness import Readiness, WarmupMetrics
 from warmgate.server.control.singleflight import Shared, SingleFlight
 from warmgate.server.control.status import Identity, StatusTracker, WarmupState
@@ -105,6 +106,7 @@ class WarmupRuns:
                 logger.info("re-warmup: health NOT_SERVING until the plan ends")
                 await self._readiness.set_serving(False)
             self._readiness.observe_state()
+            thaw_warm_heap(self._engine.runner)  # the graphs it replaces may be in cycles
             if self._jit is not None:
                 self._jit.mark_not_ready()  # what this plan compiles is the plan's own work
             progress = self._worker.progress_to(self._tracker.progress)
@@ -133,6 +135,7 @@ class WarmupRuns:
                 # It preempts every stream like a re-warmup: not ready until it ends.
                 logger.info("mixed warmup: health NOT_SERVING until it ends")
                 await self._readiness.set_serving(False)
+            thaw_warm_heap(self._engine.runner)
             progress = self._worker.progress_to(self._tracker.progress)
             try:
                 report = await self._run_job("mixed", lambda: self._engine.run_mixed(

@@ -56,6 +56,11 @@ class TensorParallelRunner(ModelRunner):
         sampled, self._sampled = self._sampled, None
         self.workers.send((method, args, sampled, self.jit_monitor.ready))
 
+    def tell_workers(self, program: str) -> None:
+        """Have every worker run one of its programs (WorkerRunner.programs) that runs no
+        forward: sent, not waited for; each worker runs it before the next call."""
+        self._send(program)
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         # Refused here, before the workers see it, so a bad step never reaches them.
         if self._pending is not None:
