@@ -42,6 +42,30 @@ def test_what_fits_an_h100_and_an_h200() -> None:
     assert memory_bytes(fp8) < 0.6 * memory_bytes(moe)  # the experts at a byte
 
 
+def test_the_overhead_and_the_share_set_each_estimate_and_what_the_card_holds(
+        tmp_path: Path) -> None:
+    moe = SmokeConfig("qwen3-30b-a3b", "triton", 0)
+    assert memory_bytes(moe) - memory_bytes(SmokeConfig("qwen3-30b-a3b", "triton", 0, GIB)) \
+        == plan.OVERHEAD_BYTES - GIB
+    assert {c.overhead_bytes for c in matrix(["tiny"], ["torch"], [0, 3], GIB)} == {GIB}
+    assert fits(moe, H100) and not fits(moe, H100, share=0.7)
+    # The flags reach the plan: mixtral (91 GiB of weights and KV) fits 100 GiB only with
+    # 2 GiB of overhead and 95 % of the card.
+    seconds = tmp_path / "seconds.txt"
+    seconds.write_text("\n".join(["# configuration estimate_GiB ran_s stopped_s ready_s",
+                                   "tiny:torch:k0 4.0 30 0 10",
+                                   "mixtral-8x7b:torch:k0 93 60 0 30"]) + "\n")
+    flags = ["--plan", str(seconds), "--backends", "torch", "--ks", "0",
+             "--presets", "tiny,mixtral-8x7b", "--plan-gib", "100"]
+    default = run_bench("bench/warm.py smoke", flags).stdout
+    lean = run_bench("bench/warm.py smoke",
+                     [*flags, "--overhead-gib", "2", "--memory-share", "0.95"]).stdout
+    assert "1 of 2 configurations run" in default and "tiny:torch:k0 4.0 GiB" in " ".join(
+        default.split())
+    assert "2 of 2 configurations run" in lean and "tiny:torch:k0 2.0 GiB" in " ".join(
+        lean.split())
+
+
 def test_a_backend_without_kernels_for_the_head_size_is_a_row_not_a_run() -> None:
     assert plan.why_not(SmokeConfig("tiny", "flashinfer", 0), H100) == (
         "does not apply: flashinfer supports head sizes 64, 128, 256; this model's is 16")
@@ -270,7 +294,7 @@ def test_the_rows_show_peak_beside_estimate_and_one_line_sums_them_up() -> None:
     ratio = (plan.weights_and_kv_bytes(big) + 5 * GIB) / memory_bytes(big)
     assert line == (f"device memory, 2 runs measured: peak/estimate at most {ratio:.2f} "
                     "(llama-3.1-8b:triton:k3); beyond weights and KV cache at most 5.0 GiB "
-                    "(llama-3.1-8b:triton:k3), OVERHEAD_BYTES is 4.0 GiB")
+                    "(llama-3.1-8b:triton:k3), --overhead-gib is 4.0")
     assert memory.summary(rows[2:]).startswith("device memory: not measured")
 
 

@@ -26,7 +26,7 @@ with --configs.
 Each row gives the device memory its processes held at most (peak GiB, sampled from
 nvidia-smi about once a second; "-" without it) beside the estimate the packing used (est
 GiB), and one line the largest ratio and the most a server held beyond its weights and KV
-cache: what OVERHEAD_BYTES should be (bench/lib/smoke_memory.py). Each run's output is
+cache: what --overhead-gib should be (bench/lib/smoke_memory.py). Each run's output is
 <logs>/<configuration>.txt, its server's whole log <configuration>.server.txt (where its ready
 seconds went, phase by phase), each prebuild's jit-<key>.txt.
 
@@ -57,6 +57,7 @@ from smoke_memory import sampler_for, summary
 from smoke_plan import (
     HEADER,
     MEMORY_SHARE,
+    OVERHEAD_BYTES,
     TTFT_LIMIT,
     SmokeConfig,
     SmokeRow,
@@ -93,6 +94,11 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     p.add_argument("--ttft-limit", type=float, default=TTFT_LIMIT,
                    help="first/steady TTFT above this is a fault")
     p.add_argument("--parallel", type=int, default=4, help="servers at once, at most")
+    p.add_argument("--overhead-gib", type=float, default=OVERHEAD_BYTES / GIB,
+                   help="device memory counted for a server beside its weights and KV cache "
+                        "(a run's summary line says the most one held)")
+    p.add_argument("--memory-share", type=float, default=MEMORY_SHARE,
+                   help="the share of the card the running servers' estimates may add up to")
     p.add_argument("--deadline-s", type=float, default=480.0,
                    help="no configuration starts after this many seconds")
     p.add_argument("--config-timeout-s", type=float, default=300.0,
@@ -123,7 +129,7 @@ def _select(args: argparse.Namespace, prog: str | None) -> tuple[list[SmokeConfi
                 [b for b in backend_names() if backend_available(b)])
     try:
         configs = matrix(args.presets.split(",") if args.presets else None, backends,
-                         [int(k) for k in args.ks.split(",")])
+                         [int(k) for k in args.ks.split(",")], int(args.overhead_gib * GIB))
     except ValueError as exc:
         _parser(prog).error(str(exc))
     if args.configs:
@@ -152,7 +158,8 @@ def _run_all(queue: list[SmokeConfig], keys: dict[SmokeConfig, JitKey | None], d
              ) -> tuple[list[SmokeRow], list[SmokeConfig]]:
     """Run the queue (see the module's docstring); the rows of the runs and of those a failed
     prebuild kept from running, and the configurations the deadline left."""
-    gates, scheduler = Gates(keys), Scheduler(int(MEMORY_SHARE * total), args.parallel)
+    gates = Gates(keys)
+    scheduler = Scheduler(int(args.memory_share * total), args.parallel)
     running: list[Run] = []
     done: list[SmokeRow] = []
     quiet, memory = QuietWindow(), sampler_for(device)
@@ -229,7 +236,7 @@ def _plan(args: argparse.Namespace, configs: list[SmokeConfig], prog: str | None
     except (OSError, ValueError) as exc:
         _parser(prog).error(f"--plan {args.plan}: {exc}")
     total = int(args.plan_gib * GIB)
-    runnable = [c for c in configs if why_not(c, total) is None]
+    runnable = [c for c in configs if why_not(c, total, args.memory_share) is None]
     missing = [c.name for c in runnable if c.name not in seconds]
     if missing:
         _parser(prog).error(f"--plan {args.plan}: no seconds for {', '.join(missing)}")
@@ -237,7 +244,7 @@ def _plan(args: argparse.Namespace, configs: list[SmokeConfig], prog: str | None
     queue = run_order(runnable, {c.backend for c, k in keys.items() if k is None})
     done, left = simulate(queue, keys, {c: seconds[c.name] for c in runnable},
                           {k: args.plan_jit_s for k in keys.values() if k is not None},
-                          int(MEMORY_SHARE * total), args.parallel, args.deadline_s)
+                          int(args.memory_share * total), args.parallel, args.deadline_s)
     print(f"{len(runnable)} of {len(configs)} configurations run on {args.plan_gib:.0f} GiB, "
           f"up to {args.parallel} servers at once, FlashInfer prebuilds of "
           f"{args.plan_jit_s:.0f} s")
@@ -263,7 +270,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     print(f"{len(configs)} configurations ({', '.join(backends)}; k {args.ks}), "
           f"{total / GIB:.0f} GiB, up to {args.parallel} servers at once; logs in {logs}",
           flush=True)
-    rows = {c: SmokeRow(c, note=why_not(c, total) or "") for c in configs}
+    rows = {c: SmokeRow(c, note=why_not(c, total, args.memory_share) or "") for c in configs}
     runnable = [c for c in configs if not rows[c].note]
     keys = {c: jit_key(c, device) for c in runnable}
     start = time.monotonic()

@@ -1,5 +1,5 @@
 """Each smoke run's device memory, measured: the smoke packs servers onto the card by
-estimates (bench/lib/smoke_plan.py's memory_bytes, OVERHEAD_BYTES a server), and the peaks
+estimates (bench/lib/smoke_plan.py's memory_bytes, --overhead-gib a server), and the peaks
 say what those estimates should be.
 
 About once a second the coordinator asks nvidia-smi which processes hold device memory and
@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from smoke_plan import OVERHEAD_BYTES, SmokeRow, memory_bytes, weights_and_kv_bytes
+from smoke_plan import SmokeRow, memory_bytes, weights_and_kv_bytes
 
 QUERY = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
 INTERVAL_S = 1.0
@@ -89,7 +89,7 @@ def sampler_for(device: str) -> MemorySampler:
 
 def summary(rows: Sequence[SmokeRow]) -> str:
     """One line: the largest peak/estimate ratio, and the most a server held beyond its
-    weights and KV cache (what OVERHEAD_BYTES stands for), each with its configuration."""
+    weights and KV cache (what --overhead-gib stands for), each with its configuration."""
     measured = [(r.peak_bytes, r.config) for r in rows if r.peak_bytes is not None]
     if not measured:
         return "device memory: not measured (no nvidia-smi, or not on a GPU)"
@@ -98,4 +98,4 @@ def summary(rows: Sequence[SmokeRow]) -> str:
                            key=lambda t: t[0])
     return (f"device memory, {len(measured)} runs measured: peak/estimate at most {ratio:.2f} "
             f"({by_ratio.name}); beyond weights and KV cache at most {extra / GIB:.1f} GiB "
-            f"({by_extra.name}), OVERHEAD_BYTES is {OVERHEAD_BYTES / GIB:.1f} GiB")
+            f"({by_extra.name}), --overhead-gib is {by_extra.overhead_bytes / GIB:.1f}")

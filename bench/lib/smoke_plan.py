@@ -23,9 +23,11 @@ SHAPE_FLAGS = (f"--max-num-seqs {MAX_NUM_SEQS} --max-num-batched-tokens {MAX_BAT
                f"--max-model-len {MAX_MODEL_LEN} --block-size {BLOCK_SIZE} "
                f"--num-blocks {NUM_BLOCKS}")
 # What a server holds besides weights and KV cache: the CUDA context, graph pool,
-# activations, the attention libraries' workspaces; counted generously.
+# activations, the attention libraries' workspaces; counted generously until a run's
+# measured peaks say otherwise (the smoke's --overhead-gib).
 OVERHEAD_BYTES = 4 * 2**30
-# The share of the device's memory the running servers' estimates may add up to.
+# The share of the device's memory the running servers' estimates may add up to (the
+# smoke's --memory-share).
 MEMORY_SHARE = 0.9
 TTFT_LIMIT = 1.15  # the default of the smoke's --ttft-limit
 
@@ -35,6 +37,7 @@ class SmokeConfig:
     preset: str
     backend: str
     k: int
+    overhead_bytes: int = OVERHEAD_BYTES  # counted for a server beside weights and KV cache
 
     @property
     def name(self) -> str:
@@ -45,19 +48,19 @@ class SmokeConfig:
                 f"--num-speculative-steps {self.k} {SHAPE_FLAGS}")
 
 
-def matrix(presets: list[str] | None, backends: list[str], ks: list[int]
-           ) -> list[SmokeConfig]:
+def matrix(presets: list[str] | None, backends: list[str], ks: list[int],
+           overhead_bytes: int = OVERHEAD_BYTES) -> list[SmokeConfig]:
     """Every preset (or those named) x backend x k."""
     names = preset_names() if presets is None else presets
     unknown = sorted(set(names) - set(preset_names()))
     if unknown:
         raise ValueError(f"unknown presets {unknown}; presets: {', '.join(preset_names())}")
-    return [SmokeConfig(p, b, k) for p in names for b in backends for k in ks]
+    return [SmokeConfig(p, b, k, overhead_bytes) for p in names for b in backends for k in ks]
 
 
 def weights_and_kv_bytes(config: SmokeConfig) -> int:
     """A server's weights (FP8 projections at a byte, the rest in bf16) and its KV cache at
-    the smoke's shape: what it holds besides OVERHEAD_BYTES."""
+    the smoke's shape: what it holds besides its overhead."""
     model = ModelConfig.from_preset(config.preset)
     weights = num_params(model) * (1.1 if model.fp8 is not None else 2)
     return int(weights + NUM_BLOCKS * BLOCK_SIZE * kv_bytes_per_token(model))
@@ -66,20 +69,20 @@ def weights_and_kv_bytes(config: SmokeConfig) -> int:
 @functools.cache  # the scheduler asks it of every running configuration, every loop
 def memory_bytes(config: SmokeConfig) -> int:
     """Device memory a server of this configuration needs, about."""
-    return weights_and_kv_bytes(config) + OVERHEAD_BYTES
+    return weights_and_kv_bytes(config) + config.overhead_bytes
 
 
-def fits(config: SmokeConfig, total_bytes: int) -> bool:
-    return memory_bytes(config) <= MEMORY_SHARE * total_bytes
+def fits(config: SmokeConfig, total_bytes: int, share: float = MEMORY_SHARE) -> bool:
+    return memory_bytes(config) <= share * total_bytes
 
 
-def why_not(config: SmokeConfig, total_bytes: int) -> str | None:
+def why_not(config: SmokeConfig, total_bytes: int, share: float = MEMORY_SHARE) -> str | None:
     """Why this configuration gets a row instead of a run, or None: the card cannot hold
     it, or the backend has no kernels for the model's head size (the server refuses it)."""
     problem = head_dim_problem(config.backend, ModelConfig.from_preset(config.preset).head_dim)
     if problem is not None:
         return f"does not apply: {problem}"
-    if not fits(config, total_bytes):
+    if not fits(config, total_bytes, share):
         return (f"does not fit: needs about {memory_bytes(config) / 2**30:.0f} GiB, the card "
                 f"has {total_bytes / 2**30:.0f} GiB")
     return None
