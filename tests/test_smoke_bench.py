@@ -19,6 +19,7 @@ plan = load_script("bench/lib/smoke_plan.py")
 jit = load_script("bench/lib/smoke_jit.py")
 schedule = load_script("bench/lib/smoke_schedule.py")
 memory = load_script("bench/lib/smoke_memory.py")
+smoke = load_script("bench/lib/smoke.py")
 SmokeConfig, SmokeRow, read_served = plan.SmokeConfig, plan.SmokeRow, plan.read_served
 fits, matrix, memory_bytes, run_order = plan.fits, plan.matrix, plan.memory_bytes, plan.run_order
 GIB = 2**30
@@ -43,7 +44,7 @@ def test_what_fits_an_h100_and_an_h200() -> None:
 
 
 def test_the_overhead_and_the_share_set_each_estimate_and_what_the_card_holds(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     moe = SmokeConfig("qwen3-30b-a3b", "triton", 0)
     assert memory_bytes(moe) - memory_bytes(SmokeConfig("qwen3-30b-a3b", "triton", 0, GIB)) \
         == plan.OVERHEAD_BYTES - GIB
@@ -57,9 +58,10 @@ def test_the_overhead_and_the_share_set_each_estimate_and_what_the_card_holds(
                                    "mixtral-8x7b:torch:k0 93 60 0 30"]) + "\n")
     flags = ["--plan", str(seconds), "--backends", "torch", "--ks", "0",
              "--presets", "tiny,mixtral-8x7b", "--plan-gib", "100"]
-    default = run_bench("bench/warm.py smoke", flags).stdout
-    lean = run_bench("bench/warm.py smoke",
-                     [*flags, "--overhead-gib", "2", "--memory-share", "0.95"]).stdout
+    assert smoke.main(flags) == 0
+    default = capsys.readouterr().out
+    assert smoke.main([*flags, "--overhead-gib", "2", "--memory-share", "0.95"]) == 0
+    lean = capsys.readouterr().out
     assert "1 of 2 configurations run" in default and "tiny:torch:k0 4.0 GiB" in " ".join(
         default.split())
     assert "2 of 2 configurations run" in lean and "tiny:torch:k0 2.0 GiB" in " ".join(
