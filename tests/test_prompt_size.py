@@ -1,6 +1,6 @@
 """A text prompt too long to fit max_model_len is refused by its byte length before it is
 tokenized, and tokenizing runs off the event loop: six 4 MB prompts at once are refused
-while a health Check keeps answering within 100 ms. The byte bound itself is sound: no text
+while a health Check keeps answering within 250 ms. The byte bound itself is sound: no text
 longer than it tokenizes to fewer than max_model_len tokens."""
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from warmgate.server.text.prompt_bound import max_prompt_bytes
 
 PROMPT_BYTES = 4_000_000
 NUM_PROMPTS = 6
-HEALTH_WITHIN_S = 0.1
+# A stalled event loop would hold health for the whole tokenization of a 4 MB prompt (seconds);
+# a 2-core machine running the rest of the suite beside this test reaches about 0.1 s alone.
+HEALTH_WITHIN_S = 0.25
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
