@@ -190,7 +190,8 @@ def _run_all(queue: list[SmokeConfig], keys: dict[SmokeConfig, JitKey | None], d
                 configs.append(config)
             if not running and time.monotonic() - start >= args.deadline_s:
                 break
-            memory.sample(r.session for r in running)
+            if not quiet.open:  # no nvidia-smi beside a TTFT being timed in quiet
+                memory.sample(r.session for r in running)
             for run in running:
                 if not run.warming:  # ready: its backend's cold compile is in the caches
                     gates.compiled(run.row.config.backend)
