@@ -68,7 +68,14 @@ from smoke_plan import (
 )
 from smoke_quiet import QuietWindow
 from smoke_run import Run, log_stem
-from smoke_schedule import Gates, Scheduler, format_plan, read_seconds, simulate
+from smoke_schedule import (
+    Gates,
+    Scheduler,
+    alone_backends,
+    format_plan,
+    read_seconds,
+    simulate,
+)
 
 from warmgate.server.config.attention_backends import backend_available, backend_names
 from warmgate.server.devtools.gpu_card import detect
@@ -242,7 +249,7 @@ def _plan(args: argparse.Namespace, configs: list[SmokeConfig], prog: str | None
     if missing:
         _parser(prog).error(f"--plan {args.plan}: no seconds for {', '.join(missing)}")
     keys = {c: jit_key(c, "cuda", PLAN_CAPABILITY) for c in runnable}
-    queue = run_order(runnable, {c.backend for c, k in keys.items() if k is None})
+    queue = run_order(runnable, alone_backends(keys))
     done, left = simulate(queue, keys, {c: seconds[c.name] for c in runnable},
                           {k: args.plan_jit_s for k in keys.values() if k is not None},
                           int(args.memory_share * total), args.parallel, args.deadline_s)
@@ -275,7 +282,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     runnable = [c for c in configs if not rows[c].note]
     keys = {c: jit_key(c, device) for c in runnable}
     start = time.monotonic()
-    done, left = _run_all(run_order(runnable, {c.backend for c, k in keys.items() if k is None}),
+    done, left = _run_all(run_order(runnable, alone_backends(keys)),
                           keys, device, total, args, logs)
     for row in done:
         rows[row.config] = row

@@ -21,13 +21,18 @@ from smoke_jit import PREBUILD_BYTES, JitKey
 from smoke_plan import SmokeConfig, memory_bytes
 
 
+def alone_backends(keys: Mapping[SmokeConfig, JitKey | None]) -> set[str]:
+    """The backends without a prebuild: each warms its first run alone."""
+    return {c.backend for c, key in keys.items() if key is None}
+
+
 class Gates:
     """What a configuration waits for besides memory."""
 
     def __init__(self, keys: Mapping[SmokeConfig, JitKey | None]) -> None:
         self.keys = keys
         # Backends without a prebuild whose first run has not ended yet.
-        self.alone = {c.backend for c, key in keys.items() if key is None}
+        self.alone = alone_backends(keys)
         self.built: set[JitKey] = set()
 
     def may_start(self, config: SmokeConfig, running: Sequence[SmokeConfig]) -> bool:
