@@ -42,6 +42,11 @@ def _row_softmax_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
         tl.store(out_row + c0 + offs, tl.exp(x - safe_row_max) / total, mask=mask)
 
 
+@triton.jit
+def _maximum(a, b):
+    return tl.maximum(a, b)
+
+
 @triton.jit(do_not_specialize=["n_cols"])
 def _row_cumsum_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -54,7 +59,11 @@ def _row_cumsum_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
     for c0 in range(0, n_cols, BLOCK):
         mask = c0 + offs < n_cols
         x = tl.load(x_row + c0 + offs, mask=mask, other=0.0).to(tl.float32)
-        scan = tl.cumsum(x, axis=0) + carry
+        # The GPU's tl.cumsum adds in a tree, and two neighbouring prefixes summed in other
+        # orders can round an ulp apart the wrong way (an H100 did, at 300 and 1500 columns):
+        # the running max keeps a nonnegative row's mass from stepping back, within its
+        # rounding of the exact sum. Adding one carry to every lane keeps the order.
+        scan = tl.associative_scan(tl.cumsum(x, axis=0), 0, _maximum) + carry
         tl.store(out_row + c0 + offs, scan, mask=mask)
         # The next chunk continues from this chunk's last output itself (masked lanes added
         # zeros), so the scan never steps back across a chunk boundary; picking one lane out
@@ -85,8 +94,9 @@ def row_softmax(x: torch.Tensor, block: int = ROW_BLOCK) -> torch.Tensor:
 
 
 def row_cumsum(x: torch.Tensor, block: int = ROW_BLOCK) -> torch.Tensor:
-    """x [N, W] (any float dtype) -> float32 [N, W], the inclusive sum along each row. block:
-    columns per chunk (a power of two; other values are for tests)."""
+    """x [N, W] (any float dtype, nonnegative: probabilities) -> float32 [N, W], the inclusive
+    sum along each row, never decreasing along it. block: columns per chunk (a power of two;
+    other values are for tests)."""
     x = _checked_rows("row_cumsum", x)
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)  # [N, W]
     if x.numel():
