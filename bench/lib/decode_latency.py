@@ -32,6 +32,7 @@ from statistics import median
 import torch
 
 from warmgate.server.config.moe_kernel import grouped_launch
+from warmgate.server.config.numerics_config import NumericsConfig
 from warmgate.server.config.presets import MODEL_PRESETS
 from warmgate.server.config.runner_config import (
     CacheConfig,
@@ -70,8 +71,9 @@ def roofline_ms(model: ModelConfig, sizes: tuple[int, ...], context: float,
 
 
 def build(model: str, backend: str, prompt_len: int, decode_tokens: int,
-          layers: int | None = None) -> ModelRunner:
-    """A runner with room for max(SIZES) requests of prompt_len + decode_tokens tokens."""
+          layers: int | None = None, deterministic: bool = False) -> ModelRunner:
+    """A runner with room for max(SIZES) requests of prompt_len + decode_tokens tokens;
+    deterministic: --deterministic's batch-invariant kernels."""
     max_reqs = max(SIZES)
     max_len = prompt_len + decode_tokens + 16
     per_req = -(-max_len // 16)
@@ -81,7 +83,8 @@ def build(model: str, backend: str, prompt_len: int, decode_tokens: int,
         scheduler=SchedulerConfig(max_num_seqs=max_reqs,
                                   max_num_batched_tokens=max(2048, prompt_len * 8)),
         device=DeviceConfig(device="cuda", dtype="bfloat16", attention_backend=backend),
-        compilation=CompilationConfig(cuda_graph_sizes=SIZES))
+        compilation=CompilationConfig(cuda_graph_sizes=SIZES),
+        numerics=NumericsConfig(deterministic=deterministic))
     return ModelRunner(resolve_runner_config(cfg))
 
 

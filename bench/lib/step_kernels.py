@@ -1,8 +1,10 @@
 """Where a decode step's GPU time goes, kernel by kernel, with CUDA graphs on.
 
-    python bench/serve.py step-kernels --model llama-3.1-8b --backends flashinfer
+    python bench/serve.py step-kernels --model llama-3.1-8b --backends flashinfer \
+        [--modes default,deterministic]
 
-One runner per backend is built with random weights, its requests prefilled to
+One runner per backend (and per mode: --deterministic's batch-invariant kernels beside the
+default ones) is built with random weights, its requests prefilled to
 --prompt-len tokens and graphs captured; then decode steps run under torch.profiler at each
 batch size. Prints, per batch size: the step's wall time, the GPU time the kernels add up to,
 their count, the HBM roofline of the step, and the kernels that take the most time per step
@@ -64,7 +66,12 @@ def main() -> int:
     p.add_argument("--batches", default="1,64")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--top", type=int, default=14)
+    p.add_argument("--modes", default="default",
+                   help="default, deterministic or both (comma-separated), one runner each")
     args = p.parse_args()
+    modes = args.modes.split(",")
+    if not set(modes) <= {"default", "deterministic"}:
+        p.error(f"--modes {args.modes}: each is default or deterministic")
     if not torch.cuda.is_available():
         print("step-kernels needs a CUDA device", file=sys.stderr)
         return 2
@@ -72,12 +79,13 @@ def main() -> int:
     print(card.describe(), flush=True)
     batches = [int(b) for b in args.batches.split(",")]
     mc = ModelConfig.from_preset(args.model)
-    for backend in args.backends.split(","):
-        runner = build(args.model, backend, args.prompt_len, 4 * len(batches) * args.steps + 64)
+    for backend, mode in [(b, m) for b in args.backends.split(",") for m in modes]:
+        runner = build(args.model, backend, args.prompt_len, 4 * len(batches) * args.steps + 64,
+                       deterministic=mode == "deterministic")
         driver = BatchDriver(runner)
         reqs = prefill(driver, max(batches), args.prompt_len, chunk=8)
         runner.capture_cuda_graphs()
-        print(f"\n{args.model} {backend}, context ~{args.prompt_len}, CUDA graphs, "
+        print(f"\n{args.model} {backend} ({mode}), context ~{args.prompt_len}, CUDA graphs, "
               f"{args.steps} profiled steps per batch")
         for b in batches:
             roof = 1000 * Roofline.of(mc, b, args.prompt_len, bytes_per_s=card.bytes_per_s).step_s
