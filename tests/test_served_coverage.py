@@ -48,5 +48,11 @@ def test_a_real_server_serves_the_workload_with_nothing_after_ready() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = {line.split(":")[0]: line for line in proc.stdout.splitlines() if ":" in line}
     assert "first/steady" in lines["ttft"]
+    # Each of the 3 timed requests at the client and at the server (its own clock), the
+    # server's time to first token inside the client's.
+    client, server = (part.split()[1:] for part in
+                      lines["ttft samples ms"].split(": ", 1)[1].split("; "))
+    assert len(client) == len(server) == 3
+    assert all(0 < float(s) < float(c) for c, s in zip(client, server, strict=True))
     assert "40 requests" in lines["workload"] and "errors 0" in lines["workload"]
     assert lines["after_ready"] == "after_ready: compiles 0 (none) graph_misses 0"

@@ -86,13 +86,14 @@ class FirstResult:
                 "retries": self.retries}
 
 
-def timed_stream(client: Any, prompt: list[int], max_tokens: int,
-                  timeout: float) -> tuple[float, float]:
+def timed_stream(client: Any, prompt: list[int], max_tokens: int, timeout: float,
+                 ignore_eos: bool = False) -> tuple[float, float]:
     """(client TTFT, server TTFT) of one request, read to its end so the next runs alone."""
     start = time.perf_counter()
     first: float | None = None
     server_ttft = math.nan
-    for message in client.generate(prompt, max_tokens=max_tokens, timeout=timeout):
+    for message in client.generate(prompt, max_tokens=max_tokens, timeout=timeout,
+                                   ignore_eos=ignore_eos):
         if first is None and message.token_ids:
             first = time.perf_counter() - start
         if message.HasField("usage"):

@@ -39,8 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from first_request_configs import timed_request
-from first_request_generate import _warm_client, server_process
+from first_request_generate import _warm_client, server_process, timed_stream
 from first_request_options import AFTER_READY, METRICS_PORT, scrape_metrics
 
 from warmgate.server.devtools.random_batches import random_features, random_params
@@ -227,15 +226,21 @@ def _serve(args: argparse.Namespace, server: ServerProcess, vocab: int, max_prom
         def ttft_prompt() -> list[int]:
             return [rng.randrange(vocab) for _ in range(min(args.prompt_len, max_prompt))]
 
-        ttfts = []
+        timed = []  # (client TTFT, server TTFT) per request, the first one first
         with _gated(args.ttft_gate, args.ready_timeout):
             for _ in range(args.repeats + 1):
                 time.sleep(args.gap_s)
-                ttfts.append(timed_request(client, ttft_prompt(), args.ttft_tokens,
-                                           args.request_timeout).ttft_s)
+                timed.append(timed_stream(client, ttft_prompt(), args.ttft_tokens,
+                                          args.request_timeout, ignore_eos=True))
+        ttfts = [c for c, _ in timed]
         steady = statistics.median(ttfts[1:])
         print(f"ttft: first {ttfts[0] * 1e3:.2f} ms, steady median {steady * 1e3:.2f} ms over "
               f"{args.repeats}, first/steady {ttfts[0] / steady:.2f}", flush=True)
+        # Every sample, and the server's own arrival -> first token: a first request slower
+        # at the client only is the transport's; one slower at the server too is the engine's.
+        print("ttft samples ms: " + "; ".join(
+            f"{side} {' '.join(f'{t[i] * 1e3:.2f}' for t in timed)}"
+            for i, side in ((0, "client"), (1, "server"))), flush=True)
         requests = draw_requests(rng, args.requests, vocab, max_prompt, args.max_tokens)
         start = time.perf_counter()
         tokens, errors, waves = asyncio.run(run_waves(
