@@ -28,6 +28,12 @@ logger = logging.getLogger(__name__)
 # batch dependent, and another BLOCK_M is another MMA instruction schedule on the GPU.
 BLOCK_M = 64
 MAX_BLOCK_N = 128
+# The column tile of a weight that splits K (a narrow N): twice the N tiles for as many
+# programs, so fewer splits (a smaller workspace, a shorter sum). On an H100 it ran every split
+# shape of llama-3.2-1b and llama-3.1-8b faster at 1-64 rows (the 8B's QKV 22.9 against 27.1
+# us, down 46.1 against 58.5), and over a layer's projections at prefill sizes too but for the
+# 8B at 512 rows (2% slower).
+NARROW_BLOCK_N = 64
 MAX_BLOCK_K = 64
 # A decode-sized launch aims at two resident programs per SM: a single one streams its weight
 # tile with only its own pipeline stages in flight, too few to cover the memory latency.
@@ -74,12 +80,16 @@ def split_count(n_tiles: int, k_tiles: int, sm_count: int) -> int:
 
 def matmul_tiles(n: int, k: int, sm_count: int = NOMINAL_SM_COUNT) -> MatmulTiles:
     """Tiles and split from the weight's shape [N, K] and the SM count only (16 is tl.dot's
-    minimum tile). The split count is rounded so that no split is empty: S = cdiv(k_tiles,
+    minimum tile). A weight whose K is split at MAX_BLOCK_N takes NARROW_BLOCK_N columns and
+    its split again. The split count is rounded so that no split is empty: S = cdiv(k_tiles,
     per) with per = cdiv(k_tiles, S), the last split taking the remainder."""
     block_n = min(pow2(n, 16), MAX_BLOCK_N)
     block_k = min(pow2(k, 16), MAX_BLOCK_K)
     k_tiles = cdiv(k, block_k)
     splits = split_count(cdiv(n, block_n), k_tiles, sm_count)
+    if splits > 1 and block_n > NARROW_BLOCK_N:
+        block_n = NARROW_BLOCK_N
+        splits = split_count(cdiv(n, block_n), k_tiles, sm_count)
     per = cdiv(k_tiles, splits)
     splits = cdiv(k_tiles, per)
     return MatmulTiles(block_m=BLOCK_M, block_n=block_n, block_k=block_k,
