@@ -7,7 +7,8 @@ L2). Columns: cuBLAS; the kernel unsplit (S = 1, what --deterministic ran before
 the plan (matmul_plan: S from N and K, splits as programs of their own or walked in one
 program by M); the plan's S forced into either way; other S for comparison. Then a checks
 table: the plan against a float32 reference, a row alone against the same row inside batches
-of 64, 65 and 130, and the two ways of running the splits against each other, bit for bit.
+of 64, 65 and 130, the two ways of running the splits against each other, and 128-row tiles
+(column M128) and the other column tile against the plan's, bit for bit.
 
     python bench/lib/invariant_matmul_gpu.py [--model llama-3.2-1b|llama-3.1-8b]
 """
@@ -53,6 +54,11 @@ def with_splits(t: MatmulTiles, k: int, splits: int) -> MatmulTiles:
     return dataclasses.replace(t, splits=s, k_tiles_per_split=per if s > 1 else 0)
 
 
+def other_block_n(plan: MatmulTiles) -> int:
+    """The column tile compared with the plan's: 128 beside 64, 64 beside anything else."""
+    return 128 if plan.block_n == 64 else 64
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="llama-3.2-1b", choices=sorted(MODELS))
@@ -78,10 +84,15 @@ def main() -> None:
                 alt = with_splits(plan, k, s)
                 if alt.splits not in (1, plan.splits):
                     variants[f"S={alt.splits}-par"] = (alt, PARALLEL)
-            # Half-width column tiles: twice the N tiles, so fewer splits for as many programs.
-            narrow = dataclasses.replace(plan, block_n=64, num_warps=4)
-            narrow = with_splits(narrow, k, split_count(-(-n // 64), -(-k // plan.block_k), sms))
-            variants[f"N64,S={narrow.splits}"] = (narrow, sms)
+            # The other column tile (a split weight's plan takes 64; 128 was the plan before),
+            # its split recounted for its N tiles.
+            bn = other_block_n(plan)
+            wide = dataclasses.replace(plan, block_n=bn, num_warps=8 if bn == 128 else 4)
+            wide = with_splits(wide, k, split_count(-(-n // bn), -(-k // plan.block_k), sms))
+            variants[f"N{bn},S={wide.splits}"] = (wide, sms)
+        # Taller row tiles for prefill-sized M, if they round each row as the plan's do (the
+        # checks say): the tile's MMA steps along K are the same, only more rows share them.
+        variants["M128"] = (dataclasses.replace(plan, block_m=128, num_warps=8), sms)
         print(f"\n{name}: N={n} K={k}, {layers} layers, plan S={plan.splits} x "
               f"{plan.k_tiles_per_split} K tiles, BLOCK_N={plan.block_n}")
         print(f"{'M':>5} {'cublas':>8} " + " ".join(f"{v:>11}" for v in variants))
@@ -111,8 +122,16 @@ def check(n: int, k: int, w: torch.Tensor, plan: MatmulTiles, sms: int,
               for mm in (64, 65, 130) for i, r in enumerate((0, 63, 64, 129)) if r < mm)
     ways = torch.equal(matmul(x, w, tiles=plan, sm_count=PARALLEL),
                        matmul(x, w, tiles=plan, sm_count=ONE_PROGRAM))
+    # Other tile shapes with the same K ranges: are the bits the plan's? (If so, a tile could
+    # follow M without a row rounding differently alone and in a batch.)
+    tall = dataclasses.replace(plan, block_m=128, num_warps=8)
+    bn = other_block_n(plan)
+    other_n = dataclasses.replace(plan, block_n=bn, num_warps=8 if bn == 128 else 4)
+    same_m = torch.equal(out, matmul(x, w, tiles=tall, sm_count=sms))
+    same_n = torch.equal(out, matmul(x, w, tiles=other_n, sm_count=sms))
     print(f"check N={n} K={k}: rel err {err:.2e}, row alone == in batch: {inv}, "
-          f"splits apart == in one program: {ways}")
+          f"splits apart == in one program: {ways}, BLOCK_M 128 == {plan.block_m}: {same_m}, "
+          f"BLOCK_N {other_n.block_n} == {plan.block_n}: {same_n}")
 
 
 if __name__ == "__main__":
