@@ -115,6 +115,26 @@ def decode_table(heads: tuple[int, int, int], capacity: int, split_keys: list[in
             torch.cuda.empty_cache()
 
 
+def programs_table(heads: tuple[int, int, int], capacity: int, split_keys: int) -> None:
+    """Way (b) at the plan's C with 1..max_splits programs per (request, KV head): whether its
+    cost follows the splits that hold keys or the programs launched (most of which find no
+    keys at a short context, and whose partials the fold kernel never reads)."""
+    _, hk, d = heads
+    max_splits = -(-capacity // split_keys)
+    counts = [p for p in (1, 2, 4, 8, 16, 32, 64) if p <= max_splits]
+    print(f"\ndecode at C={split_keys}, us per call by programs per (request, KV head) "
+          f"(1: way a), capacity {capacity}")
+    print(f"{'batch':>5}{'ctx':>6}" + "".join(f"{f'P={n}':>9}" for n in counts))
+    for context in (512, 2048):
+        for batch in (1, 8):
+            s = Setup(heads, batch, context, capacity, layers_for(batch, context, hk, d))
+            line = [graph_us(lambda i, s=s, n=n: fixed(s, i, split_keys, n), s.layers)
+                    for n in counts]
+            print(f"{batch:>5}{context:>6}" + "".join(f"{us:>9.1f}" for us in line))
+            del s
+            torch.cuda.empty_cache()
+
+
 def prefill_table(heads: tuple[int, int, int], split_keys: list[int]) -> None:
     _, hk, d = heads
     print("\nprefill of one prompt, us per call: varlen, then the fixed split (a) per C")
@@ -172,6 +192,7 @@ def main() -> None:
           f"capacity {args.capacity}: the plan's C = {plan.split_keys}")
     ok = checks(heads, 256)
     decode_table(heads, args.capacity, split_keys)
+    programs_table(heads, args.capacity, plan.split_keys)
     prefill_table(heads, split_keys)
     print("checks:", "all the same bits" if ok else "FAILED")
 
