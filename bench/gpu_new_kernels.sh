@@ -63,9 +63,9 @@ invariant)
     bench "invariant-matmul-$model" 90 python3 bench/lib/invariant_matmul_gpu.py --model "$model"
   done ;;
 attention)
-  bench fixed-split-attention-llama-3.2-1b 90 python3 bench/lib/fixed_split_attention_gpu.py \
+  bench fixed-split-attention-llama-3.2-1b 150 python3 bench/lib/fixed_split_attention_gpu.py \
     --model llama-3.2-1b --capacity 2048
-  bench fixed-split-attention-llama-3.1-8b 90 python3 bench/lib/fixed_split_attention_gpu.py \
+  bench fixed-split-attention-llama-3.1-8b 150 python3 bench/lib/fixed_split_attention_gpu.py \
     --model llama-3.1-8b --capacity 8192 ;;
 sampler)
   bench sampler-draws 90 python3 bench/lib/sampler_gpu.py ;;
