@@ -42,8 +42,9 @@ class CompilationConfig:
         "--pdl", "launch the decode step's Triton kernels (the GEMVs, RMSNorm, rotary and KV "
         "write, decode attention, SiLU-and-mul, the MoE routing and per-slot experts) with "
         "programmatic dependent launch, so each one's launch and prologue overlap the tail "
-        "of the kernel before it; needs a GPU of compute capability 9.0+ (Hopper) and the "
-        "Triton ops (--attention-backend triton or flashinfer)"))
+        "of the kernel before it; needs an sm_90+ GPU (compute capability 9.0, Hopper, or "
+        "newer) and the Triton attention and ops (--attention-backend triton or "
+        "flashinfer)"))
 
     def __post_init__(self) -> None:
         if self.cuda_graph_sizes is not None:
