@@ -18,6 +18,9 @@
 #              batched draw on the per-row softmax/cumsum kernels, bits checked
 #   qknorm     bench/lib/qk_norm_rope_gpu.py: Qwen3's two per-head q/k RMSNorm launches a layer
 #              against the norms inside the rope + KV-cache kernel, outputs compared
+#   pdl        --pdl (programmatic dependent launch): tests/gpu/test_pdl_gpu.py (the same tokens
+#              and logits, bit for bit, with and without it), then bench/serve.py decode-latency
+#              of llama-3.1-8b on triton without and with it (--pdl both)
 #   OUT=/tmp/out PARTS="gemv invariant attention" bash bench/gpu_new_kernels.sh
 # Every output lands in one tarball, $OUT/gpu-new-kernels.tgz; the summaries go to stdout.
 set -uo pipefail
@@ -71,7 +74,12 @@ sampler)
   bench sampler-draws 90 python3 bench/lib/sampler_gpu.py ;;
 qknorm)
   bench qk-norm-rope 90 python3 bench/lib/qk_norm_rope_gpu.py ;;
-*) echo "unknown part: $part (tests, moe, gemv, invariant, attention, sampler or qknorm)"
+pdl)
+  bench pdl-tests 240 python3 -m pytest -v tests/gpu/test_pdl_gpu.py tests/test_pdl_ptx.py \
+    -p no:cacheprovider -rfE
+  bench decode-latency-pdl-llama-3.1-8b 330 python3 bench/serve.py decode-latency \
+    --model llama-3.1-8b --backends triton --pdl both ;;
+*) echo "unknown part: $part (tests, moe, gemv, invariant, attention, sampler, qknorm or pdl)"
    exit 2 ;;
 esac; done
 stage done

@@ -2,7 +2,7 @@
 and each step against the HBM roofline of the parameters it reads.
 
     python bench/serve.py decode-latency [--model llama-3.2-1b | qwen3-30b-a3b | mixtral-8x7b]
-        [--layers N] [--backends torch,triton,flashinfer] [--grouped-moe]
+        [--layers N] [--backends torch,triton,flashinfer] [--grouped-moe] [--pdl off|on|both]
 
 For every backend one runner is built (random weights), its requests prefilled, decode steps
 timed eagerly, then graphs captured and the same steps timed again. A MoE model's fused kernel
@@ -19,6 +19,11 @@ initialise on the device for each backend, and a decode step is layer after iden
 captured again, with the small token-count buckets that take the per-slot experts
 (kernels.moe_gemv) forced onto the grouped GEMMs they replaced: rows "<backend>/grouped", the
 two MoE paths side by side in one run.
+
+`--pdl both` builds each backend's runner twice, without and with --pdl (programmatic dependent
+launch of the Triton kernels, kernels/pdl.py; compute capability 9.0+), one after the other:
+rows "<backend>/pdl" beside "<backend>", and a table of each graphed step with PDL against
+without. `--pdl on` times the PDL runners alone.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from warmgate.server.config.presets import MODEL_PRESETS
 from warmgate.server.config.runner_config import (
     CacheConfig,
     CompilationConfig,
+    ConfigError,
     DeviceConfig,
     ModelConfig,
     RunnerConfig,
@@ -71,9 +77,12 @@ def roofline_ms(model: ModelConfig, sizes: tuple[int, ...], context: float,
 
 
 def build(model: str, backend: str, prompt_len: int, decode_tokens: int,
-          layers: int | None = None, deterministic: bool = False) -> ModelRunner:
+          layers: int | None = None, deterministic: bool = False,
+          pdl: bool = False) -> ModelRunner:
     """A runner with room for max(SIZES) requests of prompt_len + decode_tokens tokens;
-    deterministic: --deterministic's batch-invariant kernels."""
+    deterministic: --deterministic's batch-invariant kernels; pdl: --pdl (the runner sets the
+    process's launch switch, so runners with and without it are timed one after the other).
+    ConfigError where --pdl cannot run."""
     max_reqs = max(SIZES)
     max_len = prompt_len + decode_tokens + 16
     per_req = -(-max_len // 16)
@@ -83,7 +92,7 @@ def build(model: str, backend: str, prompt_len: int, decode_tokens: int,
         scheduler=SchedulerConfig(max_num_seqs=max_reqs,
                                   max_num_batched_tokens=max(2048, prompt_len * 8)),
         device=DeviceConfig(device="cuda", dtype="bfloat16", attention_backend=backend),
-        compilation=CompilationConfig(cuda_graph_sizes=SIZES),
+        compilation=CompilationConfig(cuda_graph_sizes=SIZES, pdl=pdl),
         numerics=NumericsConfig(deterministic=deterministic))
     return ModelRunner(resolve_runner_config(cfg))
 
@@ -162,6 +171,20 @@ def format_table(results: dict[str, dict[str, dict[int, float]]], roof: dict[int
     return "\n".join(lines)
 
 
+PDL_ARMS = {"off": (False,), "on": (True,), "both": (False, True)}
+
+
+def pdl_table(results: dict[str, dict[str, dict[int, float]]]) -> str:
+    """Each graphed step with --pdl against the same backend's without it, where both ran."""
+    lines = [f"{'backend':<19}{'batch':>6}{'graph':>9}{'graph/pdl':>11}{'pdl/off':>9}"]
+    for name, r in results.items():
+        off = results.get(name.removesuffix("/pdl")) if name.endswith("/pdl") else None
+        for n in sorted(r["graph"]) if off is not None else ():
+            lines.append(f"{name.removesuffix('/pdl'):<19}{n:>6}{off['graph'][n]:>9.3f}"
+                         f"{r['graph'][n]:>11.3f}{r['graph'][n] / off['graph'][n]:>9.2f}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="llama-3.2-1b", choices=sorted(MODEL_PRESETS),
@@ -176,6 +199,9 @@ def main() -> int:
     p.add_argument("--grouped-moe", action="store_true",
                    help="a MoE model: also time each backend with its per-slot buckets on the "
                         "grouped GEMMs (rows '<backend>/grouped')")
+    p.add_argument("--pdl", default="off", choices=sorted(PDL_ARMS),
+                   help="time each backend without --pdl (off), with it (on, rows "
+                        "'<backend>/pdl'), or both, one runner after the other")
     args = p.parse_args()
     if args.layers is not None and args.layers < 1:
         p.error("--layers must be at least 1")
@@ -188,21 +214,27 @@ def main() -> int:
     if not backends:
         p.error(f"--backends {args.backends}: none of them is installed")
     results: dict[str, dict[str, dict[int, float]]] = {}
-    for backend in backends:
+    for backend, pdl in [(b, on) for b in backends for on in PDL_ARMS[args.pdl]]:
         # Request 0 decodes in every timed step: eager and graphed, every size, warm-ups too,
         # twice with --grouped-moe.
         decode_steps = 2 * len(SIZES) * (args.steps + 3) * (2 if args.grouped_moe else 1)
-        runner = build(args.model, backend, args.prompt_len, decode_steps, args.layers)
+        name = f"{backend}/pdl" if pdl else backend
+        try:
+            runner = build(args.model, backend, args.prompt_len, decode_steps, args.layers,
+                           pdl=pdl)
+        except ConfigError as exc:
+            print(f"decode_latency: {name}: {exc.message}", file=sys.stderr)
+            return 2
         moe = run_moe_warmup(runner)  # a MoE model's launches, as a warmup gives them
         if moe.status is PhaseStatus.RAN:
-            print(f"{backend}: {moe.detail}: {moe.shapes['launches']}", flush=True)
+            print(f"{name}: {moe.detail}: {moe.shapes['launches']}", flush=True)
         driver = BatchDriver(runner)
         reqs = prefill(driver, max(SIZES), args.prompt_len, chunk=8)
-        results[backend] = time_backend(runner, driver, reqs, args.steps)
+        results[name] = time_backend(runner, driver, reqs, args.steps)
         forced = force_grouped_moe(runner) if args.grouped_moe else ""
         if forced:
-            print(f"{backend}/grouped: {forced}", flush=True)
-            results[f"{backend}/grouped"] = time_backend(runner, driver, reqs, args.steps)
+            print(f"{name}/grouped: {forced}", flush=True)
+            results[f"{name}/grouped"] = time_backend(runner, driver, reqs, args.steps)
         del driver, reqs, runner
         torch.cuda.empty_cache()
 
@@ -213,6 +245,9 @@ def main() -> int:
           f"median of {args.steps} steps (ms; execute_model + sample_tokens, synced); roofline "
           f"at {card.bytes_per_s / 1e12:.2f} TB/s ({card.slug})")
     print(format_table(results, roof))
+    if args.pdl == "both":
+        print("\nwith --pdl against without (graphed steps, ms)")
+        print(pdl_table(results))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "layers": args.layers,

@@ -1,10 +1,12 @@
 """Where a decode step's GPU time goes, kernel by kernel, with CUDA graphs on.
 
     python bench/serve.py step-kernels --model llama-3.1-8b --backends flashinfer \
-        [--modes default,deterministic]
+        [--modes default,deterministic] [--pdl off|on|both]
 
 One runner per backend (and per mode: --deterministic's batch-invariant kernels beside the
-default ones) is built with random weights, its requests prefilled to
+default ones; and per --pdl arm: the Triton kernels launched with programmatic dependent
+launch beside the same kernels without, one runner after the other) is built with random
+weights, its requests prefilled to
 --prompt-len tokens and graphs captured; then decode steps run under torch.profiler at each
 batch size. Prints, per batch size: the step's wall time, the GPU time the kernels add up to,
 their count, the HBM roofline of the step, and the kernels that take the most time per step
@@ -19,10 +21,10 @@ import time
 from collections import defaultdict
 
 import torch
-from decode_latency import build, decode_s, prefill
+from decode_latency import PDL_ARMS, build, decode_s, prefill
 from torch.profiler import ProfilerActivity, profile
 
-from warmgate.server.config.runner_config import ModelConfig
+from warmgate.server.config.runner_config import ConfigError, ModelConfig
 from warmgate.server.devtools.batch_driver import BatchDriver
 from warmgate.server.devtools.gpu_card import detect
 from warmgate.server.devtools.roofline import Roofline
@@ -68,6 +70,9 @@ def main() -> int:
     p.add_argument("--top", type=int, default=14)
     p.add_argument("--modes", default="default",
                    help="default, deterministic or both (comma-separated), one runner each")
+    p.add_argument("--pdl", default="off", choices=sorted(PDL_ARMS),
+                   help="each runner without --pdl (off), with it (on), or both, one runner "
+                        "each, so the step's wall and gaps show beside each other")
     args = p.parse_args()
     modes = args.modes.split(",")
     if not set(modes) <= {"default", "deterministic"}:
@@ -79,14 +84,21 @@ def main() -> int:
     print(card.describe(), flush=True)
     batches = [int(b) for b in args.batches.split(",")]
     mc = ModelConfig.from_preset(args.model)
-    for backend, mode in [(b, m) for b in args.backends.split(",") for m in modes]:
-        runner = build(args.model, backend, args.prompt_len, 4 * len(batches) * args.steps + 64,
-                       deterministic=mode == "deterministic")
+    arms = [(b, m, pdl) for b in args.backends.split(",") for m in modes
+            for pdl in PDL_ARMS[args.pdl]]
+    for backend, mode, pdl in arms:
+        try:
+            runner = build(args.model, backend, args.prompt_len,
+                           4 * len(batches) * args.steps + 64,
+                           deterministic=mode == "deterministic", pdl=pdl)
+        except ConfigError as exc:
+            print(f"step-kernels: {backend} --pdl: {exc.message}", file=sys.stderr)
+            return 2
         driver = BatchDriver(runner)
         reqs = prefill(driver, max(batches), args.prompt_len, chunk=8)
         runner.capture_cuda_graphs()
-        print(f"\n{args.model} {backend} ({mode}), context ~{args.prompt_len}, CUDA graphs, "
-              f"{args.steps} profiled steps per batch")
+        print(f"\n{args.model} {backend} ({mode}, pdl {'on' if pdl else 'off'}), context "
+              f"~{args.prompt_len}, CUDA graphs, {args.steps} profiled steps per batch")
         for b in batches:
             roof = 1000 * Roofline.of(mc, b, args.prompt_len, bytes_per_s=card.bytes_per_s).step_s
             print(f"  (HBM roofline at batch {b}, {card.slug}: {roof:.3f} ms)")

@@ -1,4 +1,5 @@
-"""How the runner compiles: CUDA graphs, torch.compile, the warmup's shape sweeps."""
+"""How the runner compiles and launches: CUDA graphs, torch.compile, the warmup's shape
+sweeps, programmatic dependent launch."""
 
 from __future__ import annotations
 
@@ -35,6 +36,15 @@ class CompilationConfig:
         "--dense-gemv", "on CUDA, time a Triton GEMV against cuBLAS for every dense projection "
         "and the head at 1-16 tokens during the warmup, and run the faster of the two for "
         "each (shape, token count)"))
+    # A decode step is hundreds of short launches with a gap of launch latency before each
+    # (kernels/pdl.py). Off until a GPU run shows it faster and bit-identical.
+    pdl: bool = field(default=False, metadata=flag(
+        "--pdl", "launch the decode step's Triton kernels (the GEMVs, RMSNorm, rotary and KV "
+        "write, decode attention, SiLU-and-mul, the MoE routing and per-slot experts) with "
+        "programmatic dependent launch, so each one's launch and prologue overlap the tail "
+        "of the kernel before it; needs an sm_90+ GPU (compute capability 9.0, Hopper, or "
+        "newer) and the Triton attention and ops (--attention-backend triton or "
+        "flashinfer)"))
 
     def __post_init__(self) -> None:
         if self.cuda_graph_sizes is not None:

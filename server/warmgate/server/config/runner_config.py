@@ -22,6 +22,7 @@ from warmgate.server.config.config_error import ConfigError, _require
 from warmgate.server.config.flags import flag
 from warmgate.server.config.fp8_config import FP8Config, check_fp8, check_fp8_device
 from warmgate.server.config.numerics_config import NumericsConfig, check_deterministic
+from warmgate.server.config.pdl_support import check_pdl
 from warmgate.server.config.presets import MODEL_PRESETS, PRESET_MAX_POSITIONS, preset_names
 from warmgate.server.config.rope_config import RopeConfig
 from warmgate.server.config.scheduler_config import (
@@ -255,6 +256,8 @@ def resolve_runner_config(config: RunnerConfig, *, cuda_available: bool | None =
             backend = "triton"
         else:
             backend = "torch"
+    if config.compilation.pdl:
+        check_pdl(device, backend, cuda_capability)
     num_blocks = config.cache.num_blocks
     if num_blocks is None:
         num_blocks = config.scheduler.max_num_seqs * config.max_blocks_per_req + 1

@@ -7,19 +7,22 @@ import triton
 import triton.language as tl
 
 from warmgate.server.kernels._launch import elementwise_warps, pow2, unit_stride_last
+from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 
 
 @triton.jit
 def _silu_and_mul_kernel(
     x_ptr, out_ptr,
     stride_x, stride_o, inter,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
+    pdl_wait(USE_PDL)  # x is the gate/up projection's output
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    pdl_release(USE_PDL)
     act = gate / (1.0 + tl.exp(-gate))
     tl.store(out_ptr + row * stride_o + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -37,5 +40,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         block = min(pow2(inter), 1024)
         grid = (x2.shape[0], triton.cdiv(inter, block))
         _silu_and_mul_kernel[grid](x2, out, x2.stride(0), out.stride(0), inter, BLOCK=block,
-                                   num_warps=elementwise_warps(block))
+                                   num_warps=elementwise_warps(block), **launch_args(x2))
     return out.view(*x.shape[:-1], inter)

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from warmgate.server.kernels._attention_tile import LOG2E, M_INIT, attend_range
 from warmgate.server.kernels._launch import ieee_dots, pow2, prepare_paged_attention, upcast_dots
+from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 
 # A split holds at least one GPU key tile (BLOCK_N = 64): a thinner one would be empty by
 # construction, since the kernel rounds each split up to whole tiles.
@@ -66,11 +67,12 @@ def _decode_kernel(
     qk_scale, num_splits,
     GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    pdl_wait(USE_PDL)  # q and the cache are the rope kernel's output, the lengths the step's
     seq_len = tl.load(seq_lens_ptr + req)
     q_start = tl.load(query_start_loc_ptr + req)
     # A graph-padding request may carry fewer tokens than the decode length (even none).
@@ -98,6 +100,7 @@ def _decode_kernel(
     token = (q_start + draft).to(tl.int64)  # [BLOCK_M]
     q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    pdl_release(USE_PDL)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -130,9 +133,12 @@ def _merge_splits_kernel(
     num_splits,
     GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
+    pdl_wait(USE_PDL)  # the partials are the decode kernel's output
+    pdl_release(USE_PDL)
     # Only the splits that held keys wrote partials (the decode kernel's empty ones return).
     seq_len = tl.load(seq_lens_ptr + req)
     num_active = tl.cdiv(seq_len, _split_chunk(seq_len, num_splits, BLOCK_N))
@@ -227,7 +233,7 @@ def paged_attention_decode(
     split = num_splits > 1
     part_out, part_lse = _split_partials(num_splits, q, out)
     common = dict(GROUP=group, Q_LEN=query_len, BLOCK_M=block_m, HEAD_DIM=head_dim,
-                  BLOCK_D=block_d)
+                  BLOCK_D=block_d, **launch_args(q))
     _decode_kernel[(num_reqs, num_kv_heads, num_splits)](
         q, key_cache, value_cache, block_table, seq_lens, query_start_loc,
         out, part_out, part_lse,

@@ -26,6 +26,7 @@ from warmgate.server.kernels._attention_tile import mm
 from warmgate.server.kernels._launch import ieee_dots, upcast_dots
 from warmgate.server.kernels.gemv_plan import MAX_ROWS, GemvLaunch, gemv_launch, rows_bucket
 from warmgate.server.kernels.matmul_plan import device_sm_count
+from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Columns per program of the split-summing kernel.
@@ -64,6 +65,16 @@ def _x_tile(ptrs, mask, K: tl.constexpr, SILU_MUL: tl.constexpr):
     return x
 
 
+@triton.jit
+def _warm_first_tile(w_rows, ks, n_mask, k_hi):
+    """Read this program's first weight tile before pdl_wait: no kernel writes the weights,
+    so the read may overlap the previous kernel's tail, and the loop's first load of the tile
+    then comes from L2. Volatile, so the compiler keeps a load whose value goes unused: the
+    loop's arithmetic is the same with PDL as without, bit for bit."""
+    tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < k_hi)[None, :], other=0.0,
+            volatile=True)
+
+
 @triton.jit(do_not_specialize=["M", "has_bias"])
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, ws_ptr,
@@ -71,11 +82,11 @@ def _gemv_kernel(
     N: tl.constexpr, K: tl.constexpr, X_STRIDE: tl.constexpr, SILU_MUL: tl.constexpr,
     SPLITS: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Grid (N tiles, SPLITS). x [M, X_STRIDE] (X_STRIDE = K, or 2K with SILU_MUL: x is
     gate_up, see _x_tile), w [N, K], out [M, N], all contiguous. EVEN_K: K is a multiple of
-    BLOCK_K, so no K step is partial and the loads need no K mask."""
+    BLOCK_K, so no K step is partial and the loads need no K mask. USE_PDL: kernels.pdl."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
@@ -86,6 +97,10 @@ def _gemv_kernel(
         k_lo = tl.program_id(1) * K_PER_SPLIT
         k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K  # [BLOCK_N, 1]
+    if USE_PDL:
+        _warm_first_tile(w_rows, k_lo + offs_k, n_mask, k_hi)
+    pdl_wait(USE_PDL)  # x is the previous kernel's output; out and ws may be its inputs
+    pdl_release(USE_PDL)
     if BLOCK_M == 1:
         # One row: a float32 product per (weight row, lane), summed along K once at the end.
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -126,15 +141,18 @@ def _gemv_kernel(
 
 @triton.jit(do_not_specialize=["M", "has_bias"])
 def _sum_splits_kernel(ws_ptr, bias_ptr, out_ptr, M, has_bias,
-                       N: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+                       N: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                       USE_PDL: tl.constexpr):
     """out[row, cols] = the SPLITS float32 partials of ws [SPLITS, M, N] added in the order
     0..SPLITS-1, plus the bias, cast."""
     row = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    pdl_wait(USE_PDL)  # ws is the GEMV's output
     for s in tl.static_range(SPLITS):
         total += tl.load(ws_ptr + (s * M + row) * N + offs_n, mask=n_mask, other=0.0)
+    pdl_release(USE_PDL)
     if has_bias:
         total += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * N + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_mask)
@@ -210,15 +228,16 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu_
           if launch.splits > 1 else out)
     bias_arg = out if bias is None else bias
     has_bias = 0 if bias is None else 1
+    pdl = launch_args(x)
     _gemv_kernel[(triton.cdiv(n, launch.block_n), launch.splits)](
         x, weight, bias_arg, out, ws, m, has_bias,
         N=n, K=k, X_STRIDE=x.shape[1], SILU_MUL=silu_mul, SPLITS=launch.splits,
         K_PER_SPLIT=launch.k_per_split, EVEN_K=k % launch.block_k == 0,
         BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
         UPCAST=upcast_dots(x), IEEE=ieee_dots(x.dtype),
-        num_warps=launch.num_warps, num_stages=launch.num_stages)
+        num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl)
     if launch.splits > 1:
         _sum_splits_kernel[(m, triton.cdiv(n, _SUM_BLOCK_N))](
             ws, bias_arg, out, m, has_bias, N=n, SPLITS=launch.splits, BLOCK_N=_SUM_BLOCK_N,
-            num_warps=4)
+            num_warps=4, **pdl)
     return out

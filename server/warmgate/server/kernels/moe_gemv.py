@@ -41,6 +41,7 @@ from warmgate.server.config.fp8_config import FP8_BLOCK, FP8_E4M3_MAX
 from warmgate.server.config.moe_kernel import MoELaunch
 from warmgate.server.kernels._launch import pow2
 from warmgate.server.kernels.fp8_block_gemm import _MIN_SCALE  # quantize_groups' own
+from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 
 
 @triton.jit
@@ -65,12 +66,15 @@ def _gate_up_kernel(
     stride_se, stride_sn,
     N: tl.constexpr, K: tl.constexpr, TOP_K: tl.constexpr, BLOCK_SCALED: tl.constexpr,
     GROUP: tl.constexpr, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """act[slot, n] = silu(x[token] . gate[e, n]) * (x[token] . up[e, n]) for one N tile.
     w [E, 2N, K] contiguous (gate rows, then up rows); x [T, K]; act [T TOP_K, N]."""
     slot = tl.program_id(0).to(tl.int64)
     token = slot // TOP_K
+    # Which expert's weights to read is the router's output: nothing loads before the wait.
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
     expert = _real_expert(tl.load(ids_ptr + slot), num_experts)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -105,6 +109,7 @@ def _down_kernel(
     N: tl.constexpr, K: tl.constexpr, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
     BLOCK_SCALED: tl.constexpr, GROUP: tl.constexpr, FP8_MAX: tl.constexpr,
     MIN_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """out[token, n] = sum over slots j in order of weight_j * (act[slot j] . down[e_j, n]).
     w [E, N, K] contiguous; act [T TOP_K, K]; out [T, N].
@@ -119,6 +124,8 @@ def _down_kernel(
     slots = tl.arange(0, K_POW2)
     real = slots < TOP_K
     rows = token * TOP_K + slots  # [K_POW2] the token's (token, slot) rows
+    pdl_wait(USE_PDL)  # the ids and routing weights are the router's, act the gate/up's
+    pdl_release(USE_PDL)
     expert = _real_expert(tl.load(ids_ptr + rows, mask=real, other=0), num_experts)
     w_ptrs = (w_ptr + expert[:, None, None] * (N * K) + offs_n[None, :, None] * K
               + offs_k[None, None, :])
@@ -169,7 +176,8 @@ def moe_gemv(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     s2 = w2_scale.contiguous() if w2_scale is not None else weights
     common = dict(TOP_K=top_k, BLOCK_SCALED=scaled, GROUP=FP8_BLOCK, FP8_MAX=FP8_E4M3_MAX,
                   MIN_SCALE=_MIN_SCALE, BLOCK_K=FP8_BLOCK if scaled else launch.block_k,
-                  num_warps=launch.num_warps, num_stages=launch.num_stages)
+                  num_warps=launch.num_warps, num_stages=launch.num_stages,
+                  **launch_args(hidden))
     block_n = launch.block_n
     _gate_up_kernel[(num_tokens * top_k, triton.cdiv(inter, block_n))](
         hidden, w13, ids, act, s13, num_experts,

@@ -20,19 +20,22 @@ import triton
 import triton.language as tl
 
 from warmgate.server.kernels._launch import pow2, unit_stride_last
+from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 
 
 @triton.jit
 def _route_kernel(
     logits_ptr, weights_ptr, ids_ptr, stride_t, num_experts,
     TOP_K: tl.constexpr, K_POW2: tl.constexpr, E_POW2: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
+    RENORMALIZE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, E_POW2)
     real = experts < num_experts
+    pdl_wait(USE_PDL)  # the logits are the router projection's output
     x = tl.load(logits_ptr + token * stride_t + experts, mask=real,
                 other=float("-inf")).to(tl.float32)
+    pdl_release(USE_PDL)
     p = tl.exp(x - tl.max(x, axis=0))
     p = p / tl.sum(p, axis=0)
     p = tl.where(real, p, -1.0)  # below every probability: never picked
@@ -63,5 +66,5 @@ def route_topk(logits: torch.Tensor, top_k: int, renormalize: bool
     if num_tokens:
         _route_kernel[(num_tokens,)](x, weights, ids, x.stride(0), num_experts, TOP_K=top_k,
                                      K_POW2=pow2(top_k), E_POW2=pow2(num_experts, 16),
-                                     RENORMALIZE=renormalize, num_warps=1)
+                                     RENORMALIZE=renormalize, num_warps=1, **launch_args(x))
     return weights, ids

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from warmgate.server.kernels._launch import elementwise_warps, pow2, unit_stride_last
+from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 
 
 @triton.jit
@@ -15,11 +16,14 @@ def _rms_norm_kernel(
     stride_x, stride_r, stride_o, stride_ro,
     hidden, eps,
     HAS_RESIDUAL: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     mask = offs < hidden
+    # The norm's weight is no kernel's output: read while the previous kernel finishes (PDL).
+    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    pdl_wait(USE_PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
@@ -28,8 +32,8 @@ def _rms_norm_kernel(
         s = (x + r).to(residual_out_ptr.dtype.element_ty)
         tl.store(residual_out_ptr + row * stride_ro + offs, s, mask=mask)
         x = s.to(tl.float32)
+    pdl_release(USE_PDL)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / hidden + eps)
-    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + offs, (x * rstd * w).to(out_ptr.dtype.element_ty),
              mask=mask)
 
@@ -58,6 +62,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
             x2.stride(0), res_in.stride(0), out.stride(0), res_out.stride(0),
             hidden, eps,
             HAS_RESIDUAL=residual is not None, BLOCK_H=block,
-            num_warps=elementwise_warps(block),
+            num_warps=elementwise_warps(block), **launch_args(x2),
         )
     return out.view(x.shape), new_residual

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from warmgate.server.kernels._launch import pow2, unit_stride_last
 from warmgate.server.kernels._rope_norm import rms_norm_heads
+from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 
 # How a [num_blocks, ...] cache orders a page's slots and KV heads: NHD [page slot, head, D]
 # (ours and FlashInfer's "NHD"), HND [head, page slot, D] (FlashInfer's "HND").
@@ -47,8 +48,10 @@ def _rope_cache_kernel(
     num_q_heads, num_kv_heads, num_slots, eps,
     PAGE_SIZE: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, QK_NORM: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
+    pdl_wait(USE_PDL)  # q, k, v are the projection's output; the positions the step's input
     pos = tl.load(positions_ptr + token)
     # Rows past the slot mapping (graph padding beyond the batch) and negative slots have
     # nothing to cache; their q is still rotated, as the separate rotary kernel did.
@@ -64,6 +67,7 @@ def _rope_cache_kernel(
     src = q_ptr + token * stride_qt + offs_hq[:, None] * stride_qh + offs_d[None, :]
     q1 = tl.load(src, mask=q_mask, other=0.0).to(tl.float32)
     q2 = tl.load(src + HALF, mask=q_mask, other=0.0).to(tl.float32)
+    pdl_release(USE_PDL)
     if QK_NORM:  # Qwen3: every head RMS-normalised over D before it is rotated
         q1, q2 = rms_norm_heads(q1, q2, q_norm_ptr, q_ptr, offs_d, d_mask, eps, HALF)
     dst = q_out_ptr + token * stride_qot + offs_hq[:, None] * stride_qoh + offs_d[None, :]
@@ -172,6 +176,6 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             num_q_heads, num_kv_heads, num_slots, eps if qk_norm else 0.0,
             PAGE_SIZE=page_size, HALF=half, BLOCK_HALF=pow2(half),
             BLOCK_HQ=pow2(num_q_heads), BLOCK_HK=pow2(num_kv_heads), QK_NORM=qk_norm,
-            num_warps=4,
+            num_warps=4, **launch_args(q),
         )
     return q_out

@@ -1,9 +1,10 @@
-"""The ops object a runner's model calls, and the sampler's warper ops, from its
-configuration."""
+"""The ops object a runner's model calls, the sampler's warper ops and how its Triton kernels
+launch (--pdl), from its configuration."""
 
 from __future__ import annotations
 
 import logging
+import sys
 
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.runner.deterministic_ops import RowwiseTorchOps
@@ -37,6 +38,27 @@ def default_ops(config: RunnerConfig) -> TorchOps:
         # Same methods as TorchOps.
         return BatchInvariantOps() if deterministic else TritonOps()  # type: ignore[return-value]
     return RowwiseTorchOps() if deterministic else TorchOps()
+
+
+# The module owning the launch switch; importing it imports triton.
+_PDL_MODULE = "warmgate.server.kernels.pdl"
+
+
+def configure_pdl(config: RunnerConfig) -> None:
+    """Set this process's programmatic-dependent-launch switch (kernels.pdl) from the runner
+    being built: every process that runs a model (the engine, each tensor-parallel worker)
+    builds its runner, so the switch follows its configuration there. resolve_runner_config
+    has refused --pdl wherever it cannot run. Off is the kernels' default: with --pdl off, and
+    triton not imported yet, nothing is imported (the CPU path never imports triton)."""
+    on = config.compilation.pdl
+    if not on and _PDL_MODULE not in sys.modules:
+        return
+    from warmgate.server.kernels.pdl import PDL_KERNELS, set_pdl
+
+    set_pdl(on)
+    if on:
+        logger.info("pdl: on (--pdl): %d Triton launch sites launch with programmatic "
+                    "dependent launch: %s", len(PDL_KERNELS), "; ".join(PDL_KERNELS))
 
 
 def sampler_warper_ops(config: RunnerConfig) -> WarperOps:

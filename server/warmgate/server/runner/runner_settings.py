@@ -9,6 +9,7 @@ import torch
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.runner.attention import get_backend_class
 from warmgate.server.runner.compile_buckets import compile_buckets
+from warmgate.server.runner.default_ops import configure_pdl
 from warmgate.server.runner.eager_tokens import (
     EAGER_TOKEN_GRANULE,
     eager_token_counts,
@@ -25,6 +26,7 @@ class RunnerSettings:
     def _read_config(self, config: RunnerConfig) -> None:
         """The settings other code reads off the runner, under vLLM MRV2's attribute names."""
         self.config = config
+        configure_pdl(config)  # before anything launches a Triton kernel
         self.device = torch.device(config.device.device)
         self.dtype = _DTYPES[config.device.dtype]
         self.scheduler_config = config.scheduler
