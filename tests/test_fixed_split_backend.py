@@ -70,6 +70,9 @@ def test_a_launch_splits_apart_only_while_its_grid_leaves_sms_idle() -> None:
     assert plan.programs(PROGRAMS_PER_SM * 132, 132, 4096) == 1  # a full grid: one program
     assert plan.programs(8, 132, 4096) == 16 and plan.programs(40, 132, 4096) == 7
     assert FixedSplitPlan(split_keys=64, max_splits=1).programs(1, 132, 4096) == 1
+    # Two programs would share the splits (a grid of 132-263): walked in one instead.
+    assert plan.programs(132, 132, 4096) == 1 and plan.programs(131, 132, 4096) == 3
+    assert FixedSplitPlan(split_keys=256, max_splits=2).programs(1, 132, 4096) == 1
     # A workspace past the bound: walked in one program, however small the grid.
     assert plan.programs(1, 132, MAX_WORKSPACE_BYTES // 16) == 16
     assert plan.programs(1, 132, MAX_WORKSPACE_BYTES // 16 + 1) == 1
@@ -163,7 +166,10 @@ def test_the_warmup_runs_the_merge_before_ready(monkeypatch: pytest.MonkeyPatch)
     # One binary of the kernel serves both ways (the way is a runtime argument); the merge
     # kernel is another, compiled only where a split-apart launch runs. The plan's program
     # count never grows with the batch, and the warmup decodes one request alone, so if any
-    # batch runs apart in serving, the warmup ran the merge first.
+    # batch runs apart in serving, the warmup ran the merge first. One key tile a split: enough
+    # splits that a lone decode shares them among MIN_APART_PROGRAMS programs or more.
+    monkeypatch.setattr(triton_backend, "fixed_split_plan",
+                        lambda capacity, tile: FixedSplitPlan(tile, -(-capacity // tile)))
     runner = _deterministic_runner(3)
     seen = _record_ways(monkeypatch)
     result = warmup_forward_kernels(runner, runner.execute_model, runner.sample_tokens)

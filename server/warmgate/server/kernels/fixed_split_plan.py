@@ -16,9 +16,9 @@ Two decisions, kept apart because only the first shapes a token's arithmetic:
   and big batches, whose grid already fills the GPU). More: each split's state goes to a
   workspace and a second kernel folds them in the same order (way b: decodes, verifications
   and small mixed batches, whose grid would leave most SMs idle, while their workspace stays
-  under MAX_WORKSPACE_BYTES). The same float32 operations in the same order either way, so
-  this choice never changes a bit; it reads only the launch's host ints (fixed per captured
-  graph).
+  under MAX_WORKSPACE_BYTES, and at least MIN_APART_PROGRAMS would share them). The same
+  float32 operations in the same order either way, so this choice never changes a bit; it
+  reads only the launch's host ints (fixed per captured graph).
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ PROGRAMS_PER_SM = 2
 # The split-apart workspace, at most (max_splits float32 partials of every query row): past
 # it the batch has enough query rows to fill the GPU walking its splits in one program.
 MAX_WORKSPACE_BYTES = 64 << 20
+# Splitting apart in fewer programs than this does not pay for the workspace and the second
+# kernel: at two programs (32 requests on 8 KV heads) an H100 walked faster on llama-3.2-1b
+# (31.2 against 36.8 us at 512 keys, 99.6 against 117.3 at 2048) and llama-3.1-8b (49.2
+# against 157.1, 169.0 against 527.7): h100-fixed-split-attention-*.txt.
+MIN_APART_PROGRAMS = 3
 
 
 def cdiv(a: int, b: int) -> int:
@@ -52,11 +57,13 @@ class FixedSplitPlan:
         """Programs per (query block, request, KV head) for a launch whose unsplit grid has
         `unsplit_programs` programs and whose partials take `split_bytes` a split: enough to
         bring the grid to PROGRAMS_PER_SM per SM, at most one per split; 1 when the unsplit
-        grid already fills the GPU or the workspace would pass MAX_WORKSPACE_BYTES."""
+        grid already fills the GPU, the workspace would pass MAX_WORKSPACE_BYTES or fewer
+        than MIN_APART_PROGRAMS would share the splits."""
         if self.max_splits * split_bytes > MAX_WORKSPACE_BYTES:
             return 1
         wanted = cdiv(PROGRAMS_PER_SM * num_sms, max(unsplit_programs, 1))
-        return max(1, min(wanted, self.max_splits))
+        programs = min(wanted, self.max_splits)
+        return programs if programs >= MIN_APART_PROGRAMS else 1
 
 
 def fixed_split_plan(capacity: int, key_tile: int) -> FixedSplitPlan:
