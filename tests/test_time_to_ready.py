@@ -152,11 +152,12 @@ def test_breakdown_and_longest_compile_from_the_log() -> None:
 
 @pytest.mark.slow
 def test_a_server_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
-    # The last --model wins: the server refuses it at start-up and exits 2.
+    # The last --model wins: the server refuses it at start-up and exits 2. Nothing to
+    # byte-compile for that (test_end_to_end_on_the_cpu checks the step): it took 9 s here.
     proc = run_bench("bench/start.py time-to-ready", [
         "--write-checkpoint", "tiny", "--model-dir", str(tmp_path / "tiny"), "--device", "cpu",
         "--attention-backend", "torch", "--runs", "1", "--timeout", "120",
-        "--server-flag=--model=no-such-model"], timeout=300)
+        "--no-compile-bytecode", "--server-flag=--model=no-such-model"], timeout=300)
     assert proc.returncode != 0
     assert re.search(r"(?s)RuntimeError: server not SERVING \(exit code 2\).*no-such-model",
                      proc.stderr), proc.stderr[-3000:]
