@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_harness import run_bench
+from tests.bench_harness import load_script, run_bench
 from warmgate.server.devtools.ready_log import ReadyRun
 
 
@@ -81,6 +81,29 @@ def test_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     for phase in ("load", "compile", "kernels.prefill", "kernels.decode", "mixed"):
         assert f"phase.{phase}_s" in warm
     assert warm["warmup_total_s"] > 0
+
+
+def test_the_bytecode_step_compiles_every_source_the_walk_reaches(tmp_path: Path) -> None:
+    """What compileall's walk compiles (sources in subdirectories; not a __pycache__ or a
+    linked directory), each result read: a file that does not compile fails the step and the
+    later ones still compile."""
+    bench = load_script("bench/lib/time_to_ready.py")
+    tree = tmp_path / "tree"
+    for name in ("a.py", "pkg/b.py", "pkg/deeper/c.py", "pkg/__pycache__/stray.py",
+                 "zz_last.py"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text("X = 1\n")
+    (tree / "pkg" / "broken.py").write_text("def (:\n")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "linked.py").write_text("Y = 2\n")
+    (tree / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    _, result = bench._python(bench.BYTECODE_COMPILE, str(tmp_path / "no-stdlib"), str(tree))
+    compiled = sorted(str(p.relative_to(tree)) for p in tree.rglob("*.pyc"))
+    assert [re.sub(r"\.cpython-\d+", "", c) for c in compiled] == [
+        "__pycache__/a.pyc", "__pycache__/zz_last.pyc", "pkg/__pycache__/b.pyc",
+        "pkg/deeper/__pycache__/c.pyc"]
+    assert result["all_compiled"] is False  # broken.py
+    assert not list((tmp_path / "elsewhere").rglob("*.pyc"))
 
 
 def test_a_kept_cache_that_is_not_empty_is_refused(tmp_path: Path) -> None:
