@@ -41,6 +41,10 @@ pytest.importorskip("gguf")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 MAX_TOKENS = 64
+# The plain row beside the constrained ones: as long as a typical JSON row (they end after
+# 9-60 tokens), and no longer, since each batch runs until its longest row ends: a plain row
+# of MAX_TOKENS ran on alone after them, and so did its reference, checking nothing more.
+PLAIN_TOKENS = 32
 # Seeds per k: each run draws its own schemas.
 SEEDS = {0: (0, 1), 3: (3, 4)}
 SCHEMAS_PER_SEED = 2
@@ -164,13 +168,16 @@ def test_random_schemas_parse_validate_and_follow_the_unconstrained_reference(
                               f"else:\n{json.dumps(s)}") for s in schemas]
     specs = [GrammarSpec("json_schema", json.dumps(s)) for s in schemas]
     # Constrained rows share their batches with a plain one.
-    constrained = _run(model, k, [*zip(prompts, specs, strict=True), (prompts[0], None)])
-    # The first reference runs as long as the plain row beside the constrained ones, to be
-    # compared whole; the others only as long as their constrained output, the part the
-    # first-difference check reads.
+    constrained = _run(model, k, [*zip(prompts, specs, strict=True), (prompts[0], None)],
+                       [MAX_TOKENS] * len(prompts) + [PLAIN_TOKENS])
+    # Each reference runs only as long as its constrained output, the part the
+    # first-difference check reads; the first at least as long as the plain row beside the
+    # constrained ones (the same prompt), to be compared with it whole.
+    plain = constrained[-1].output_token_ids
     reference = _run(model, k, [(p, None) for p in prompts],
-                     [MAX_TOKENS, *_lengths(constrained[1:len(prompts)])])
-    assert constrained[-1].output_token_ids == reference[0].output_token_ids
+                     [max(len(plain), len(constrained[0].output_token_ids)),
+                      *_lengths(constrained[1:len(prompts)])])
+    assert plain == reference[0].output_token_ids[:len(plain)]
     completed = diverged = agreed = positions = 0
     for prompt, schema, spec, got, ref in zip(prompts, schemas, specs, constrained, reference,
                                               strict=False):

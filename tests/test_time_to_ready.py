@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_harness import run_bench
+from tests.bench_harness import load_script, run_bench
+from warmgate.server.devtools.checkpoint import write_checkpoint
 from warmgate.server.devtools.ready_log import ReadyRun
 
 
@@ -18,6 +19,16 @@ def time_to_ready(*args: str) -> str:
     proc = run_bench("bench/start.py time-to-ready", args, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny preset's checkpoint, written here once for the tests that only read it: the
+    bench's --write-checkpoint (test_end_to_end_on_the_cpu) is a process of its own, two
+    seconds of imports each time."""
+    directory = tmp_path_factory.mktemp("ttr") / "tiny"
+    write_checkpoint("tiny", directory, "cpu", "bfloat16")
+    return directory
 
 
 def _figures(out: str) -> dict:
@@ -83,6 +94,29 @@ def test_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     assert warm["warmup_total_s"] > 0
 
 
+def test_the_bytecode_step_compiles_every_source_the_walk_reaches(tmp_path: Path) -> None:
+    """What compileall's walk compiles (sources in subdirectories; not a __pycache__ or a
+    linked directory), each result read: a file that does not compile fails the step and the
+    later ones still compile."""
+    bench = load_script("bench/lib/time_to_ready.py")
+    tree = tmp_path / "tree"
+    for name in ("a.py", "pkg/b.py", "pkg/deeper/c.py", "pkg/__pycache__/stray.py",
+                 "zz_last.py"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text("X = 1\n")
+    (tree / "pkg" / "broken.py").write_text("def (:\n")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "linked.py").write_text("Y = 2\n")
+    (tree / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    _, result = bench._python(bench.BYTECODE_COMPILE, str(tmp_path / "no-stdlib"), str(tree))
+    compiled = sorted(str(p.relative_to(tree)) for p in tree.rglob("*.pyc"))
+    assert [re.sub(r"\.cpython-\d+", "", c) for c in compiled] == [
+        "__pycache__/a.pyc", "__pycache__/zz_last.pyc", "pkg/__pycache__/b.pyc",
+        "pkg/deeper/__pycache__/c.pyc"]
+    assert result["all_compiled"] is False  # broken.py
+    assert not list((tmp_path / "elsewhere").rglob("*.pyc"))
+
+
 def test_a_kept_cache_that_is_not_empty_is_refused(tmp_path: Path) -> None:
     (tmp_path / "old-entry").mkdir()
     proc = run_bench("bench/start.py time-to-ready",
@@ -92,11 +126,10 @@ def test_a_kept_cache_that_is_not_empty_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_load_only_compares_bare_and_warmgate(tmp_path: Path) -> None:
-    model_dir = tmp_path / "tiny"
-    out = time_to_ready("--write-checkpoint", "tiny", "--model-dir", str(model_dir),
-                        "--device", "cpu", "--runs", "1", "--load-only", "--cold-page-cache",
-                        "--no-compile-bytecode")
+def test_load_only_compares_bare_and_warmgate(tiny_dir: Path) -> None:
+    model_dir = tiny_dir
+    out = time_to_ready("--model-dir", str(model_dir), "--device", "cpu", "--runs", "1",
+                        "--load-only", "--cold-page-cache", "--no-compile-bytecode")
     assert "bytecode: not compiled (--no-compile-bytecode)" in out
     f = _figures(out)
     for which in ("load_page_cache_warm", "load_page_cache_cold"):
@@ -151,11 +184,12 @@ def test_breakdown_and_longest_compile_from_the_log() -> None:
 
 
 @pytest.mark.slow
-def test_a_server_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
-    # The last --model wins: the server refuses it at start-up and exits 2.
+def test_a_server_that_exits_is_reported_with_its_log(tiny_dir: Path) -> None:
+    # The last --model wins: the server refuses it at start-up and exits 2. Nothing to
+    # byte-compile for that (test_end_to_end_on_the_cpu checks the step): it took 9 s here.
     proc = run_bench("bench/start.py time-to-ready", [
-        "--write-checkpoint", "tiny", "--model-dir", str(tmp_path / "tiny"), "--device", "cpu",
-        "--attention-backend", "torch", "--runs", "1", "--timeout", "120",
+        "--model-dir", str(tiny_dir), "--device", "cpu", "--attention-backend", "torch",
+        "--runs", "1", "--timeout", "120", "--no-compile-bytecode",
         "--server-flag=--model=no-such-model"], timeout=300)
     assert proc.returncode != 0
     assert re.search(r"(?s)RuntimeError: server not SERVING \(exit code 2\).*no-such-model",

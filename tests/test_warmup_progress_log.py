@@ -78,12 +78,14 @@ SLOWED_SAMPLER = textwrap.dedent("""
     from warmgate.server.core import progress_log
     from warmgate.server.warmup import plan
 
-    progress_log.QUIET_S, progress_log.INTERVAL_S, progress_log.TICK_S = 0.3, 0.5, 0.05
+    # Lines every 0.2 s after 0.1 s; 25 steps 0.03 s longer keep the phase running for at
+    # least 0.75 s on any machine, so at least three lines fall inside it.
+    progress_log.QUIET_S, progress_log.INTERVAL_S, progress_log.TICK_S = 0.1, 0.2, 0.02
     real = plan.warmup_sampler
 
-    def slowed(runner, execute, sample, **kw):  # every sampler step 0.1 s longer
+    def slowed(runner, execute, sample, **kw):  # every sampler step 0.03 s longer
         def slow_execute(*a, **k):
-            time.sleep(0.1)
+            time.sleep(0.03)
             return execute(*a, **k)
         return real(runner, slow_execute, sample, **kw)
 

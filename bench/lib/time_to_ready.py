@@ -102,14 +102,30 @@ for p in paths:
 print(json.dumps({"dirs": dirs, "stdlib": os.path.realpath(sysconfig.get_paths()["stdlib"]),
                   "writable": all(os.access(d, os.W_OK) for d in dirs)}))
 """
+# compileall.compile_dir(workers=0) sends the pool one file per task: 11 s on 2 cores to find
+# a site-packages of 19,000 files already compiled (1.7 s in one process). The same files (its
+# walk: no __pycache__, no linked directory) go to compile_file in chunks instead.
 BYTECODE_COMPILE = """
-import compileall, json, re, sys, time
+import compileall, json, os, re, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 stdlib, dirs = sys.argv[1], sys.argv[2:]
+
+def sources(top):
+    for root, subdirs, names in os.walk(top):
+        subdirs[:] = [d for d in subdirs if d != "__pycache__"]
+        yield from (os.path.join(root, name) for name in names if name.endswith(".py"))
+
 t, ok = time.perf_counter(), True
-for d in dirs:
-    # The standard library's tree may hold site-packages (a pyenv Python): compiled on its own.
-    rx = re.compile(r"[/\\\\](site|dist)-packages[/\\\\]") if d == stdlib else None
-    ok = bool(compileall.compile_dir(d, quiet=2, workers=0, rx=rx)) and ok
+with ProcessPoolExecutor() as pool:
+    for d in dirs:
+        # The standard library's tree may hold site-packages (a pyenv Python): compiled on
+        # its own.
+        rx = re.compile(r"[/\\\\](site|dist)-packages[/\\\\]") if d == stdlib else None
+        # Every result read (all() stopping at the first False would cancel the rest).
+        done = list(pool.map(partial(compileall.compile_file, quiet=2, rx=rx), sources(d),
+                             chunksize=64))
+        ok = all(done) and ok
 print(json.dumps({"seconds": time.perf_counter() - t, "all_compiled": ok}))
 """
 

@@ -108,6 +108,8 @@ class GrammarRequests:
     def prepare(self) -> None:
         """Start the compile probes before ready, if the warmup built the model's backend
         (without it, the first grammar request builds both)."""
+        if grammar_unavailable_reason(self._text) is not None:
+            return  # no backend to find, and its module's import of xgrammar took a second
         from warmgate.server.serving.grammar.backend import built_backend
 
         backend = built_backend(self._text, self._vocab_size)
