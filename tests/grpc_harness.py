@@ -183,14 +183,11 @@ class ServerThread:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(TEST_TIMEOUT_S)
 
     def __enter__(self) -> ServerThread:
-        self._frozen = startup_objects_frozen()
-        self._frozen.__enter__()
-        try:
+        with contextlib.ExitStack() as stack:  # a failed start unfreezes at once
+            stack.enter_context(startup_objects_frozen())
             self._thread.start()
             self.running = self.call(create_server(self._config, engine=self._engine))
-        except BaseException:
-            self._frozen.__exit__(None, None, None)
-            raise
+            self._unfreeze = stack.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -200,7 +197,7 @@ class ServerThread:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(TEST_TIMEOUT_S)
             self._loop.close()
-            self._frozen.__exit__(None, None, None)
+            self._unfreeze.close()
 
 
 @contextlib.contextmanager

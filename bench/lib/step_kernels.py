@@ -92,7 +92,8 @@ def main() -> int:
                            4 * len(batches) * args.steps + 64,
                            deterministic=mode == "deterministic", pdl=pdl)
         except ConfigError as exc:
-            print(f"step-kernels: {backend} --pdl: {exc.message}", file=sys.stderr)
+            print(f"step-kernels: {backend} ({mode}, pdl {'on' if pdl else 'off'}): "
+                  f"{exc.message}", file=sys.stderr)
             return 2
         driver = BatchDriver(runner)
         reqs = prefill(driver, max(batches), args.prompt_len, chunk=8)
