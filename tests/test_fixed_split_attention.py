@@ -29,7 +29,8 @@ from tests.fixed_split_helpers import (
     run_step,
 )
 from tests.kernel_device import kernel_device
-from warmgate.server.kernels.fixed_split_attention import _fixed_split_kernel, key_tile
+from warmgate.server.kernels import fixed_split_attention
+from warmgate.server.kernels.fixed_split_attention import _fixed_split_kernel, fold_rows, key_tile
 
 DEVICE = kernel_device(_fixed_split_kernel)
 
@@ -142,3 +143,29 @@ def test_a_request_with_no_query_tokens_leaves_the_others_of_its_prefill_alone()
     prefill = _step([Part(probe, 0, 0), Part(probe, 0, C + 2)], 1, torch.float32)
     whole = _step([Part(probe, 0, LENGTH)], 1, torch.float32)[0]
     assert prefill[0].shape[0] == 0 and torch.equal(prefill[1], whole[:C + 2])
+
+
+def test_the_fold_takes_rows_of_its_own_that_fit_its_registers() -> None:
+    # llama-3.1-8b (group 4, head_dim 128) under the attention's 128 rows: 16, not 128.
+    assert fold_rows(128, 4, 128) == 16
+    assert fold_rows(128, 4, 64) == 32  # llama-3.2-1b
+    assert fold_rows(16, 2, 16) == 16  # never more than the attention's
+    assert fold_rows(128, 8, 512) == 8  # at least a token's query heads
+    assert fold_rows(128, 3, 2048) == 4
+
+
+def test_the_folds_row_blocks_do_not_change_a_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fold in programs of one token's query heads (not the attention's row block): the
+    same bits as walking the splits in one program, for prefill chunks, decodes and
+    verifications beside other requests."""
+    monkeypatch.setattr(fixed_split_attention, "FOLD_TILE_ELEMENTS", 16)
+    assert fold_rows(16, NUM_HEADS // NUM_KV_HEADS, 16) == 2  # block_q 1 against the kernel's 8
+    probe, other = _request(9, LENGTH, torch.float32), _request(10, LENGTH + 3, torch.float32)
+    steps = ([Part(other, 4, 3), Part(probe, C - 3, C + 9)],  # a chunk across two boundaries
+             [Part(other, 2 * C, 1), *(Part(probe, p, 1) for p in EDGES)],
+             [Part(probe, C - 2, 4), Part(other, 2 * C - 3, 4)])
+    for parts in steps:
+        walked = _step(parts, 1, torch.float32, seed=2)
+        apart = _step(parts, MAX_SPLITS, torch.float32, seed=2)
+        for a, b in zip(walked, apart, strict=True):
+            assert torch.equal(a, b), [(p.start, p.q_len) for p in parts]

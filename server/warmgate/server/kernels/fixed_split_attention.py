@@ -16,6 +16,8 @@ _split_state.fold_split. Two ways to run it, with the same bits:
 Rows, query block (BLOCK_M, BLOCK_Q), key tile (BLOCK_N) and warps are the varlen kernel's
 (varlen_tiles), the same for every query length, so a token's per-tile arithmetic is the
 same in every batch; one compiled binary serves both ways (the way is a runtime argument).
+The fold kernel has rows of its own (fold_rows): it does no dot, only elementwise float32
+operations per row, so how rows are grouped into programs never changes a bit.
 
 No host sync, and the workspace's shape comes from q's token count and the block table's
 width: safe to capture in a CUDA graph. Runtime ints that vary with the batch are never
@@ -33,6 +35,16 @@ from warmgate.server.kernels._launch import ieee_dots, pow2, prepare_paged_atten
 from warmgate.server.kernels._split_state import fold_split, normalised, query_rows
 from warmgate.server.kernels.fixed_split_plan import cdiv
 from warmgate.server.kernels.varlen_attention import varlen_tiles
+
+# The fold holds two [rows, head_dim] float32 tiles (the running state and the split it
+# loads) in 4 warps. At the attention's 128 rows and head_dim 128 that is 256 registers a
+# thread, past the register file: on an H100 the fold then took 955 us of llama-3.1-8b's
+# 7.2 ms batch-1 step (30 us a layer, h100-step-kernels-det.txt), and way (b) ran slower
+# than walking the splits in one program at every program count (h100-fixed-split-
+# attention-llama-3.1-8b.txt); llama-3.2-1b, at head_dim 64, gained from it. At most this
+# many elements a tile: 16 registers a thread.
+FOLD_TILE_ELEMENTS = 2048
+FOLD_WARPS = 4
 
 
 @triton.jit(do_not_specialize=["num_tokens", "split_programs", "write_partials"])
@@ -144,6 +156,12 @@ def query_blocks(query_len: int, group: int, head_dim: int, dtype: torch.dtype,
     return cdiv(query_len, block_m // group)
 
 
+def fold_rows(block_m: int, group: int, block_d: int) -> int:
+    """The fold kernel's rows a program: at most the attention's, at most
+    FOLD_TILE_ELEMENTS // block_d, and at least one token's worth of query heads."""
+    return max(pow2(group), min(block_m, pow2(FOLD_TILE_ELEMENTS // block_d)))
+
+
 def split_bytes(num_tokens: int, num_heads: int, head_dim: int) -> int:
     """The workspace one split takes in way (b): acc, m and l of every query row, float32."""
     return num_tokens * num_heads * (head_dim + 2) * 4
@@ -209,8 +227,11 @@ def paged_attention_fixed_split(
         num_warps=num_warps, num_stages=num_stages, **consts,
     )
     if programs > 1:
-        _fold_partials_kernel[(q_blocks, num_reqs, launch.num_kv_heads)](
+        fold_m = fold_rows(block_m, group, consts["BLOCK_D"])
+        fold_consts = dict(consts, BLOCK_M=fold_m, BLOCK_Q=fold_m // group)
+        _fold_partials_kernel[(triton.cdiv(max_query_len, fold_m // group), num_reqs,
+                               launch.num_kv_heads)](
             part_acc, part_m, part_l, seq_lens, query_start_loc, out,
-            out.stride(0), out.stride(1), num_tokens, num_warps=4, **consts,
+            out.stride(0), out.stride(1), num_tokens, num_warps=FOLD_WARPS, **fold_consts,
         )
     return out
