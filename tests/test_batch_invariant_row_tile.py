@@ -9,6 +9,7 @@ Runs in the Triton interpreter on the CPU (compiled kernels when a GPU is presen
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 
 import pytest
@@ -17,7 +18,7 @@ import torch
 pytest.importorskip("triton")
 
 from tests.kernel_device import kernel_device
-from warmgate.server.kernels import batch_invariant
+from warmgate.server.kernels import batch_invariant, matmul_plan
 from warmgate.server.kernels.batch_invariant import _matmul_kernel, matmul
 from warmgate.server.kernels.matmul_plan import (
     BLOCK_M,
@@ -61,6 +62,19 @@ def test_a_split_weight_keeps_the_plans_tile_at_every_row_count() -> None:
         assert plan.splits > 1, (n, k)
         for m in (1, 127, 128, 2048, 8192):
             assert row_tile(m, plan) == (64, plan.num_warps) == (64, 4), (n, k, m)
+
+
+def test_an_unsplit_plan_is_logged_with_its_tall_tile(caplog: pytest.LogCaptureFixture) -> None:
+    planned_tiles.cache_clear()
+    with caplog.at_level(logging.DEBUG, logger=matmul_plan.__name__):
+        planned_tiles(28672, 4096, 132)
+        planned_tiles(4096, 14336, 132)
+    lines = [r.getMessage() for r in caplog.records if r.name == matmul_plan.__name__]
+    assert lines == [
+        "batch-invariant matmul: weight 28672x4096 on 132 SMs -> 1 splits of 0 K tiles, "
+        "tiles 64x128x64, 8 warps; from 128 rows 128-row tiles, 8 warps",
+        "batch-invariant matmul: weight 4096x14336 on 132 SMs -> 5 splits of 45 K tiles, "
+        "tiles 64x64x64, 4 warps"]
 
 
 class _Recorder:
