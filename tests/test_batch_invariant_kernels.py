@@ -95,8 +95,10 @@ def test_matmul_row_is_batch_invariant(dtype: torch.dtype) -> None:
 
 def test_matmul_launch_ignores_the_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every compile-time choice of the launch (tiles, warps, stages, dot flags) is the same for
-    1 row as for 72. On the GPU another BLOCK_M is another instruction schedule; the
-    interpreter's per-tile products would hide that, so the launch itself is recorded."""
+    1 row as for 72: under the 128 rows from which an unsplit weight's launch takes taller row
+    tiles (tests/test_batch_invariant_row_tile.py). On the GPU another tile is another
+    instruction schedule; the interpreter's per-tile products would hide that, so the launch
+    itself is recorded."""
     launches: list[dict[str, object]] = []
 
     class Recorder:

@@ -4,11 +4,14 @@ shape of a model and per row count, in CUDA graphs (the way decode runs: no laun
 Each graph calls the GEMM once per "layer", every layer with its own copy of the weight, so the
 weight bytes cross HBM as a model's layers would (the copies together are several times the
 L2). Columns: cuBLAS; the kernel unsplit (S = 1, what --deterministic ran before the K split);
-the plan (matmul_plan: S from N and K, splits as programs of their own or walked in one
-program by M); the plan's S forced into either way; other S for comparison. Then a checks
-table: the plan against a float32 reference, a row alone against the same row inside batches
-of 64, 65 and 130, the two ways of running the splits against each other, and 128-row tiles
-(column M128) and the other column tile against the plan's, bit for bit.
+the plan as the server launches it (matmul_plan: S from N and K, splits as programs of their
+own or walked in one program by M, and the row tile by M: an unsplit weight's 128 rows from
+128 rows up); the plan's S forced into either way; other S for comparison; an unsplit
+weight's plan forced to 64-row tiles (M64) at every M; the plan forced to 128-row tiles (M128)
+at every M. Then a checks line per shape: the server's launch against a float32 reference, a
+row alone against the same row inside batches of 64, 65 and 130 (130 rows take an unsplit
+weight's 128-row tiles, one row its 64-row tile), the two ways of running the splits against
+each other, and 128-row tiles and the other column tile against the 64-row plan, bit for bit.
 
     python bench/lib/invariant_matmul_gpu.py [--model llama-3.2-1b|llama-3.1-8b]
 """
@@ -24,6 +27,8 @@ from graph_timing import graph_us, projection_shapes
 
 from warmgate.server.kernels.batch_invariant import matmul
 from warmgate.server.kernels.matmul_plan import (
+    TALL_BLOCK_M,
+    TALL_NUM_WARPS,
     MatmulTiles,
     device_sm_count,
     matmul_tiles,
@@ -54,6 +59,11 @@ def with_splits(t: MatmulTiles, k: int, splits: int) -> MatmulTiles:
     return dataclasses.replace(t, splits=s, k_tiles_per_split=per if s > 1 else 0)
 
 
+def tall_tiles(plan: MatmulTiles) -> MatmulTiles:
+    """The plan with the row tile an unsplit weight's launch takes from TALL_BLOCK_M rows."""
+    return dataclasses.replace(plan, block_m=TALL_BLOCK_M, num_warps=TALL_NUM_WARPS)
+
+
 def other_block_n(plan: MatmulTiles) -> int:
     """The column tile compared with the plan's: 128 beside 64, 64 beside anything else."""
     return 128 if plan.block_n == 64 else 64
@@ -75,8 +85,9 @@ def main() -> None:
         weights = [torch.randn(n, k, device=dev, generator=gen, dtype=torch.bfloat16) / k ** 0.5
               for _ in range(layers)]
         plan = matmul_tiles(n, k, sms)
+        # "plan": no tiles given, so the launch's row tile follows M as the server's does.
         variants: dict[str, tuple[MatmulTiles | None, int | None]] = {
-            "S=1": (with_splits(plan, k, 1), sms), "plan": (plan, sms)}
+            "S=1": (with_splits(plan, k, 1), sms), "plan": (None, sms)}
         if plan.splits > 1:
             variants["plan-par"] = (plan, PARALLEL)
             variants["plan-one"] = (plan, ONE_PROGRAM)
@@ -90,9 +101,13 @@ def main() -> None:
             wide = dataclasses.replace(plan, block_n=bn, num_warps=8 if bn == 128 else 4)
             wide = with_splits(wide, k, split_count(-(-n // bn), -(-k // plan.block_k), sms))
             variants[f"N{bn},S={wide.splits}"] = (wide, sms)
-        # Taller row tiles for prefill-sized M, if they round each row as the plan's do (the
-        # checks say): the tile's MMA steps along K are the same, only more rows share them.
-        variants["M128"] = (dataclasses.replace(plan, block_m=128, num_warps=8), sms)
+        # Given tiles are launched as they are at every M: the 64-row plan (an unsplit weight's
+        # plan column takes 128 rows from 128 rows up; a split weight's is this already), and
+        # 128-row tiles, whose rows round as the plan's do (the checks say): the tile's MMA
+        # steps along K are the same, only more rows share them.
+        if plan.splits == 1:
+            variants["M64"] = (plan, sms)
+        variants["M128"] = (tall_tiles(plan), sms)
         print(f"\n{name}: N={n} K={k}, {layers} layers, plan S={plan.splits} x "
               f"{plan.k_tiles_per_split} K tiles, BLOCK_N={plan.block_n}")
         print(f"{'M':>5} {'cublas':>8} " + " ".join(f"{v:>11}" for v in variants))
@@ -114,24 +129,25 @@ def main() -> None:
 def check(n: int, k: int, w: torch.Tensor, plan: MatmulTiles, sms: int,
           gen: torch.Generator) -> None:
     x = torch.randn(130, k, device=w.device, generator=gen, dtype=torch.bfloat16)
-    out = matmul(x, w, tiles=plan, sm_count=sms)
+    served = matmul(x, w, sm_count=sms)  # the server's launch: 130 rows, its row tile
     ref = x.float() @ w.float().T
-    err = ((out.float() - ref).norm() / ref.norm()).item()
-    alone = torch.cat([matmul(x[r:r + 1], w, tiles=plan, sm_count=sms) for r in (0, 63, 64, 129)])
-    inv = all(torch.equal(matmul(x[:mm], w, tiles=plan, sm_count=sms)[r], alone[i])
+    err = ((served.float() - ref).norm() / ref.norm()).item()
+    alone = torch.cat([matmul(x[r:r + 1], w, sm_count=sms) for r in (0, 63, 64, 129)])
+    inv = all(torch.equal(matmul(x[:mm], w, sm_count=sms)[r], alone[i])
               for mm in (64, 65, 130) for i, r in enumerate((0, 63, 64, 129)) if r < mm)
     ways = torch.equal(matmul(x, w, tiles=plan, sm_count=PARALLEL),
                        matmul(x, w, tiles=plan, sm_count=ONE_PROGRAM))
-    # Other tile shapes with the same K ranges: are the bits the plan's? (If so, a tile could
-    # follow M without a row rounding differently alone and in a batch.)
-    tall = dataclasses.replace(plan, block_m=128, num_warps=8)
+    # Other tile shapes with the same K ranges against the 64-row plan's, forced at 130 rows:
+    # the same bits let the row tile follow M without a row rounding differently alone and in
+    # a batch (the server's 128 rows of an unsplit weight rely on it).
+    out = matmul(x, w, tiles=plan, sm_count=sms)
     bn = other_block_n(plan)
     other_n = dataclasses.replace(plan, block_n=bn, num_warps=8 if bn == 128 else 4)
-    same_m = torch.equal(out, matmul(x, w, tiles=tall, sm_count=sms))
+    same_m = torch.equal(out, matmul(x, w, tiles=tall_tiles(plan), sm_count=sms))
     same_n = torch.equal(out, matmul(x, w, tiles=other_n, sm_count=sms))
     print(f"check N={n} K={k}: rel err {err:.2e}, row alone == in batch: {inv}, "
-          f"splits apart == in one program: {ways}, BLOCK_M 128 == {plan.block_m}: {same_m}, "
-          f"BLOCK_N {other_n.block_n} == {plan.block_n}: {same_n}")
+          f"splits apart == in one program: {ways}, BLOCK_M {TALL_BLOCK_M} == {plan.block_m}: "
+          f"{same_m}, BLOCK_N {other_n.block_n} == {plan.block_n}: {same_n}")
 
 
 if __name__ == "__main__":

@@ -2,13 +2,15 @@
 
 The default GEMM picks another algorithm, tiling or split-K for another token count, so the
 same row can round differently alone and inside a batch. Here every choice that shapes a row's
-arithmetic (tile sizes, the K split, reduction order, warps) is a function of the reduced and
-output widths (and the device's SM count) only, never of the row count:
-- `matmul`: x @ w.T with BLOCK_M/N/K tiles and a K split S from (N, K) (kernels/
+arithmetic (the K split, the column and K tiles, the order of additions) is a function of the
+reduced and output widths (and the device's SM count) only, never of the row count:
+- `matmul`: x @ w.T with BLOCK_N/K tiles and a K split S from (N, K) (kernels/
   matmul_plan.py); each output element sums each of its S fixed K ranges in order in float32,
   then the S partials in the order 0..S-1 in float32, whether the splits ran as programs of
   their own (decode-sized M: partials to a workspace, summed by `_sum_splits_kernel`) or one
-  after another in one program (prefill-sized M);
+  after another in one program (prefill-sized M). The row tile (BLOCK_M) is per launch: an
+  unsplit weight's prefill-sized launch takes 128 rows, any other 64; it decides which rows
+  share a program, not any row's order of additions (matmul_plan.row_tile);
 - `log_softmax`: one program per row, the vocabulary walked in fixed-size chunks;
 - `rms_norm`: kernels/rms_norm.py already is one program per row reducing the whole row in one
   block, so it is re-exported here rather than duplicated (tests pin that property).
@@ -35,6 +37,7 @@ from warmgate.server.kernels.matmul_plan import (
     device_sm_count,
     matmul_tiles,
     planned_tiles,
+    row_tile,
     splits_in_parallel,
 )
 from warmgate.server.kernels.rms_norm import rms_norm
@@ -139,8 +142,10 @@ def matmul(x: torch.Tensor, w: torch.Tensor, *, tiles: MatmulTiles | None = None
            sm_count: int | None = None) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype, accumulated in float32.
 
-    tiles (default: the plan for w's shape) and sm_count (default: the device's) are there for
-    tests and benchmarks; a row's bits depend on tiles, never on sm_count alone."""
+    tiles (default: the plan for w's shape, its row tile chosen for M by row_tile) and
+    sm_count (default: the device's) are there for tests and benchmarks: given tiles are
+    launched as they are, whatever M. A row's bits depend on the plan's K split and column and
+    K tiles, never on sm_count alone nor on the row tile."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"matmul: x {tuple(x.shape)} and w {tuple(w.shape)} are not "
                          "[M, K] and [N, K]")
@@ -155,7 +160,9 @@ def matmul(x: torch.Tensor, w: torch.Tensor, *, tiles: MatmulTiles | None = None
         return out
     sms = device_sm_count(x.device) if sm_count is None else sm_count
     t = planned_tiles(n, k, sms) if tiles is None else tiles
-    tile_grid = triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n)
+    # row_tile keeps a split weight's BLOCK_M, the one splits_in_parallel counts programs by.
+    block_m, num_warps = row_tile(m, t) if tiles is None else (t.block_m, t.num_warps)
+    tile_grid = triton.cdiv(m, block_m) * triton.cdiv(n, t.block_n)
     parallel = splits_in_parallel(m, n, k, t, sms, x.element_size())
     # The workspace [S, M, N] only when the splits run apart. Otherwise ws is never read: with
     # one split any tensor will do; with several, a float32 one, so that a shape's one binary
@@ -168,9 +175,9 @@ def matmul(x: torch.Tensor, w: torch.Tensor, *, tiles: MatmulTiles | None = None
         a, b, out, ws, m, n, k,
         a.stride(0), b.stride(0), out.stride(0), 1 if parallel else t.splits,
         UPCAST=upcast_dots(a), IEEE=ieee_dots(a.dtype),
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
         SPLITS=t.splits, K_TILES_PER_SPLIT=t.k_tiles_per_split,
-        num_warps=t.num_warps, num_stages=t.num_stages)
+        num_warps=num_warps, num_stages=t.num_stages)
     if parallel:
         _sum_splits_kernel[(m, triton.cdiv(n, _SUM_BLOCK_N))](
             ws, out, m, n, out.stride(0), SPLITS=t.splits, BLOCK_N=_SUM_BLOCK_N,

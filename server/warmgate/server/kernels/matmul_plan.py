@@ -1,10 +1,16 @@
 """How the batch-invariant matmul (kernels/batch_invariant.py) cuts one weight shape [N, K].
 
-Two decisions, kept apart because only the first shapes a row's arithmetic:
+Three decisions, kept apart because only the first shapes a row's arithmetic:
 - `matmul_tiles(n, k, sm_count)`: the tiles and the K split S. A pure function of the weight's
   shape and the device's SM count, never of the row count M, so a row rounds the same way in
   every batch. Split s sums K tiles [s * per, (s + 1) * per) in increasing order in float32,
   then the S partial sums are added in the order 0..S-1 in float32.
+- `row_tile(m, tiles)`: the rows (and warps) of a launch's tile. An unsplit weight (S = 1)
+  launched for at least TALL_BLOCK_M rows takes TALL_BLOCK_M-row tiles, any other launch the
+  plan's BLOCK_M. A taller tile only puts more rows beside each other; every row still runs
+  the same BLOCK_K steps along K in the same order, each a product summed into its float32
+  accumulator, so its bits are the same (bench/lib/invariant_matmul_gpu.py's check "BLOCK_M
+  128 == 64" held on an H100 for every weight shape of llama-3.1-8b and llama-3.2-1b).
 - `splits_in_parallel(m, n, k, tiles, sm_count, element_bytes)`: whether the S splits of a
   launch run as S programs writing float32 partials to a workspace (then summed by a second
   kernel), or one program walks them in turn and adds each into a running float32 total.
@@ -24,9 +30,18 @@ from warmgate.server.kernels._launch import pow2
 
 logger = logging.getLogger(__name__)
 
-# A fixed row tile: sizing it from M (the token count) is exactly what makes default GEMMs
-# batch dependent, and another BLOCK_M is another MMA instruction schedule on the GPU.
+# The plan's row tile: every launch of a split weight, and of any weight under TALL_BLOCK_M
+# rows. A row's bits do not follow the row tile (row_tile), only the launch's speed does.
 BLOCK_M = 64
+# The row tile of an unsplit weight's launch of at least this many rows (prefill sizes), with
+# TALL_NUM_WARPS warps: twice the rows share each weight tile read, where the 64-row tiles ran
+# 1.6-3.9x cuBLAS. On an H100 the 8B's gate_up at 512 rows ran 330 against 549 us (cuBLAS
+# 159), at 2048 rows 1309 against 2401; its head at 512 rows 1477 against 2830, at 128 rows
+# 374 against 710 (cuBLAS 378). Below 128 rows it was no faster (the head at 1-64 rows 352
+# against 349 us). Split weights keep BLOCK_M: at prefill sizes the taller tile ran them
+# faster at some and up to 50% slower at others.
+TALL_BLOCK_M = 128
+TALL_NUM_WARPS = 8
 MAX_BLOCK_N = 128
 # The column tile of a weight that splits K (a narrow N): twice the N tiles for as many
 # programs, so fewer splits (a smaller workspace, a shorter sum). On an H100 it ran every split
@@ -49,7 +64,8 @@ NOMINAL_SM_COUNT = 132
 
 @dataclass(frozen=True)
 class MatmulTiles:
-    """The launch of one (N, K) weight shape; the same for every row count."""
+    """The plan of one (N, K) weight shape, the same for every row count: the K split, column
+    and K tiles, and the row tile and warps of a launch that row_tile leaves at the plan's."""
 
     block_m: int
     block_n: int
@@ -97,6 +113,17 @@ def matmul_tiles(n: int, k: int, sm_count: int = NOMINAL_SM_COUNT) -> MatmulTile
                        splits=splits, k_tiles_per_split=per if splits > 1 else 0)
 
 
+def row_tile(m: int, tiles: MatmulTiles) -> tuple[int, int]:
+    """(BLOCK_M, num_warps) of a launch of m rows: TALL_BLOCK_M rows and TALL_NUM_WARPS warps
+    for an unsplit weight (S = 1) at m >= TALL_BLOCK_M, else the plan's. Per launch, like
+    splits_in_parallel: the tile changes which rows share a program, never a row's sum (the
+    module's docstring). A launch of m rows compiles the binary of its row tile, so the warmup
+    runs every m a served batch can launch at (warmup/gemm_shapes.py)."""
+    if tiles.splits == 1 and m >= TALL_BLOCK_M:
+        return TALL_BLOCK_M, TALL_NUM_WARPS
+    return tiles.block_m, tiles.num_warps
+
+
 def splits_in_parallel(m: int, n: int, k: int, tiles: MatmulTiles, sm_count: int,
                        element_bytes: int) -> bool:
     """Whether the S splits run as programs of their own (a float32 workspace and a summing
@@ -129,10 +156,14 @@ def device_sm_count(device: torch.device) -> int:
 
 @functools.cache
 def planned_tiles(n: int, k: int, sm_count: int) -> MatmulTiles:
-    """matmul_tiles, logged the first time a shape is planned."""
+    """matmul_tiles, logged the first time a shape is planned (with the taller row tile of
+    its prefill-sized launches, if it has one)."""
     tiles = matmul_tiles(n, k, sm_count)
+    tall_m, tall_warps = row_tile(TALL_BLOCK_M, tiles)
+    tall = (f"; from {TALL_BLOCK_M} rows {tall_m}-row tiles, {tall_warps} warps"
+            if tall_m != tiles.block_m else "")
     logger.debug("batch-invariant matmul: weight %dx%d on %d SMs -> %d splits of %d K tiles, "
-                 "tiles %dx%dx%d, %d warps", n, k, sm_count, tiles.splits,
+                 "tiles %dx%dx%d, %d warps%s", n, k, sm_count, tiles.splits,
                  tiles.k_tiles_per_split, tiles.block_m, tiles.block_n, tiles.block_k,
-                 tiles.num_warps)
+                 tiles.num_warps, tall)
     return tiles

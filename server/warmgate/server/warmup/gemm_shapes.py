@@ -13,9 +13,12 @@ projections of a decoder layer repeat in every layer, so one sweep per distinct 
 every layer; the vocabulary head runs eagerly on every step, at 1..max logits rows. On CUDA
 only: the CPU's GEMMs keep no per-shape state. Each GEMM is the model's own (its ops'
 `linear`): under --deterministic the batch-invariant Triton matmul, which compiles here, once
-per weight shape (the row count is not a specialisation), instead of cuBLAS choosing; a weight
-it splits along K also launches the split-summing kernel at the small token counts, so that
-compiles here too (kernels/matmul_plan.py). Where the Triton GEMV may run a linear of a few
+per weight shape and row tile (the row count is not a specialisation, but an unsplit weight's
+launches of 128 tokens or more take taller row tiles: a second binary, compiled here at those
+counts, or by the eager run before a CUDA graph's capture where a graph holds them), instead
+of cuBLAS choosing; a weight it splits along K also launches the
+split-summing kernel at the small token counts, so that compiles here too
+(kernels/matmul_plan.py). Where the Triton GEMV may run a linear of a few
 rows (kernels/dense_gemv.py), its binaries compile here too, one per weight shape and row
 bucket, for the cuda_graphs phase to time it against cuBLAS (runner/linear_tuning.py).
 """
