@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ import torch
 pytest.importorskip("triton")
 
 from tests.kernel_device import kernel_device
+from tests.launch_recorder import LaunchRecorder
 from warmgate.server.kernels import batch_invariant, matmul_plan
 from warmgate.server.kernels.batch_invariant import _matmul_kernel, matmul
 from warmgate.server.kernels.matmul_plan import (
@@ -77,23 +77,12 @@ def test_an_unsplit_plan_is_logged_with_its_tall_tile(caplog: pytest.LogCaptureF
         "tiles 64x64x64, 4 warps"]
 
 
-class _Recorder:
-    """Stands in for the kernel: records each launch's grid and keyword (compile-time) args."""
-
-    def __init__(self) -> None:
-        self.launches: list[tuple[tuple[int, ...], dict[str, object]]] = []
-
-    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
-        def launch(*args: object, **kwargs: object) -> None:
-            self.launches.append((grid, kwargs))
-        return launch
-
 
 def _launches(monkeypatch: pytest.MonkeyPatch, n: int, k: int, ms: tuple[int, ...],
               tiles: MatmulTiles | None = None) -> list[tuple[tuple[int, ...], dict[str, object]]]:
-    gemm = _Recorder()
+    gemm = LaunchRecorder()
     monkeypatch.setattr(batch_invariant, "_matmul_kernel", gemm)
-    monkeypatch.setattr(batch_invariant, "_sum_splits_kernel", _Recorder())
+    monkeypatch.setattr(batch_invariant, "_sum_splits_kernel", LaunchRecorder())
     w = torch.zeros(n, k, device=DEVICE)  # [N, K]
     for m in ms:
         matmul(torch.zeros(m, k, device=DEVICE), w, tiles=tiles, sm_count=NOMINAL_SM_COUNT)
@@ -190,7 +179,7 @@ def test_the_gemm_sweep_compiles_both_row_tiles_of_an_unsplit_weight(
     def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return matmul(x, w, sm_count=NOMINAL_SM_COUNT)
 
-    gemm = _Recorder()
+    gemm = LaunchRecorder()
     monkeypatch.setattr(batch_invariant, "_matmul_kernel", gemm)
     n, k = UNSPLIT
     weight = torch.zeros(n, k, device=DEVICE)  # [N, K]

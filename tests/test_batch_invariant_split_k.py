@@ -18,6 +18,7 @@ pytest.importorskip("triton")
 
 from triton.runtime.interpreter import InterpretedFunction
 
+from tests.launch_recorder import LaunchRecorder
 from tests.paged_reference import tolerance
 from warmgate.server.kernels import batch_invariant, matmul_plan
 from warmgate.server.kernels.batch_invariant import _matmul_kernel, matmul
@@ -129,23 +130,12 @@ def test_both_ways_of_running_the_splits_give_the_same_bits(dtype: torch.dtype) 
                        matmul(x, w, tiles=tiles, sm_count=1))
 
 
-class _Recorder:
-    """Stands in for a kernel: records each launch's grid and keyword (compile-time) args."""
-
-    def __init__(self) -> None:
-        self.launches: list[tuple[tuple[int, ...], dict[str, object]]] = []
-
-    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
-        def launch(*args: object, **kwargs: object) -> None:
-            self.launches.append((grid, kwargs))
-        return launch
-
 
 def test_the_launch_is_compiled_alike_for_every_row_count(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The same constexprs (tiles, split, warps) for 1 row as for 130, in either way; the
     summing kernel runs exactly when the splits ran apart, with the same constexprs."""
-    gemm, summing = _Recorder(), _Recorder()
+    gemm, summing = LaunchRecorder(), LaunchRecorder()
     monkeypatch.setattr(batch_invariant, "_matmul_kernel", gemm)
     monkeypatch.setattr(batch_invariant, "_sum_splits_kernel", summing)
     n, k = 96, 520  # two 64-wide column tiles (a split weight's, 4 warps), nine K tiles
@@ -227,7 +217,7 @@ def test_the_gemm_sweep_launches_both_kernels_of_a_split_weight(
     set of constexprs: every binary a served batch of that weight can launch compiles there."""
     from warmgate.server.warmup.gemm_shapes import gemm_sweep
 
-    gemm, summing = _Recorder(), _Recorder()
+    gemm, summing = LaunchRecorder(), LaunchRecorder()
     monkeypatch.setattr(batch_invariant, "_matmul_kernel", gemm)
     monkeypatch.setattr(batch_invariant, "_sum_splits_kernel", summing)
     weight = torch.zeros(256, 2048, device=DEVICE)  # [N, K]: 2 column tiles, 32 K tiles
