@@ -75,7 +75,8 @@ class ClientSecurity:
 # synchronous channel starts a new "channel spin" thread whenever a call begins on a channel
 # with none in flight (grpc/_channel.py _run_channel_spin_thread), so each Generate of a
 # client that sends one at a time paid a thread start, and every message a hop from that
-# thread to the reader: 0.3-0.5 ms of each time to first token on a 2-core host.
+# thread to the reader: 0.1-0.5 ms of each time to first token on a 2-core host
+# (bench/serve.py ttft-path).
 SINGLE_THREADED_STREAMS = (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)
 
 
