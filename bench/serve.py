@@ -35,6 +35,10 @@ COMMANDS = {
     "determinism": Command("determinism.py", "--deterministic: probes alone vs inside a busy "
                                              "workload bit for bit, and its cost against the "
                                              "default mode"),
+    "ttft-path": Command("ttft_path.py", "client and server TTFT of sequential Generates, "
+                                         "the engine's RUN from the worker thread vs the event "
+                                         "loop, grpc's default channel vs warmgate's, beside "
+                                         "gRPC's own floor"),
     "tp-greedy": Command("tp_greedy.py", "tensor parallel: greedy tokens at TP=N against TP=1, "
                                          "prompt by prompt"),
 }

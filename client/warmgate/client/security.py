@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import grpc.experimental
 
 ENV_TOKEN_FILE = "WARMGATE_CLIENT_TOKEN_FILE"
 ENV_TLS_CA = "WARMGATE_CLIENT_TLS_CA"
@@ -70,10 +71,20 @@ class ClientSecurity:
                    server_name=server_name)
 
 
+# A server stream (Generate, WatchStatus) read on the thread that iterates it. Otherwise grpc's
+# synchronous channel starts a new "channel spin" thread whenever a call begins on a channel
+# with none in flight (grpc/_channel.py _run_channel_spin_thread), so each Generate of a
+# client that sends one at a time paid a thread start, and every message a hop from that
+# thread to the reader: 0.1-0.5 ms of each time to first token on a 2-core host
+# (bench/serve.py ttft-path).
+SINGLE_THREADED_STREAMS = (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)
+
+
 def sync_channel(target: str, security: ClientSecurity) -> grpc.Channel:
+    options = [*security.options(), SINGLE_THREADED_STREAMS]
     if security.uses_tls:
-        return grpc.secure_channel(target, security.channel_credentials(), security.options())
-    return grpc.insecure_channel(target, security.options())
+        return grpc.secure_channel(target, security.channel_credentials(), options)
+    return grpc.insecure_channel(target, options)
 
 
 def aio_channel(target: str, security: ClientSecurity) -> grpc.aio.Channel:

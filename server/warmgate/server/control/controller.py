@@ -183,11 +183,13 @@ class WarmupController:
         (Readiness.add_ready_hook)."""
         self._readiness.add_ready_hook(fn)
 
-    async def run_serving(self, fn: Callable[[], None]) -> None:
-        """fn (the serving loop) on the worker, between runner jobs; a fatal device error
-        takes the server down and ends fn's callers with UNAVAILABLE."""
+    async def run_serving(self, fn: Callable[[], None],
+                          start: Callable[[], None] | None = None) -> None:
+        """fn (the serving loop) on the worker, between runner jobs, after start() on the
+        event loop; a fatal device error takes the server down and ends fn's callers with
+        UNAVAILABLE."""
         try:
-            await self._worker.run_between_jobs(fn)
+            await self._worker.run_between_jobs(fn, start)
         except FatalDeviceError as exc:
             await self.device_lost(exc)
             raise ShuttingDown() from exc

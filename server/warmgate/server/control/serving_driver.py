@@ -41,6 +41,10 @@ class LoopHost(Protocol):
     @property
     def has_work(self) -> bool: ...
 
+    def begin_run(self) -> None:
+        """On the event loop, once the runner is this loop's and just before run() goes to
+        the worker thread (a loop in another process starts here)."""
+
     def run(self, should_yield: Callable[[], bool]) -> None: ...
 
     def occupancy(self) -> Occupancy: ...
@@ -130,7 +134,8 @@ class ServingDriver:
         serving = self._require_loop()
         try:
             while serving.has_work:
-                await self._controller.run_serving(lambda: serving.run(self._should_yield))
+                await self._controller.run_serving(lambda: serving.run(self._should_yield),
+                                                   serving.begin_run)
         except Exception as exc:  # ShuttingDown, a fatal device error, or a bug
             if not isinstance(exc, ShuttingDown):
                 log_failure(logger, exc, "the serving loop failed; ending every stream")

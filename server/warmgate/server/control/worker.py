@@ -94,11 +94,15 @@ class RunnerWorker:
                 self._jobs_waiting -= 1
             self._tracker.job_done()
 
-    async def run_between_jobs(self, fn: Callable[[], None]) -> None:
+    async def run_between_jobs(self, fn: Callable[[], None],
+                               start: Callable[[], None] | None = None) -> None:
         """fn (the serving loop) on the worker, between runner jobs; jobs queued meanwhile
-        go first once fn returns (asyncio.Lock wakes waiters in order)."""
+        go first once fn returns (asyncio.Lock wakes waiters in order). `start` runs here on
+        the event loop once the runner is ours, before fn is handed to the worker thread."""
         async with self._lock:
             self.check_open()
+            if start is not None:
+                start()
             await self.run(fn)
 
     async def run(self, fn: Callable[[], T]) -> T:

@@ -108,6 +108,9 @@ class ServingLoop:
             queued = bool(self._inbox or self._aborts)
         return queued or self.scheduler.has_runner_work or self._inflight is not None
 
+    def begin_run(self) -> None:
+        """Nothing to start ahead: run() steps on the worker thread it is called on."""
+
     # -- the worker thread --------------------------------------------------------------
 
     def run(self, should_yield: Callable[[], bool]) -> None:
