@@ -75,6 +75,7 @@ def test_a_miss_is_cublas_counted_and_logged_once_never_timed(
         assert not choices.use_gemv(3, w)
         assert not choices.use_gemv(3, w)
         assert not choices.use_gemv(MAX_M + 1, w)  # above the bound: cuBLAS, not a miss
+        assert not choices.use_gemv(0, w)  # no rows: nothing launches, not a miss
     assert choices.misses == 2
     assert [r.getMessage() for r in caplog.records] == [
         "dense linear 48x80:bfloat16:m3: not timed by the warmup, runs cuBLAS (1 misses so "

@@ -85,7 +85,9 @@ class LinearChoices:
     def use_gemv(self, m: int, weight: torch.Tensor, op: str = LINEAR) -> bool:
         """Whether op on m rows and weight runs the Triton kernel: a host-side lookup, never a
         timing."""
-        if m > self.max_m:
+        # No rows (the head of a step whose prefill chunks end no prompt samples none): there
+        # is nothing to launch or time, so it is no miss either.
+        if m < 1 or m > self.max_m:
             return False
         key = (op, weight.shape[0], weight.shape[1], weight.dtype, m)
         found = self._gemv.get(key)
