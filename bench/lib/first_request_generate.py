@@ -11,7 +11,7 @@ import random
 import signal
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,14 +86,12 @@ class FirstResult:
                 "retries": self.retries}
 
 
-def timed_stream(client: Any, prompt: list[int], max_tokens: int, timeout: float,
-                 ignore_eos: bool = False) -> tuple[float, float]:
-    """(client TTFT, server TTFT) of one request, read to its end so the next runs alone."""
-    start = time.perf_counter()
+def read_ttfts(start: float, messages: Iterable[Any]) -> tuple[float, float]:
+    """(client TTFT, server TTFT) in seconds of a Generate stream started at perf_counter
+    `start`, read to its end so the next request runs alone."""
     first: float | None = None
     server_ttft = math.nan
-    for message in client.generate(prompt, max_tokens=max_tokens, timeout=timeout,
-                                   ignore_eos=ignore_eos):
+    for message in messages:
         if first is None and message.token_ids:
             first = time.perf_counter() - start
         if message.HasField("usage"):
@@ -101,6 +99,14 @@ def timed_stream(client: Any, prompt: list[int], max_tokens: int, timeout: float
     if first is None:
         raise RuntimeError("the stream ended without a token")
     return first, server_ttft
+
+
+def timed_stream(client: Any, prompt: list[int], max_tokens: int, timeout: float,
+                 ignore_eos: bool = False) -> tuple[float, float]:
+    """(client TTFT, server TTFT) of one request through a WarmgateClient."""
+    start = time.perf_counter()
+    return read_ttfts(start, client.generate(prompt, max_tokens=max_tokens, timeout=timeout,
+                                             ignore_eos=ignore_eos))
 
 
 def _warm_client(client: Any) -> None:

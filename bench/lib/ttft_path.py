@@ -36,6 +36,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import grpc
+from first_request_generate import read_ttfts
 
 from warmgate.client.api import WaitResult, WarmgateClient
 from warmgate.client.generate import generate_request
@@ -111,13 +112,8 @@ def timed(stub: gen_grpc.GenerationStub, prompt: list[int], max_tokens: int
           ) -> tuple[float, float]:
     """(client TTFT, server TTFT) in ms, the stream read to its end."""
     start = time.perf_counter()
-    first = server = float("nan")
-    for message in stub.Generate(generate_request(prompt, max_tokens=max_tokens,
-                                                  ignore_eos=True), timeout=60):
-        if first != first and message.token_ids:
-            first = time.perf_counter() - start
-        if message.HasField("usage"):
-            server = message.usage.time_to_first_token_s
+    first, server = read_ttfts(start, stub.Generate(
+        generate_request(prompt, max_tokens=max_tokens, ignore_eos=True), timeout=60))
     return 1e3 * first, 1e3 * server
 
 
