@@ -104,17 +104,20 @@ def test_ttft_is_timed_with_every_other_run_stopped_one_server_at_a_time() -> No
     window = _window(now)
     a, b = _run("tiny:triton:k0", "waiting", 2.0), _run("tiny:triton:k3", "waiting", 1.0)
     warming = _run("qwen3-0.6b:triton:k0", "warming")
-    window.step([a, b, warming])
+    build = SimpleNamespace(stopped=False)  # a JIT prebuild: nvcc on every core
+    build.pause = lambda: setattr(build, "stopped", True)
+    build.resume = lambda: setattr(build, "stopped", False)
+    window.step([a, b, warming], [build])
     assert b.went and not a.went  # the one waiting longest, while the other warms up
-    assert a.stopped and warming.stopped and not b.stopped
+    assert a.stopped and warming.stopped and build.stopped and not b.stopped
     assert window.open
-    window.step([a, b, warming])  # still timing: nothing changes
-    assert not a.went and a.stopped and warming.stopped
+    window.step([a, b, warming], [build])  # still timing: nothing changes
+    assert not a.went and a.stopped and warming.stopped and build.stopped
     b.timing = False  # measured: the others go on, and the next one times
-    window.step([a, b, warming])
-    assert a.went and not a.stopped and b.stopped and warming.stopped
-    window.step([b, warming])  # a's run ended while timing
-    assert not window.open and not b.stopped and not warming.stopped
+    window.step([a, b, warming], [build])
+    assert a.went and not a.stopped and b.stopped and warming.stopped and build.stopped
+    window.step([b, warming], [build])  # a's run ended while timing
+    assert not window.open and not b.stopped and not warming.stopped and not build.stopped
 
 
 def test_a_stop_lasts_at_most_its_bound_and_the_row_says_so() -> None:
@@ -243,6 +246,24 @@ def test_the_jit_keys_of_the_h100_matrix_and_their_minimal_specs() -> None:
         assert (spec.head_dim, str(spec.dtype), fi_backend.tensor_core_decode(
             spec.num_heads, spec.num_kv_heads)) == (key.head_dim, f"torch.{key.dtype}",
                                                     key.tensor_cores)
+
+
+def test_a_prebuild_stops_as_a_group_and_its_timeout_leaves_out_its_stops(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = jit.JitKey(128, "bfloat16", True)
+    monkeypatch.setattr(jit.JitKey, "argv", lambda self, device: ["sleep", "30"])
+    build = jit.Prebuild(key, "cpu", tmp_path / "jit.txt")
+    try:
+        build.pause()
+        assert _reaches(build.proc.pid, "T")
+        time.sleep(0.3)
+        assert not build.poll(0.2)  # 0.3 s old, all of it stopped: not past 0.2 s
+        build.resume()
+        assert _reaches(build.proc.pid, "S")
+        time.sleep(0.25)
+        assert build.poll(0.2) and "timed out after 0 s" in build.note
+    finally:
+        build.kill()
 
 
 def test_a_failed_prebuild_ends_with_its_output_in_the_note(tmp_path: Path) -> None:

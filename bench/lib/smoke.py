@@ -209,7 +209,7 @@ def _run_all(queue: list[SmokeConfig], keys: dict[SmokeConfig, JitKey | None], d
                 done.append(run.row)
                 print(f"[+{time.monotonic() - start:4.0f} s, ran {run.row.wall_s:3.0f} s, "
                       f"stopped {run.paused_s:3.0f} s] {format_row(run.row)}", flush=True)
-            quiet.step(running)
+            quiet.step(running, builds)
             time.sleep(0.2)
     finally:
         quiet.close()  # nothing left stopped, whatever ended the loop

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 from smoke_plan import BLOCK_SIZE, SmokeConfig
+from smoke_quiet import ProcessGroupPause
 
 from warmgate.server.config.attention_backends import head_dim_problem
 from warmgate.server.config.runner_config import resolve_runner_config
@@ -107,6 +108,13 @@ class Prebuild:
         with log.open("w") as out:
             self.proc = subprocess.Popen(key.argv(device), stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)
+        self._pause = ProcessGroupPause(self.proc.pid)  # its session's group: nvcc and all
+
+    def pause(self) -> None:
+        self._pause.pause()
+
+    def resume(self) -> None:
+        self._pause.resume()
 
     @property
     def ok(self) -> bool:
@@ -117,7 +125,8 @@ class Prebuild:
         if self.exit_code is not None:
             return True
         if self.proc.poll() is None:
-            if time.monotonic() - self.started < timeout_s:
+            # Its time runs only while it may build: a quiet window's stop is not its own.
+            if time.monotonic() - self.started - self._pause.stopped_s() < timeout_s:
                 return False
             self.kill()
             self.note = f"timed out after {timeout_s:.0f} s"

@@ -7,6 +7,9 @@ only serving). Waiting for the others to go idle serialised the matrix instead: 
 held every start back until all warmups ended. So the coordinator stops every other run's
 process group (SIGSTOP: its client, server, engine and health processes alike), lets the GPU
 drain the work they had queued, has the ready one time its TTFT, and continues them (SIGCONT).
+The FlashInfer JIT prebuilds are stopped the same way: their nvcc jobs take every CPU core for
+minutes, and on an H100 eight of the fourteen rows timed while they built had a first TTFT
+1.21-2.01x the steady one, while all eight rows timed after them were within 1.13.
 
 A stop is bounded by MAX_PAUSE_S: a server's health process ends it when its heartbeats stop
 for 10 s (core/health_wire.py), and both resume together, so a stop shorter than that loses
@@ -27,7 +30,15 @@ MAX_PAUSE_S = 8.0
 SETTLE_S = 0.3
 
 
-class Pausable(Protocol):
+class Stoppable(Protocol):
+    """Anything the quiet window stops while a TTFT is timed (a run, a JIT prebuild)."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+class Pausable(Stoppable, Protocol):
     """A run as the quiet window sees it (smoke.Run)."""
 
     started: float
@@ -40,10 +51,6 @@ class Pausable(Protocol):
     def timing(self) -> bool: ...
 
     def go(self) -> None: ...
-
-    def pause(self) -> None: ...
-
-    def resume(self) -> None: ...
 
 
 class ProcessGroupPause:
@@ -83,7 +90,7 @@ class QuietWindow:
     def __init__(self, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.timer: Pausable | None = None
-        self._stopped: list[Pausable] = []
+        self._stopped: list[Stoppable] = []
         self._since = 0.0
         self._clock = clock
         self._sleep = sleep
@@ -93,9 +100,10 @@ class QuietWindow:
         """Whether a server is timing its TTFT (no run may start meanwhile)."""
         return self.timer is not None
 
-    def step(self, running: Sequence[Pausable]) -> None:
+    def step(self, running: Sequence[Pausable], bystanders: Sequence[Stoppable] = ()) -> None:
         """Close the window once its TTFT is measured (or its run ended, or the stop's
-        bound passed), then open one for the server that has waited longest."""
+        bound passed), then open one for the server that has waited longest, stopping every
+        other run and every bystander (work that never times a TTFT: the JIT prebuilds)."""
         if self.timer is not None:
             ended = self.timer not in running or not self.timer.timing
             if not ended and self._clock() - self._since < MAX_PAUSE_S:
@@ -108,7 +116,7 @@ class QuietWindow:
         if not waiting:
             return
         self.timer = min(waiting, key=lambda r: r.started)
-        self._stopped = [r for r in running if r is not self.timer]
+        self._stopped = [*(r for r in running if r is not self.timer), *bystanders]
         for run in self._stopped:
             run.pause()
         if self._stopped:
