@@ -302,8 +302,12 @@ def test_the_vector_isa_probed_on_a_full_volume_is_probed_again_in_the_private_c
         pytest.skip("this machine's CPU has no vector ISA inductor uses")
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
+    # Importing inductor points TORCHINDUCTOR_CACHE_DIR at its default where the process had
+    # not imported it yet (torch 2.13); the cache must find the variable unset, as in a server.
+    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
     cache = CompileCache(small_fs, environ=os.environ)
     assert cache.open(RunnerConfig(), inputs=INPUTS).state == "miss"
+    assert not cache.env.respected
     leave_free(small_fs, FREE_PAGES)
     _forget_isa_here()
     assert not pick_vec_isa()  # the probe could not build on the full volume
