@@ -10,7 +10,9 @@ weights, its requests prefilled to
 --prompt-len tokens and graphs captured; then decode steps run under torch.profiler at each
 batch size. Prints, per batch size: the step's wall time, the GPU time the kernels add up to,
 their count, the HBM roofline of the step, and the kernels that take the most time per step
-(grouped by name), so a kernel fusion or a launch-bound tail shows as numbers.
+(grouped by name, with their launches per step and time per launch), so a kernel fusion or a
+launch-bound tail shows as numbers. Then the dense linears' decisions at those batch sizes
+(cuBLAS against the Triton GEMV, as the warmup timed them): which one each launch is.
 """
 
 from __future__ import annotations
@@ -30,16 +32,20 @@ from warmgate.server.devtools.gpu_card import detect
 from warmgate.server.devtools.roofline import Roofline
 
 
-def kernel_times(prof: profile, steps: int) -> tuple[dict[str, float], int]:
-    """Per kernel name: device microseconds per step; and kernels launched per step."""
+def kernel_times(prof: profile, steps: int
+                 ) -> tuple[dict[str, float], dict[str, float], int]:
+    """Per kernel name: device microseconds per step and launches per step; and kernels
+    launched per step."""
     per_name: dict[str, float] = defaultdict(float)
+    launches: dict[str, float] = defaultdict(float)
     count = 0
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
         per_name[event.name[:90]] += event.device_time_total / steps
+        launches[event.name[:90]] += 1 / steps
         count += 1
-    return dict(per_name), count // steps
+    return dict(per_name), dict(launches), count // steps
 
 
 def profile_batch(driver: BatchDriver, reqs: list, steps: int, top: int) -> str:
@@ -51,13 +57,26 @@ def profile_batch(driver: BatchDriver, reqs: list, steps: int, top: int) -> str:
         for _ in range(steps):
             decode_s(driver, reqs)
     wall_ms = 1000 * (time.perf_counter() - start) / steps
-    times, launches = kernel_times(prof, steps)
+    times, counts, launches = kernel_times(prof, steps)
     total_us = sum(times.values())
     lines = [f"  batch {len(reqs)}: wall {wall_ms:.3f} ms/step under the profiler, kernels "
              f"{total_us / 1000:.3f} ms/step, {launches} kernels/step"]
     for name, us in sorted(times.items(), key=lambda kv: -kv[1])[:top]:
-        lines.append(f"    {us:9.1f} us {100 * us / total_us:5.1f}%  {name}")
+        lines.append(f"    {us:9.1f} us {100 * us / total_us:5.1f}% {counts[name]:5.0f} x "
+                     f"{us / counts[name]:7.2f} us  {name}")
     return "\n".join(lines)
+
+
+def linear_decisions(runner: object, batches: list[int]) -> list[str]:
+    """The warmup's timed choice for each dense linear at the profiled batch sizes (the
+    decode's row counts): which kernel the step's launches of each shape are."""
+    choices = getattr(getattr(getattr(runner, "model", None), "ops", None), "linear_choices",
+                      None)
+    if choices is None:
+        return ["  dense linears: no choices (not the Triton ops, or --no-dense-gemv)"]
+    return [f"  dense linear {d.op} {d.n}x{d.k} m{d.m}: cuBLAS {d.default_s * 1e6:.1f} us, "
+            f"Triton GEMV {d.gemv_s * 1e6:.1f} us -> {'GEMV' if d.gemv else 'cuBLAS'}"
+            for d in choices.decisions if d.m in batches]
 
 
 def main() -> int:
@@ -104,6 +123,7 @@ def main() -> int:
             roof = 1000 * Roofline.of(mc, b, args.prompt_len, bytes_per_s=card.bytes_per_s).step_s
             print(f"  (HBM roofline at batch {b}, {card.slug}: {roof:.3f} ms)")
             print(profile_batch(driver, reqs[:b], args.steps, args.top), flush=True)
+        print("\n".join(linear_decisions(runner, batches)), flush=True)
         del driver, reqs, runner
         torch.cuda.empty_cache()
     return 0
