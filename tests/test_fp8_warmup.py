@@ -5,7 +5,6 @@ ready, with the same logits as eager (on the CPU, where the projections dequanti
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +14,7 @@ from tests.test_compile_warmup import (
     assert_compiled_matches_eager,
     compiled_config,
     run_random_batches,
+    three_buckets,
 )
 from warmgate.server.config.fp8_config import FP8Config
 from warmgate.server.config.runner_config import (
@@ -30,17 +30,6 @@ from warmgate.server.runner.ops import TorchOps
 from warmgate.server.warmup import load_runner, run_warmup_plan
 from warmgate.server.warmup.fp8_gemms import fp8_projections, sweep_fp8_gemms
 from warmgate.server.warmup.gemm_shapes import layer_weights
-
-
-def _three_buckets(fp8: FP8Config, compile: bool = True) -> RunnerConfig:
-    """The compile tests' configuration with three token buckets, 1, 8 and 16 (what capture
-    sizes 1 and 8 give), instead of its five: the FP8 halves still compile for a single
-    token, a padded batch and the whole budget, and the comparison with eager reaches the
-    first and the last. That every bucket of the default list compiles is
-    tests/test_compile_warmup.py's; here each bucket was a cold compile of its own."""
-    c = compiled_config(compile=compile, fp8=fp8)
-    return dataclasses.replace(c, compilation=dataclasses.replace(c.compilation,
-                                                                  cuda_graph_sizes=(1, 8)))
 
 
 def _meta(preset: str) -> LlamaModel:
@@ -73,9 +62,11 @@ def test_the_fp8_sweep_runs_on_cuda_only() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("fp8", [FP8Config("tensor"), FP8Config("channel", static_input=True)])
 def test_a_compiled_fp8_model_compiles_nothing_after_ready(fp8: FP8Config) -> None:
-    eager = ModelRunner(resolve_runner_config(_three_buckets(fp8, compile=False)))
+    eager = ModelRunner(resolve_runner_config(
+        three_buckets(compiled_config(compile=False, fp8=fp8))))
     with JitMonitor() as monitor:
-        compiled, load = load_runner(_three_buckets(fp8), jit_monitor=monitor)
+        compiled, load = load_runner(three_buckets(compiled_config(fp8=fp8)),
+                                     jit_monitor=monitor)
         assert compiled.model.layers[0].qkv_proj.dtype == torch.float8_e4m3fn
         assert run_warmup_plan(compiled, load_phase=load).succeeded
         assert compiled.compile_buckets == (1, 8, 16)
