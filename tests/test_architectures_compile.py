@@ -4,14 +4,13 @@ tokens, and a warmed compiled runner compiles nothing for random batches after r
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from tests.test_compile_warmup import (
     assert_compiled_matches_eager,
     compiled_config,
     run_random_batches,
+    three_buckets,
 )
 from warmgate.server.config.rope_config import RopeConfig
 from warmgate.server.config.runner_config import RunnerConfig, resolve_runner_config
@@ -24,14 +23,11 @@ YARN = RopeConfig(rope_type="yarn", theta=1000.0, factor=4.0, original_max_posit
 
 
 def _config(architecture: str, compile: bool = True) -> RunnerConfig:
-    """The compile tests' configuration with three token buckets, 1, 8 and 16 (what capture
-    sizes 1 and 8 give; no graph is captured on the CPU), instead of its five: each
-    architecture's halves compiled for a single token, a padded batch and the whole budget.
-    That every bucket of the default list compiles is tests/test_compile_warmup.py's; here
-    each bucket was a cold compile of its own."""
-    c = compiled_config(compile=compile, architecture=architecture, rope=YARN)
-    return dataclasses.replace(c, compilation=dataclasses.replace(c.compilation,
-                                                                  cuda_graph_sizes=(1, 8)))
+    """The compile tests' configuration, three token buckets (three_buckets): each
+    architecture's halves compiled for a single token, a padded batch and the whole
+    budget."""
+    return three_buckets(compiled_config(compile=compile, architecture=architecture,
+                                         rope=YARN))
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])

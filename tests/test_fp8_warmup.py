@@ -14,6 +14,7 @@ from tests.test_compile_warmup import (
     assert_compiled_matches_eager,
     compiled_config,
     run_random_batches,
+    three_buckets,
 )
 from warmgate.server.config.fp8_config import FP8Config
 from warmgate.server.config.runner_config import (
@@ -61,11 +62,14 @@ def test_the_fp8_sweep_runs_on_cuda_only() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("fp8", [FP8Config("tensor"), FP8Config("channel", static_input=True)])
 def test_a_compiled_fp8_model_compiles_nothing_after_ready(fp8: FP8Config) -> None:
-    eager = ModelRunner(resolve_runner_config(compiled_config(compile=False, fp8=fp8)))
+    eager = ModelRunner(resolve_runner_config(
+        three_buckets(compiled_config(compile=False, fp8=fp8))))
     with JitMonitor() as monitor:
-        compiled, load = load_runner(compiled_config(fp8=fp8), jit_monitor=monitor)
+        compiled, load = load_runner(three_buckets(compiled_config(fp8=fp8)),
+                                     jit_monitor=monitor)
         assert compiled.model.layers[0].qkv_proj.dtype == torch.float8_e4m3fn
         assert run_warmup_plan(compiled, load_phase=load).succeeded
+        assert compiled.compile_buckets == (1, 8, 16)
         monitor.mark_ready()
         assert_compiled_matches_eager(compiled, eager)
         run_random_batches(compiled, monitor, 30)

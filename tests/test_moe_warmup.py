@@ -153,11 +153,13 @@ def test_under_torch_compile_a_moe_model_compiles_nothing_after_ready(
         monitor: JitMonitor) -> None:
     """The experts are a graph break (the launch lookup is host state dynamo must not guard
     on): every bucket's halves compile in the compile phase, none after ready."""
-    from tests.test_compile_warmup import compiled_config
+    from tests.test_compile_warmup import compiled_config, three_buckets
 
-    runner, load = load_runner(compiled_config(**MODELS["qwen3_moe"]), jit_monitor=monitor)
+    runner, load = load_runner(three_buckets(compiled_config(**MODELS["qwen3_moe"])),
+                               jit_monitor=monitor)
     report = run_warmup_plan(runner, load_phase=load)
     assert report.succeeded and report.phase("moe").status is PhaseStatus.RAN
+    assert runner.compile_buckets == (1, 8, 16)
     assert report.phase("compile").compiles.get("dynamo", 0) > 0
     monitor.mark_ready()
     sizes = run_random_batches(runner, monitor, 60)
