@@ -285,7 +285,13 @@ def _forget_isa_here() -> None:
     from torch._inductor import cpu_vec_isa
 
     cpu_vec_isa.valid_vec_isa_list.cache_clear()
-    cpu_vec_isa.VecISA._VecISA__bool__impl.cache_clear()  # type: ignore[attr-defined]
+    # Each ISA class may cache its own answer (VecAVX512VNNI's after an earlier compile in
+    # this worker), not only the base class.
+    for cls in vars(cpu_vec_isa).values():
+        if isinstance(cls, type) and issubclass(cls, cpu_vec_isa.VecISA):
+            for attr in vars(cls).values():
+                if hasattr(attr, "cache_clear"):
+                    attr.cache_clear()
 
 
 def test_the_vector_isa_probed_on_a_full_volume_is_probed_again_in_the_private_cache(
