@@ -1,4 +1,4 @@
-"""A full cache disk is never fatal (issue 17.3): the entry is given up, the compilers carry
+"""A full cache disk is never fatal: the entry is given up, the compilers carry
 on in a private temporary cache, the warmup succeeds, and the report, GetStatus and
 `warmgate_compile_cache_degraded` say the cache is degraded. `.trash/` stays bounded.
 
@@ -23,7 +23,7 @@ from tests.tmpfs_helpers import mounted_tmpfs
 from warmgate.client import cache_fs
 from warmgate.server.api.convert import compile_cache_to_proto
 from warmgate.server.cache import CACHE_ENV_VARS, CompileCache
-from warmgate.server.cache.degrade import PROBE_BYTES
+from warmgate.server.cache.degrade import PROBE_BYTES, forget_vec_isa
 from warmgate.server.cache.session import run_plan_with_cache
 from warmgate.server.cache.trash import bound_trash
 from warmgate.server.config.runner_config import RunnerConfig
@@ -279,21 +279,6 @@ def test_a_cpp_link_that_hit_the_full_disk_links_again_in_the_private_cache(
     cache.close()
 
 
-def _forget_isa_here() -> None:
-    """The vector-ISA answers inductor caches per process, dropped by the test itself (not by
-    the code under test), so the first probe after this one runs on the full volume."""
-    from torch._inductor import cpu_vec_isa
-
-    cpu_vec_isa.valid_vec_isa_list.cache_clear()
-    # Each ISA class may cache its own answer (VecAVX512VNNI's after an earlier compile in
-    # this worker), not only the base class.
-    for cls in vars(cpu_vec_isa).values():
-        if isinstance(cls, type) and issubclass(cls, cpu_vec_isa.VecISA):
-            for attr in vars(cls).values():
-                if hasattr(attr, "cache_clear"):
-                    attr.cache_clear()
-
-
 def test_the_vector_isa_probed_on_a_full_volume_is_probed_again_in_the_private_cache(
         small_fs: Path, compilers_environ: None) -> None:
     """Inductor decides once which vector ISA its C++ kernels use, by building a probe in its
@@ -302,9 +287,9 @@ def test_the_vector_isa_probed_on_a_full_volume_is_probed_again_in_the_private_c
     ('at::vec' has not been declared)."""
     machine = subprocess.run(
         [sys.executable, "-c", "from torch._inductor.cpu_vec_isa import pick_vec_isa; "
-                               "print(bool(pick_vec_isa()))"],
-        capture_output=True, text=True, check=True).stdout.strip()
-    if machine != "True":
+                               "isa = pick_vec_isa(); print(bool(isa), type(isa).__name__)"],
+        capture_output=True, text=True, check=True).stdout.split()
+    if machine[0] != "True":
         pytest.skip("this machine's CPU has no vector ISA inductor uses")
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
@@ -315,13 +300,17 @@ def test_the_vector_isa_probed_on_a_full_volume_is_probed_again_in_the_private_c
     assert cache.open(RunnerConfig(), inputs=INPUTS).state == "miss"
     assert not cache.env.respected
     leave_free(small_fs, FREE_PAGES)
-    _forget_isa_here()
+    # Every answer this process cached (an earlier compile in this worker probed already), so
+    # the next probe runs on the full volume.
+    forget_vec_isa()
     assert not pick_vec_isa()  # the probe could not build on the full volume
 
     report = run_plan_with_cache(cache, LinkingPlan())
 
     assert report.succeeded and cache.info.degraded
-    assert pick_vec_isa(), "the ISA answer from the full volume outlived the degrade"
+    # The machine's own ISA, not a lesser one some ISA class's cached "no" left behind.
+    assert type(pick_vec_isa()).__name__ == machine[1], \
+        "the ISA answer from the full volume outlived the degrade"
     cache.close()
 
 

@@ -84,20 +84,27 @@ def forget_compiled_paths() -> None:
     from torch._inductor.utils import clear_caches
 
     clear_caches()
-    _forget_vec_isa()
+    forget_vec_isa()
 
 
-def _forget_vec_isa() -> None:
+def forget_vec_isa() -> None:
     """Inductor decides once per process which CPU vector ISA its C++ kernels may use, by
     building a probe in its cache directory; on a full volume that build fails, and the
     answer "none" stays (functools caches that clear_caches does not reach) after the move to
     the private cache. Kernels cached with vector code then build without the ISA's flags and
     fail to compile. Forgetting the answer makes the next compile probe again, in the new
-    directory. Private names, so only where this torch has them."""
+    directory. Every ISA class may cache its own answer (torch 2.13's VecAVX512 and
+    VecAVX512VNNI cache their __bool__ beside the base class's probe): left alone, the machine
+    would come back from the degrade with AVX2 only. Private names, so only where this torch
+    has them."""
     from torch._inductor import cpu_vec_isa
 
-    for cached in (getattr(cpu_vec_isa, "valid_vec_isa_list", None),
-                   getattr(getattr(cpu_vec_isa, "VecISA", None), "_VecISA__bool__impl", None)):
-        clear = getattr(cached, "cache_clear", None)
+    base = getattr(cpu_vec_isa, "VecISA", None)
+    cached = [getattr(cpu_vec_isa, "valid_vec_isa_list", None)]
+    for cls in vars(cpu_vec_isa).values():
+        if isinstance(cls, type) and base is not None and issubclass(cls, base):
+            cached += vars(cls).values()
+    for fn in cached:
+        clear = getattr(fn, "cache_clear", None)
         if clear is not None:
             clear()
