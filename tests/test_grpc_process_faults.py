@@ -81,7 +81,7 @@ def test_sigterm_goes_not_serving_at_once_drains_the_warmup_and_exits_0() -> Non
             time.sleep(0.01)
         check = health_pb2_grpc.HealthStub(probe).Check
         request = health_pb2.HealthCheckRequest(service="")
-        # A re-warmup preempts serving: not ready until it ends (issue 16 item 7).
+        # A re-warmup preempts serving: not ready until it ends.
         assert check(request, timeout=1).status == NOT_SERVING
         assert "RUNNING" in client.get_status().not_serving_reason
         sent = time.monotonic()

@@ -231,7 +231,7 @@ MAX_MODULE_LINES = 300
 
 
 def test_no_server_module_is_over_300_lines() -> None:
-    """A module that outgrows one screenful of purposes is split by purpose (issue 18)."""
+    """A module that outgrows one screenful of purposes is split by purpose."""
     long = {str(p.relative_to(SERVER)): n for p in SERVER.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not long, f"split these by purpose: {long}"

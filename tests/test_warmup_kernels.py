@@ -39,7 +39,7 @@ def test_prefill_is_prefill_and_decode_is_uniform(num_spec: int) -> None:
         # with block_size 2 and k=1: decode_len = 3 + 2 = 5 -> 3 blocks; (50-1)//3 = 16
         (dict(num_spec=1, max_num_seqs=64, max_num_batched_tokens=4096, num_blocks=50,
               block_size=2), 16, "blocks"),
-        # issue 16: k=3, 40 blocks of 16: decode_len 9 -> 1 block; (40-1)//1 = 39, not 19
+        # k=3, 40 blocks of 16: decode_len 9 -> 1 block; (40-1)//1 = 39, not 19
         (dict(num_spec=3, max_num_seqs=64, max_num_batched_tokens=4096, num_blocks=40), 39,
          "blocks"),
     ],

@@ -1,4 +1,4 @@
-"""A small real tmpfs for the full-cache-disk tests (issue 17.3): mounted here as root, the
+"""A small real tmpfs for the full-cache-disk tests: mounted here as root, the
 test skipped where mounting is not permitted, unmounted afterwards."""
 
 from __future__ import annotations
