@@ -30,6 +30,7 @@ from warmgate.server.config.runner_config import ConfigError, ModelConfig
 from warmgate.server.devtools.batch_driver import BatchDriver
 from warmgate.server.devtools.gpu_card import detect
 from warmgate.server.devtools.roofline import Roofline
+from warmgate.server.runner.linear_tuning import TuningRunner, linear_choices_of
 
 
 def kernel_times(prof: profile, steps: int
@@ -67,11 +68,10 @@ def profile_batch(driver: BatchDriver, reqs: list, steps: int, top: int) -> str:
     return "\n".join(lines)
 
 
-def linear_decisions(runner: object, batches: list[int]) -> list[str]:
+def linear_decisions(runner: TuningRunner, batches: list[int]) -> list[str]:
     """The warmup's timed choice for each dense linear at the profiled batch sizes (the
     decode's row counts): which kernel the step's launches of each shape are."""
-    choices = getattr(getattr(getattr(runner, "model", None), "ops", None), "linear_choices",
-                      None)
+    choices = linear_choices_of(runner)
     if choices is None:
         return ["  dense linears: no choices (not the Triton ops, or --no-dense-gemv)"]
     return [f"  dense linear {d.op} {d.n}x{d.k} m{d.m}: cuBLAS {d.default_s * 1e6:.1f} us, "
