@@ -18,6 +18,7 @@ from warmgate.server.kernels.dense_gemv import dense_gemv, silu_mul_gemv
 from warmgate.server.kernels.gemv_plan import MAX_ROWS, GemvLaunch
 from warmgate.server.kernels.moe_gemv import moe_gemv
 from warmgate.server.kernels.moe_route import route_topk
+from warmgate.server.kernels.moe_router import counts_for, router_top_k
 from warmgate.server.kernels.rms_norm import rms_norm
 from warmgate.server.kernels.rope_cache import rope_and_cache
 from warmgate.server.runner.ops import build_cos_sin_cache
@@ -34,6 +35,7 @@ CONVERTED = (
     ("warmgate.server.kernels.moe_gemv", "_gate_up_kernel"),
     ("warmgate.server.kernels.moe_gemv", "_down_kernel"),
     ("warmgate.server.kernels.moe_route", "_route_kernel"),
+    ("warmgate.server.kernels.moe_router", "_router_kernel"),
 )
 # The kernels whose loads of these arguments may come before pdl_wait: weights, which no
 # kernel writes once they are loaded.
@@ -96,9 +98,14 @@ def _route_topk() -> None:
     route_topk(torch.randn(2, 8, dtype=BF16), 2, True)
 
 
+def _router_top_k() -> None:
+    router_top_k(torch.randn(2, 64, dtype=BF16), torch.randn(8, 64, dtype=BF16),
+                 counts_for(torch.device("cpu")), 2, True)
+
+
 SITES: dict[str, Callable[[], None]] = {
     "dense_gemv": _dense_gemv, "silu_mul_gemv": _silu_mul_gemv, "rms_norm": _rms_norm,
     "silu_and_mul": _silu_and_mul, "rope_and_cache": _rope_and_cache,
     "paged_attention_decode": _paged_attention_decode, "moe_gemv": _moe_gemv,
-    "route_topk": _route_topk,
+    "route_topk": _route_topk, "router_top_k": _router_top_k,
 }

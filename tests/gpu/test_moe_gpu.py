@@ -73,6 +73,38 @@ def test_fused_moe_never_syncs_and_replays_in_a_cuda_graph(tokens: int) -> None:
     assert not torch.equal(captured, eager)  # the replay read the new routing
 
 
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_the_fused_router_replays_in_a_cuda_graph_on_its_own_counts(tokens: int) -> None:
+    """The fused router's last-program hand-off on the device (the interpreter runs programs
+    one at a time and never races): 50 replays of a captured launch, each on new hidden
+    states, each routing as F.linear then route and leaving the counts at zero."""
+    from warmgate.server.kernels.moe_router import counts_for, router_top_k
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, 2048, device="cuda", generator=gen).bfloat16()
+    router = (torch.randn(EXPERTS, 2048, device="cuda", generator=gen) / 20).bfloat16()
+    counts = counts_for(torch.device("cuda"))
+    router_top_k(x, router, counts, TOP_K, True)  # compiles, outside the graph
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        weights, ids = router_top_k(x, router, counts, TOP_K, True)
+    for _ in range(50):
+        x.copy_(torch.randn(tokens, 2048, device="cuda", generator=gen).bfloat16())
+        graph.replay()
+        logits = torch.nn.functional.linear(x, router)
+        want_w, want_i = route(logits, TOP_K, True)
+        # cuBLAS adds in another order, which can move a logit by one bf16 step: the picks
+        # (as sets: two of them that close may swap places) must agree wherever the k-th and
+        # the next logit are further apart than that.
+        kth = logits.float().topk(TOP_K + 1, dim=-1).values
+        apart = (kth[:, -2] - kth[:, -1]) > 2 * kth[:, -2].abs() / 128
+        assert torch.equal(ids[apart].sort(dim=-1).values, want_i[apart].sort(dim=-1).values)
+        torch.testing.assert_close(weights[apart].sort(dim=-1).values,
+                                   want_w[apart].sort(dim=-1).values, rtol=2e-2, atol=2e-3)
+        assert not counts.any()
+
+
 @pytest.mark.parametrize("backend", ["triton", "flashinfer"])
 @pytest.mark.parametrize("num_spec", [0, 3])
 def test_a_qwen3_moe_model_serves_with_nothing_compiled_or_tuned_after_ready(

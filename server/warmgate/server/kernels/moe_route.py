@@ -24,18 +24,12 @@ from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 
 
 @triton.jit
-def _route_kernel(
-    logits_ptr, weights_ptr, ids_ptr, stride_t, num_experts,
-    TOP_K: tl.constexpr, K_POW2: tl.constexpr, E_POW2: tl.constexpr,
-    RENORMALIZE: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    token = tl.program_id(0).to(tl.int64)
-    experts = tl.arange(0, E_POW2)
-    real = experts < num_experts
-    pdl_wait(USE_PDL)  # the logits are the router projection's output
-    x = tl.load(logits_ptr + token * stride_t + experts, mask=real,
-                other=float("-inf")).to(tl.float32)
-    pdl_release(USE_PDL)
+def top_k_of(x, experts, real, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
+             E_POW2: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """One token's routing from its float32 logits x [E_POW2] (experts = arange(E_POW2), real
+    = experts < num_experts): (weights [K_POW2] float32, ids [K_POW2] int32), slots past
+    TOP_K holding zeros. Shared by this module's kernel and kernels.moe_router's."""
+    x = tl.where(real, x, float("-inf"))
     p = tl.exp(x - tl.max(x, axis=0))
     p = p / tl.sum(p, axis=0)
     p = tl.where(real, p, -1.0)  # below every probability: never picked
@@ -51,9 +45,34 @@ def _route_kernel(
         p = tl.where(experts == pick, -1.0, p)
     if RENORMALIZE:
         top_w = top_w / tl.sum(top_w, axis=0)  # slots past TOP_K hold 0
+    return top_w, top_i
+
+
+@triton.jit
+def store_top_k(weights_ptr, ids_ptr, token, top_w, top_i, TOP_K: tl.constexpr,
+                K_POW2: tl.constexpr):
+    """The token's k weights and int64 ids at row `token` of [T, TOP_K]."""
+    slots = tl.arange(0, K_POW2)
     out = token * TOP_K + slots
     tl.store(weights_ptr + out, top_w, mask=slots < TOP_K)
     tl.store(ids_ptr + out, top_i.to(tl.int64), mask=slots < TOP_K)
+
+
+@triton.jit
+def _route_kernel(
+    logits_ptr, weights_ptr, ids_ptr, stride_t, num_experts,
+    TOP_K: tl.constexpr, K_POW2: tl.constexpr, E_POW2: tl.constexpr,
+    RENORMALIZE: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, E_POW2)
+    real = experts < num_experts
+    pdl_wait(USE_PDL)  # the logits are the router projection's output
+    x = tl.load(logits_ptr + token * stride_t + experts, mask=real,
+                other=float("-inf")).to(tl.float32)
+    pdl_release(USE_PDL)
+    top_w, top_i = top_k_of(x, experts, real, TOP_K, K_POW2, E_POW2, RENORMALIZE)
+    store_top_k(weights_ptr, ids_ptr, token, top_w, top_i, TOP_K, K_POW2)
 
 
 def route_topk(logits: torch.Tensor, top_k: int, renormalize: bool

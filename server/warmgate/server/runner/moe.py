@@ -10,9 +10,12 @@ and from the checkpoints' per-expert tensors.
 
 The torch path (`torch_moe`) is the CPU reference: a loop over the experts that were hit,
 which syncs with the host, so on CUDA the fused Triton kernel (kernels.fused_moe) runs
-instead. The expert computation is kept out of torch.compile (a graph break): its loop is
-data-dependent, and the Triton kernel's launch is picked per token-count bucket on the host
-(runner.moe_launches.MoELaunches, one per model: every layer has the same expert shape).
+instead; there the router's projection and routing of a few tokens run as one launch
+(kernels.moe_router), of more tokens as cuBLAS then the routing kernel (kernels.moe_route).
+The routing and the expert computation are kept out of torch.compile (a graph break): the
+loop is data-dependent, and the Triton kernel's launch is picked per token-count bucket on
+the host (runner.moe_launches.MoELaunches, one per model: every layer has the same expert
+shape).
 """
 
 from __future__ import annotations
@@ -101,7 +104,8 @@ class MoEBlock(nn.Module):
 
     def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype,
                  experts: ExpertsFn | None = None, launches: MoELaunches | None = None,
-                 row_wise: bool = False, routing: RouteFn | None = None) -> None:
+                 row_wise: bool = False, routing: RouteFn | None = None,
+                 fused_router: bool | None = None) -> None:
         if experts is None and device.type == "cuda":  # the kernel will run: fail the load,
             check_moe_kernel_shape(config)  # before any allocation, naming the field
         super().__init__()
@@ -131,14 +135,31 @@ class MoEBlock(nn.Module):
         self.launches = MoELaunches(expert_shape(config)) if launches is None else launches
         self._experts_fn = experts_for(device) if experts is None else experts
         self._route_fn = routing_for(device) if routing is None else routing
+        # The router's projection and routing in one launch for a few tokens (kernels.moe_router,
+        # Triton: by default on CUDA), with the per-token counts its launches share.
+        self._router_counts: torch.Tensor | None = None
+        if device.type == "cuda" if fused_router is None else fused_router:
+            from warmgate.server.kernels.moe_router import counts_for
+
+            self._router_counts = counts_for(device)
         # A graph break under torch.compile: the reference's loop is data-dependent, the
         # launch is looked up on the host per token-count bucket (state dynamo must not guard),
-        # and the routing kernel is launched as it is in eager mode.
+        # as is whether the router runs fused, and the routing kernels are launched as they
+        # are in eager mode.
         self.experts = torch.compiler.disable(self._route_and_run_experts)
 
-    def _route_and_run_experts(self, hidden: torch.Tensor, logits: torch.Tensor
-                               ) -> torch.Tensor:
-        weights, ids = self._route_fn(logits, self.top_k, self.renormalize)
+    def _route(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] float32, expert ids [T, k] int64) of the hidden rows."""
+        if self._router_counts is not None:
+            from warmgate.server.kernels.moe_router import router_applies, router_top_k
+
+            if router_applies(hidden, self.router):
+                return router_top_k(hidden, self.router, self._router_counts, self.top_k,
+                                    self.renormalize)
+        return self._route_fn(F.linear(hidden, self.router), self.top_k, self.renormalize)
+
+    def _route_and_run_experts(self, hidden: torch.Tensor) -> torch.Tensor:
+        weights, ids = self._route(hidden)
         launch = self.launches.launch(hidden.shape[0])
         if self.w13_scale is None:
             return self._experts_fn(hidden, self.w13, self.w2, weights, ids, launch)
@@ -151,4 +172,4 @@ class MoEBlock(nn.Module):
         return self._route_and_run(hidden)
 
     def _route_and_run(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.experts(hidden, F.linear(hidden, self.router))
+        return self.experts(hidden)

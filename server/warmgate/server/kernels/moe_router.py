@@ -1,0 +1,122 @@
+"""The MoE router for a few tokens in one launch: the router projection (hidden [T, H] @ the
+router weight [E, H]^T), then kernels.moe_route's softmax, top-k and renormalisation.
+
+At decode sizes the two launches it replaces are mostly latency: cuBLAS spends about 5 us on a
+[1, 2048] x [2048, 128] product (a 0.5 MB read), the routing kernel 2 us, and a decode step's
+CUDA graph waits a launch gap before each (bench/results/h100-step-kernels-qwen3-30b-a3b.txt:
+48 layers of both, about 0.35 ms of a 4.7 ms step). Here the projection is spread over
+programs of BLOCK_E experts by K_PER_SPLIT columns, each storing its float32 partial logits;
+the last program of a token to finish (an atomic count per token) adds the token's partials in
+split order, rounds the logits to the model dtype as F.linear returns them, and routes.
+
+- Deterministic: the partials are added in a fixed order whatever order the programs ran in,
+  and a token's result never depends on the other tokens (a batch-invariant router).
+- The count: one int32 per token row, zero before the launch; the last program sets it back to
+  zero, so a captured graph replays the launch with no memset of its own. The caller keeps the
+  buffer (one per MoE layer: runner.moe.MoEBlock), `counts_for` allocates it.
+- Ordering: each program's atomic add is a release of its partials and the last program's an
+  acquire, and the last program reads the partials with volatile loads (never from a stale
+  L1 line of an earlier replay).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from warmgate.server.kernels._launch import pow2
+from warmgate.server.kernels.moe_route import store_top_k, top_k_of
+from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
+
+# The most tokens a launch routes (decode steps of a few streams): each token's programs
+# reread the router weight (from L2), so past a handful of tokens cuBLAS's one read wins.
+MAX_TOKENS = 8
+# Experts per program: a one-row program streams BLOCK_E weight rows, as kernels.dense_gemv.
+BLOCK_E = 4
+# Bytes of a weight row a program loads per K step, and K steps per split: a router weight of
+# 0.5 MB (Qwen3-30B-A3B's 128 x 2048) spreads over about one program per SM.
+STEP_BYTES = 512
+STEPS_PER_SPLIT = 2
+
+
+def counts_for(device: torch.device) -> torch.Tensor:
+    """A zeroed count buffer for router_top_k's launches on `device`."""
+    return torch.zeros(MAX_TOKENS, dtype=torch.int32, device=device)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _router_kernel(
+    x_ptr, w_ptr, partial_ptr, counts_ptr, weights_ptr, ids_ptr, num_tokens, num_experts,
+    K: tl.constexpr, SPLITS: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr, TOP_K: tl.constexpr, K_POW2: tl.constexpr, E_POW2: tl.constexpr,
+    RENORMALIZE: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """Grid (T, expert tiles, SPLITS). x [T, K], w [E, K] contiguous; partial [SPLITS, T, E]
+    float32; counts [>= T] int32, zero; weights [T, TOP_K] float32, ids [T, TOP_K] int64."""
+    token = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(2)
+    offs_e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    e_mask = offs_e < num_experts
+    offs_k = tl.arange(0, BLOCK_K)
+    k_lo = split * K_PER_SPLIT
+    pdl_wait(USE_PDL)  # x is the previous kernel's output
+    pdl_release(USE_PDL)
+    acc = tl.zeros((BLOCK_E, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K_PER_SPLIT, BLOCK_K):
+        ks = k_lo + k0 + offs_k
+        k_mask = ks < K
+        x = tl.load(x_ptr + token * K + ks, mask=k_mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs_e.to(tl.int64)[:, None] * K + ks[None, :],
+                    mask=e_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        acc += w * x[None, :]
+    tl.store(partial_ptr + (split * num_tokens + token) * num_experts + offs_e,
+             tl.sum(acc, axis=1), mask=e_mask)
+    programs = tl.num_programs(1) * tl.num_programs(2)
+    finished = tl.atomic_add(counts_ptr + token, 1, sem="acq_rel")
+    if finished == programs - 1:  # every partial of this token is stored: route it
+        tl.store(counts_ptr + token, 0)
+        experts = tl.arange(0, E_POW2)
+        real = experts < num_experts
+        logits = tl.zeros((E_POW2,), dtype=tl.float32)
+        for s in range(SPLITS):
+            logits += tl.load(partial_ptr + (s * num_tokens + token) * num_experts + experts,
+                              mask=real, other=0.0, volatile=True)
+        # F.linear's logits are in the model dtype: the softmax sees them rounded so.
+        logits = logits.to(x_ptr.dtype.element_ty).to(tl.float32)
+        top_w, top_i = top_k_of(logits, experts, real, TOP_K, K_POW2, E_POW2, RENORMALIZE)
+        store_top_k(weights_ptr, ids_ptr, token, top_w, top_i, TOP_K, K_POW2)
+
+
+def router_applies(hidden: torch.Tensor, router: torch.Tensor) -> bool:
+    """Whether router_top_k takes these: 1..MAX_TOKENS contiguous rows in the router's dtype."""
+    return (hidden.dim() == 2 and 1 <= hidden.shape[0] <= MAX_TOKENS
+            and hidden.dtype == router.dtype and hidden.shape[1] == router.shape[1]
+            and hidden.is_contiguous() and router.is_contiguous())
+
+
+def router_top_k(hidden: torch.Tensor, router: torch.Tensor, counts: torch.Tensor,
+                 top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """runner.moe.route(F.linear(hidden, router), top_k, renormalize) in one launch: hidden
+    [T, H] (T <= MAX_TOKENS), router [E, H], counts from counts_for (left zero) -> (weights
+    [T, k] float32, expert ids [T, k] int64)."""
+    if not router_applies(hidden, router):
+        raise ValueError(f"router_top_k: hidden {tuple(hidden.shape)} {hidden.dtype}, router "
+                         f"{tuple(router.shape)} {router.dtype}: not 1..{MAX_TOKENS} contiguous "
+                         "rows of the router's width and dtype")
+    num_tokens, k = hidden.shape
+    num_experts = router.shape[0]
+    block_k = min(STEP_BYTES // hidden.element_size(), pow2(k, 16))
+    k_per_split = STEPS_PER_SPLIT * block_k
+    splits = triton.cdiv(k, k_per_split)
+    partial = torch.empty(splits, num_tokens, num_experts, dtype=torch.float32,
+                          device=hidden.device)
+    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=hidden.device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=hidden.device)
+    grid = (num_tokens, triton.cdiv(num_experts, BLOCK_E), splits)
+    _router_kernel[grid](hidden, router, partial, counts, weights, ids, num_tokens,
+                         num_experts, K=k, SPLITS=splits, K_PER_SPLIT=k_per_split,
+                         BLOCK_E=BLOCK_E, BLOCK_K=block_k, TOP_K=top_k, K_POW2=pow2(top_k),
+                         E_POW2=pow2(num_experts, 16), RENORMALIZE=renormalize, num_warps=4,
+                         **launch_args(hidden))
+    return weights, ids
