@@ -31,7 +31,7 @@ trap 'tar czf "$FINAL/gpu-new-kernels.tgz" -C "$OUT" .' EXIT
 source bench/lib/gpu_env.sh  # the wheels in .whl/ and PYTHONPATH
 echo "commit ${COMMIT:-$(git rev-parse HEAD 2>/dev/null)}" >"$OUT/commit.txt"
 PARTS=${PARTS:-tests moe}
-TESTS=${TESTS:-tests/test_moe_gemv.py tests/test_moe_router.py tests/test_moe_routing_kernels.py tests/test_batch_invariant_split_k.py \
+TESTS=${TESTS:-tests/test_moe_gemv.py tests/test_moe_router.py tests/test_moe_routing_kernels.py tests/test_triton_kernels.py tests/test_batch_invariant_split_k.py \
 tests/test_fixed_split_attention.py tests/test_fixed_split_backend.py tests/test_dense_gemv.py \
 tests/test_row_reductions.py tests/test_sampler_invariant_draws.py \
 tests/test_rope_qk_norm_kernel.py tests/gpu/test_rope_cache_gpu.py tests/gpu/test_moe_gpu.py tests/gpu/test_dense_gemv_gpu.py tests/gpu/test_deterministic_gpu.py}

@@ -13,7 +13,7 @@ import torch
 
 from warmgate.server.config.moe_kernel import MoELaunch
 from warmgate.server.kernels.activation import silu_and_mul
-from warmgate.server.kernels.decode_attention import paged_attention_decode
+from warmgate.server.kernels.decode_attention import merge_counts_for, paged_attention_decode
 from warmgate.server.kernels.dense_gemv import dense_gemv, silu_mul_gemv
 from warmgate.server.kernels.gemv_plan import MAX_ROWS, GemvLaunch
 from warmgate.server.kernels.moe_gemv import moe_gemv
@@ -80,11 +80,12 @@ def _rope_and_cache() -> None:
 
 def _paged_attention_decode() -> None:
     kv_cache = torch.randn(2, 4, 4, 1, 16, dtype=BF16)
-    paged_attention_decode(torch.randn(2, 2, 16, dtype=BF16), kv_cache,
-                           torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
-                           torch.tensor([5, 7], dtype=torch.int32),
-                           torch.tensor([0, 1, 2], dtype=torch.int32), scale=0.25, query_len=1,
-                           num_splits=2)
+    for counts in (None, merge_counts_for(2, 1, torch.device("cpu"))):  # merge kernel, in-kernel
+        paged_attention_decode(torch.randn(2, 2, 16, dtype=BF16), kv_cache,
+                               torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
+                               torch.tensor([5, 7], dtype=torch.int32),
+                               torch.tensor([0, 1, 2], dtype=torch.int32), scale=0.25,
+                               query_len=1, num_splits=2, merge_counts=counts)
 
 
 def _moe_gemv() -> None:

@@ -27,11 +27,12 @@ from tests.paged_reference import (
 )
 from warmgate.server.kernels import (
     choose_num_splits,
+    decode_attention,
     paged_attention_decode,
     paged_attention_varlen,
     reshape_and_cache,
 )
-from warmgate.server.kernels.decode_attention import MAX_SPLITS, _decode_kernel
+from warmgate.server.kernels.decode_attention import MAX_SPLITS, _decode_kernel, merge_counts_for
 from warmgate.server.kernels.ops import TritonOps
 from warmgate.server.runner.attention.base import (
     AttentionMetadata,
@@ -202,6 +203,64 @@ def test_decode_graph_padding_requests(num_splits: int) -> None:
     assert rel_err(out[:q_len], ref[:q_len]) <= 1e-4
     assert torch.equal(out[q_len:2 * q_len], torch.zeros_like(out[q_len:2 * q_len]))
     assert torch.isfinite(out[2 * q_len:]).all()
+
+
+@pytest.mark.parametrize(("dtype", "num_heads", "num_kv_heads", "head_dim", "block_size",
+                          "num_spec_steps", "num_splits"),
+                         [case for case in DECODE_CASES if case[-1] > 1])
+def test_the_decode_kernel_merges_its_own_splits_to_the_merge_kernels_bits(
+        dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+        num_spec_steps: int, num_splits: int) -> None:
+    """With a count buffer the last split program of each (request, KV head) merges: the
+    merge kernel's code in the same order, so the same bits, and the counts are left at zero
+    for the next launch (a graph replay), which the second call runs on."""
+    q_len = 1 + num_spec_steps
+    batch = make_paged_batch(10 + num_splits, [q_len] * 4, [0, 5, block_size, 53], num_heads,
+                             num_kv_heads, head_dim, block_size, dtype, DEVICE)
+    reshape_and_cache(batch.k_new, batch.v_new, batch.kv_cache, batch.slot_mapping)
+    args = (batch.q, batch.kv_cache, batch.block_table, batch.seq_lens, batch.query_start_loc)
+    kw = dict(scale=head_dim ** -0.5, query_len=q_len, num_splits=num_splits)
+    apart = paged_attention_decode(*args, **kw, out=_nan_like(batch.q))
+    counts = merge_counts_for(4, num_kv_heads, torch.device(DEVICE))
+    for _ in range(2):
+        merged = paged_attention_decode(*args, **kw, out=_nan_like(batch.q),
+                                        merge_counts=counts)
+        assert torch.equal(merged, apart)
+        assert not counts.any()
+    with pytest.raises(ValueError, match="merge counts"):
+        paged_attention_decode(*args, **kw, merge_counts=counts[:-1])
+
+
+def test_the_backend_merges_decode_splits_in_the_decode_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A uniform decode that splits (the backend planned for 132 SMs) launches no merge
+    kernel and gives the reference's attention."""
+    num_heads, num_kv_heads, head_dim, block_size = 8, 2, 16, 4
+    batch = make_paged_batch(41, [1, 1], [60, 7], num_heads, num_kv_heads, head_dim,
+                             block_size, torch.bfloat16, DEVICE)
+    spec = AttentionSpec(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                         block_size=block_size, num_blocks=batch.kv_cache.shape[1],
+                         max_blocks_per_req=64, max_num_reqs=4, max_num_tokens=32,
+                         dtype=torch.bfloat16, device=torch.device(DEVICE))
+    table = torch.zeros(2, 64, dtype=batch.block_table.dtype, device=DEVICE)
+    table[:, :batch.block_table.shape[1]] = batch.block_table
+    batch.block_table = table
+    backend = TritonAttentionBackend(spec)
+    backend._num_sms = 132
+    assert backend.num_splits(2) > 1
+
+    monkeypatch.setattr(decode_attention, "_merge_splits_kernel", _Unlaunchable())
+    out = backend.forward(0, batch.q, batch.k_new, batch.v_new, batch.kv_cache,
+                          _meta(batch, True))
+    assert rel_err(out, reference_attention(batch, spec.scale)) <= 1e-2
+    assert not backend._merge_counts.any()
+
+
+class _Unlaunchable:
+    """Stands in for a kernel that must not launch: indexing it with a grid fails."""
+
+    def __getitem__(self, grid: object) -> object:
+        raise AssertionError(f"the merge kernel was launched on grid {grid}")
 
 
 VARLEN_CASES = [

@@ -3,9 +3,17 @@
 Grid: (num_reqs, num_kv_heads, num_splits). A program holds the q_len * group query rows of
 one request and one KV head (row r = draft r // group, query head kv_head * group + r % group),
 so a K/V tile is read once for every query head sharing it and for every draft. With
-num_splits > 1 each program covers a contiguous, BLOCK_N-aligned share of the context and a
-second kernel merges the partial results by their log-sum-exp (split-K / flash-decoding),
-which keeps the GPU busy when num_reqs * num_kv_heads is small and contexts are long.
+num_splits > 1 each program covers a contiguous, BLOCK_N-aligned share of the context and the
+partial results are merged by their log-sum-exp (split-K / flash-decoding), which keeps the
+GPU busy when num_reqs * num_kv_heads is small and contexts are long.
+
+The merge runs in the decode kernel when the caller passes a count buffer (the triton
+backend does): each split program stores its partial and counts itself in with an atomic add
+per (request, KV head), and the last of them to finish sets the count back to zero (ready for
+the next replay of a captured graph) and merges all of them, reading the partials with
+volatile loads. Otherwise a second kernel merges. Both merges run the same code in the same
+order: the same bits, one launch a layer fewer (about 3 us of merge kernel and a launch gap
+at batch 1: bench/results/h100-step-kernels-qwen3-30b-a3b.txt).
 
 Everything the launch needs comes from tensor shapes and Python ints that are fixed for a
 captured graph, so the wrapper never syncs and can run under CUDA-graph capture.
@@ -60,15 +68,18 @@ def _split_chunk(seq_len, num_splits, BLOCK_N: tl.constexpr):
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_kernel(
     q_ptr, key_cache_ptr, value_cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr, counts_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_cs, stride_ch,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
     qk_scale, num_splits,
     GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr,
+    SPLIT: tl.constexpr, MERGE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    """MERGE (with SPLIT): counts_ptr holds an int32 per (request, KV head), zero, and the
+    last split program of each merges (see the module docstring)."""
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -82,6 +93,7 @@ def _decode_kernel(
     draft = offs_m // GROUP
     head = kv_head * GROUP + offs_m % GROUP
     row_mask = draft < q_len
+    req_rows = row_mask  # the request's rows, whichever split holds keys
     q_pos = seq_len - q_len + draft  # [BLOCK_M]
     if SPLIT:
         chunk = _split_chunk(seq_len, num_splits, BLOCK_N)
@@ -121,9 +133,50 @@ def _decode_kernel(
         tl.store(part_out_ptr + dst, o, mask=out_mask)
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + split * stride_ls + token * stride_lt + head, lse, mask=row_mask)
+        if MERGE:
+            count = counts_ptr + req * tl.num_programs(1) + kv_head
+            if tl.atomic_add(count, 1, sem="acq_rel") == num_splits - 1:  # the last split
+                tl.store(count, 0)
+                _merge_partials(part_out_ptr, part_lse_ptr, out_ptr, token, head, req_rows,
+                                offs_d, d_mask, tl.cdiv(seq_len, chunk), stride_ps, stride_pt,
+                                stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, BLOCK_M,
+                                BLOCK_D, True)
     else:
         dst = token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
         tl.store(out_ptr + dst, o.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _merge_partials(part_out_ptr, part_lse_ptr, out_ptr, token, head, row_mask, offs_d,
+                    d_mask, num_active, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
+                    stride_ot, stride_oh, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                    VOLATILE: tl.constexpr):
+    """out[token, head] = the first num_active splits' partial outputs weighted by their
+    log-sum-exps, in split order. VOLATILE: the partials were stored by other programs of
+    this grid (the decode kernel's own merge), so no load may come from a stale cache line."""
+    mask = row_mask[:, None] & d_mask[None, :]
+    lse_off = token * stride_lt + head  # [BLOCK_M]
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for s in range(num_active):
+        lse = tl.load(part_lse_ptr + s * stride_ls + lse_off, mask=row_mask,
+                      other=float("-inf"), volatile=VOLATILE)
+        m = tl.maximum(m, lse)
+    # No split held keys (a padding request): no weight at all, and the output is 0.
+    m = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    denom = tl.zeros([BLOCK_M], dtype=tl.float32)
+    src = token[:, None] * stride_pt + head[:, None] * stride_ph + offs_d[None, :]
+    for s in range(num_active):
+        lse = tl.load(part_lse_ptr + s * stride_ls + lse_off, mask=row_mask,
+                      other=float("-inf"), volatile=VOLATILE)
+        w = tl.exp2(lse - m)  # [BLOCK_M]
+        o = tl.load(part_out_ptr + s * stride_ps + src, mask=mask, other=0.0,
+                    volatile=VOLATILE)
+        acc += w[:, None] * o
+        denom += w
+    o = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
+    dst = token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+    tl.store(out_ptr + dst, o.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -147,30 +200,11 @@ def _merge_splits_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     draft = offs_m // GROUP
     head = kv_head * GROUP + offs_m % GROUP
-    row_mask = draft < q_len
     token = (q_start + draft).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
-    mask = row_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
-    lse_off = token * stride_lt + head  # [BLOCK_M]
-
-    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for s in range(num_active):
-        lse = tl.load(part_lse_ptr + s * stride_ls + lse_off, mask=row_mask, other=float("-inf"))
-        m = tl.maximum(m, lse)
-    # No split held keys (a padding request): no weight at all, and the output is 0.
-    m = tl.where(m == float("-inf"), 0.0, m)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    denom = tl.zeros([BLOCK_M], dtype=tl.float32)
-    src = token[:, None] * stride_pt + head[:, None] * stride_ph + offs_d[None, :]
-    for s in range(num_active):
-        lse = tl.load(part_lse_ptr + s * stride_ls + lse_off, mask=row_mask, other=float("-inf"))
-        w = tl.exp2(lse - m)  # [BLOCK_M]
-        o = tl.load(part_out_ptr + s * stride_ps + src, mask=mask, other=0.0)
-        acc += w[:, None] * o
-        denom += w
-    o = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
-    dst = token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-    tl.store(out_ptr + dst, o.to(out_ptr.dtype.element_ty), mask=mask)
+    _merge_partials(part_out_ptr, part_lse_ptr, out_ptr, token, head, draft < q_len, offs_d,
+                    offs_d < HEAD_DIM, num_active, stride_ps, stride_pt, stride_ph, stride_ls,
+                    stride_lt, stride_ot, stride_oh, BLOCK_M, BLOCK_D, False)
 
 
 def _decode_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> tuple[int, int, int]:
@@ -184,6 +218,13 @@ def _decode_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> tuple[int
     if dtype == torch.float32 or head_dim > 128:
         return 32, 4, 2
     return 64, 4, 2
+
+
+def merge_counts_for(max_num_reqs: int, num_kv_heads: int, device: torch.device
+                     ) -> torch.Tensor:
+    """The zeroed count buffer paged_attention_decode merges its splits in-kernel with, for
+    batches of up to max_num_reqs requests."""
+    return torch.zeros(max_num_reqs * num_kv_heads, dtype=torch.int32, device=device)
 
 
 def _split_partials(num_splits: int, q: torch.Tensor,
@@ -212,12 +253,14 @@ def paged_attention_decode(
     num_splits: int = 1,
     out: torch.Tensor | None = None,  # [T, Hq, D]
     num_reqs: int | None = None,
+    merge_counts: torch.Tensor | None = None,  # [>= num_reqs * Hk] int32, zero
 ) -> torch.Tensor:
     """Causal attention of each request's query_len tokens over its paged context.
 
     Request i's tokens are rows query_start_loc[i]: (at most query_len of them), at positions
     seq_lens[i] - query_len .. seq_lens[i] - 1. Rows that no request owns are left untouched;
-    num_reqs defaults to len(seq_lens).
+    num_reqs defaults to len(seq_lens). With merge_counts (merge_counts_for) and splits, the
+    decode kernel merges them itself (left zero again); without, a second kernel does.
     No host sync: safe to capture in a CUDA graph when num_splits is fixed per graph.
     """
     head_dim = q.shape[2]
@@ -231,22 +274,27 @@ def paged_attention_decode(
     block_m = pow2(query_len * group, 16)  # tl.dot needs >= 16 rows
     block_d = pow2(head_dim, 16)
     split = num_splits > 1
+    counts = merge_counts if split else None
+    if counts is not None and counts.numel() < num_reqs * num_kv_heads:
+        raise ValueError(f"paged_attention_decode: {counts.numel()} merge counts for "
+                         f"{num_reqs} requests x {num_kv_heads} KV heads")
+    merge = counts is not None
     part_out, part_lse = _split_partials(num_splits, q, out)
     common = dict(GROUP=group, Q_LEN=query_len, BLOCK_M=block_m, HEAD_DIM=head_dim,
                   BLOCK_D=block_d, **launch_args(q))
     _decode_kernel[(num_reqs, num_kv_heads, num_splits)](
         q, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-        out, part_out, part_lse,
+        out, part_out, part_lse, part_lse if counts is None else counts,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         scale * LOG2E, num_splits,
-        BLOCK_N=block_n, PAGE_SIZE=block_size, SPLIT=split,
+        BLOCK_N=block_n, PAGE_SIZE=block_size, SPLIT=split, MERGE=merge,
         UPCAST=upcast_dots(q), IEEE=ieee_dots(q.dtype),
         num_warps=num_warps, num_stages=num_stages, **common,
     )
-    if split:
+    if split and not merge:
         _merge_splits_kernel[(num_reqs, num_kv_heads)](
             part_out, part_lse, query_start_loc, seq_lens, out,
             part_out.stride(0), part_out.stride(1), part_out.stride(2),

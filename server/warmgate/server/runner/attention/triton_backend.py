@@ -13,7 +13,11 @@ import logging
 
 import torch
 
-from warmgate.server.kernels.decode_attention import choose_num_splits, paged_attention_decode
+from warmgate.server.kernels.decode_attention import (
+    choose_num_splits,
+    merge_counts_for,
+    paged_attention_decode,
+)
 from warmgate.server.kernels.fixed_split_attention import (
     key_tile,
     paged_attention_fixed_split,
@@ -48,6 +52,9 @@ class TritonAttentionBackend(AttentionBackend):
                          if device.type == "cuda" else 1)
         self._max_context_len = spec.max_blocks_per_req * spec.block_size
         self._splits: dict[int, int] = {}
+        # The decode kernel's split programs count themselves in here, and the last merges:
+        # no merge kernel (kernels.decode_attention).
+        self._merge_counts = merge_counts_for(spec.max_num_reqs, spec.num_kv_heads, device)
         self._split_plan = fixed_split_plan(self._max_context_len, key_tile(
             spec.head_dim, spec.dtype, device.type == "cuda"))
         self._invariant_sms = device_sm_count(device)
@@ -105,7 +112,8 @@ class TritonAttentionBackend(AttentionBackend):
             return paged_attention_decode(
                 q, kv_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
                 scale=self.spec.scale, query_len=meta.max_query_len,
-                num_splits=self.num_splits(meta.num_reqs), num_reqs=meta.num_reqs)
+                num_splits=self.num_splits(meta.num_reqs), num_reqs=meta.num_reqs,
+                merge_counts=self._merge_counts)
         return paged_attention_varlen(
             q, kv_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
             scale=self.spec.scale, max_query_len=meta.max_query_len, num_reqs=meta.num_reqs)
