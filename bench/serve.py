@@ -25,6 +25,9 @@ COMMANDS = {
     "dense-gemv": Command("dense_gemv_gpu.py", "decode-sized dense GEMMs: cuBLAS vs the Triton "
                                                "GEMV per projection shape and row count, "
                                                "against HBM"),
+    "launch-sweep": Command("launch_sweep_gpu.py", "the decode-sized kernels' launches on a "
+                                                   "grid (GEMV tiles, warps, stages; the "
+                                                   "per-slot MoE kernels), fastest first"),
     "cpu-threads": Command("cpu_threads.py", "serving on a CPU with torch's default threads "
                                              "vs warmgate's --cpu-threads"),
     "tp-broadcast": Command("tp_broadcast.py", "tensor parallel: the cost per decode step of "
