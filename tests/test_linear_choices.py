@@ -147,6 +147,37 @@ def test_silu_mul_linear_fuses_where_chosen(monkeypatch: pytest.MonkeyPatch,
     assert gemv_calls == [(3, False), (3, False)]  # M=3 unfused, and its reference
 
 
+def test_norm_linear_fuses_the_norm_at_one_row_where_the_gemv_was_chosen(
+        monkeypatch: pytest.MonkeyPatch, gemv_calls: list[tuple[int, bool]]) -> None:
+    """One row whose linear the warmup gave the GEMV: norm_gemv, one launch. Two rows, or
+    one whose linear is cuBLAS's: rms_norm, then the linear as its key says."""
+    fused: list[int] = []
+    real = triton_ops.norm_gemv
+
+    def recording(x: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        fused.append(x.shape[0])
+        return real(x, *args)
+
+    monkeypatch.setattr(triton_ops, "norm_gemv", recording)
+    ops = TritonOps()
+    assert ops.linear_choices is not None
+    w, norm_w = _weight(), torch.randn(80).to(BF16)
+    ops.linear_choices.decide((LINEAR, 48, 80, BF16, 1), default_s=2.0, gemv_s=1.0)
+    ops.linear_choices.decide((LINEAR, 48, 80, BF16, 2), default_s=2.0, gemv_s=1.0)
+    for m in (1, 2):
+        x, residual = torch.randn(m, 80).to(BF16), torch.randn(m, 80).to(BF16)
+        out, new_residual = ops.norm_linear(x, residual, norm_w, 1e-6, w)
+        normed, want_residual = ops.rms_norm(x, norm_w, 1e-6, residual)
+        assert torch.equal(new_residual, want_residual)
+        torch.testing.assert_close(out, dense_gemv(normed, w), atol=2e-2, rtol=2e-2)
+    assert fused == [1] and gemv_calls == [(2, False)]
+    cublas = TritonOps()
+    assert cublas.linear_choices is not None
+    cublas.linear_choices.decide((LINEAR, 48, 80, BF16, 1), default_s=1.0, gemv_s=2.0)
+    cublas.norm_linear(torch.randn(1, 80).to(BF16), None, norm_w, 1e-6, w)
+    assert fused == [1] and gemv_calls == [(2, False)]
+
+
 def test_the_batch_invariant_ops_have_no_choices() -> None:
     """--deterministic's linear is its own (kernels.invariant_ops): nothing to time for it,
     and its fused MLP call is its activation then its own linear."""

@@ -121,11 +121,20 @@ def test_the_gemm_sweep_compiles_the_gemv_once_per_shape_and_row_bucket(
     for op, name in ((LINEAR, "dense_gemv"), (SILU_MUL, "silu_mul_gemv")):
         monkeypatch.setattr(dense_gemv_module, name, lambda x, w, op=op: ran.append(
             (op, tuple(w.shape), rows_bucket(x.shape[0]))))
+    normed: list[tuple[tuple[int, ...], bool]] = []
+    monkeypatch.setattr(dense_gemv_module, "norm_gemv", lambda x, r, nw, eps, w: normed.append(
+        (tuple(w.shape), r is not None)))
     gemm_shapes.sweep_gemm_shapes(runner, plan=[])
     expected = {(op, tuple(ws[0].shape), rows_bucket(m))
                 for op, ws, ms in linear_plan(runner, 16) for m in ms}
     assert sorted(ran) == sorted(expected)  # each once
     assert len({(op, shape) for op, shape, _ in ran}) == 6  # 4 projections, fused down, head
+    # At one row the QKV and gate/up projections run with their norm fused in: with a
+    # residual, and without (layer 0's QKV), each a binary of its own.
+    layer = runner.model.layers[0]
+    assert sorted(normed) == sorted((tuple(w.shape), r) for w in (layer.qkv_proj,
+                                                                   layer.gate_up_proj)
+                                    for r in (True, False))
 
 
 def test_each_key_is_timed_once_and_never_again() -> None:
@@ -157,11 +166,15 @@ def test_served_steps_run_the_chosen_gemv_and_match_torch(
     _choices(runner).timer = never
     rows: list[int] = []
     fused: list[int] = []
-    real, real_fused = triton_ops.dense_gemv, triton_ops.silu_mul_gemv
+    normed: list[int] = []
+    real, real_fused, real_normed = (triton_ops.dense_gemv, triton_ops.silu_mul_gemv,
+                                     triton_ops.norm_gemv)
     monkeypatch.setattr(triton_ops, "dense_gemv",
                         lambda x, w, b=None: rows.append(x.shape[0]) or real(x, w, b))
     monkeypatch.setattr(triton_ops, "silu_mul_gemv",
                         lambda gu, w: fused.append(gu.shape[0]) or real_fused(gu, w))
+    monkeypatch.setattr(triton_ops, "norm_gemv", lambda x, *a: normed.append(x.shape[0])
+                        or real_normed(x, *a))
     short = prompt(7, offset=5)
     torch.testing.assert_close(full_prefill_logits(runner, short),
                                full_prefill_logits(reference, short), atol=1e-4, rtol=1e-4)
@@ -175,6 +188,8 @@ def test_served_steps_run_the_chosen_gemv_and_match_torch(
     assert outputs[0] == outputs[1]
     assert {1, 2, 7} <= set(rows)  # decodes of one and two requests, the short prefill
     assert {1, 2, 7} <= set(fused)  # the MLP's down projection, SiLU-and-mul fused in
+    # A decode of one request: the QKV and gate/up projections with their norms fused in.
+    assert normed and set(normed) == {1}
     assert _choices(runner).misses == 0
 
 

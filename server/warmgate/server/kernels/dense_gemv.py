@@ -17,6 +17,7 @@ CUDA-graph capturable.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -24,7 +25,13 @@ import triton.language as tl
 
 from warmgate.server.kernels._attention_tile import mm
 from warmgate.server.kernels._launch import ieee_dots, upcast_dots
-from warmgate.server.kernels.gemv_plan import MAX_ROWS, GemvLaunch, gemv_launch, rows_bucket
+from warmgate.server.kernels.gemv_plan import (
+    MAX_ROWS,
+    GemvLaunch,
+    gemv_launch,
+    pow2_at_least,
+    rows_bucket,
+)
 from warmgate.server.kernels.matmul_plan import device_sm_count
 from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 
@@ -75,18 +82,52 @@ def _warm_first_tile(w_rows, ks, n_mask, k_hi):
             volatile=True)
 
 
-@triton.jit(do_not_specialize=["M", "has_bias"])
+@triton.jit
+def _row_rstd(x_ptr, res_ptr, res_out_ptr, eps, K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+              BLOCK_H: tl.constexpr):
+    """NORM's prologue, kernels/rms_norm.py's arithmetic on the one row: the residual sum
+    rounded to the activation dtype (stored to res_out by the grid's first program), and
+    1 / sqrt(mean of its squares + eps)."""
+    offs = tl.arange(0, BLOCK_H)
+    mask = offs < K
+    h = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        s = (h + r).to(res_out_ptr.dtype.element_ty)
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            tl.store(res_out_ptr + offs, s, mask=mask)
+        h = s.to(tl.float32)
+    return 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / K + eps)
+
+
+@triton.jit
+def _normed_tile(x_ptr, res_ptr, norm_w_ptr, ks, mask, rstd, HAS_RESIDUAL: tl.constexpr):
+    """The normalised row at ks, rounded to the activation dtype as rms_norm stores it."""
+    x = tl.load(x_ptr + ks, mask=mask, other=0.0)
+    h = x.to(tl.float32)
+    if HAS_RESIDUAL:
+        h = (h + tl.load(res_ptr + ks, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
+        h = h.to(tl.float32)
+    w = tl.load(norm_w_ptr + ks, mask=mask, other=0.0).to(tl.float32)
+    return (h * rstd * w).to(x.dtype)
+
+
+@triton.jit(do_not_specialize=["M", "has_bias", "eps"])
 def _gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, ws_ptr,
-    M, has_bias,
+    x_ptr, w_ptr, bias_ptr, out_ptr, ws_ptr, res_ptr, norm_w_ptr, res_out_ptr,
+    M, has_bias, eps,
     N: tl.constexpr, K: tl.constexpr, X_STRIDE: tl.constexpr, SILU_MUL: tl.constexpr,
+    NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr,
     SPLITS: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Grid (N tiles, SPLITS). x [M, X_STRIDE] (X_STRIDE = K, or 2K with SILU_MUL: x is
     gate_up, see _x_tile), w [N, K], out [M, N], all contiguous. EVEN_K: K is a multiple of
-    BLOCK_K, so no K step is partial and the loads need no K mask. USE_PDL: kernels.pdl."""
+    BLOCK_K, so no K step is partial and the loads need no K mask. USE_PDL: kernels.pdl.
+    NORM (one row, BLOCK_M 1): the product's input is rms_norm(x (+ res), norm_w, eps),
+    computed per tile from x, res and norm_w [K] (BLOCK_H: K's power of two), the residual
+    sum stored to res_out [1, K] (see norm_gemv)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
@@ -101,19 +142,24 @@ def _gemv_kernel(
         _warm_first_tile(w_rows, k_lo + offs_k, n_mask, k_hi)
     pdl_wait(USE_PDL)  # x is the previous kernel's output; out and ws may be its inputs
     pdl_release(USE_PDL)
+    if NORM:
+        rstd = _row_rstd(x_ptr, res_ptr, res_out_ptr, eps, K, HAS_RESIDUAL, BLOCK_H)
     if BLOCK_M == 1:
         # One row: a float32 product per (weight row, lane), summed along K once at the end.
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             ks = k0 + offs_k
             if EVEN_K:
-                x = _x_tile(x_ptr + ks, offs_k < BLOCK_K, K, SILU_MUL)  # all true
+                k_mask = offs_k < BLOCK_K  # all true
                 w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None], other=0.0)
             else:
                 k_mask = ks < K
-                x = _x_tile(x_ptr + ks, k_mask, K, SILU_MUL)
                 w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & k_mask[None, :],
                             other=0.0)
+            if NORM:
+                x = _normed_tile(x_ptr, res_ptr, norm_w_ptr, ks, k_mask, rstd, HAS_RESIDUAL)
+            else:
+                x = _x_tile(x_ptr + ks, k_mask, K, SILU_MUL)
             acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         offs_m = tl.arange(0, 1)
         _finish(tl.sum(acc, axis=1)[None, :], offs_m, offs_n, offs_m < 1, n_mask, bias_ptr,
@@ -206,8 +252,53 @@ def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, *,
     return _run(gate_up, weight, None, True, launch, sm_count)
 
 
+def norm_gemv_applies(x: torch.Tensor, residual: torch.Tensor | None,
+                      norm_weight: torch.Tensor, weight: torch.Tensor,
+                      bias: torch.Tensor | None) -> bool:
+    """Whether norm_gemv takes these: dense_gemv's arguments for one row, and a residual row
+    (if any) and a norm weight [K] of its dtype, contiguous and aligned."""
+    if x.shape[0] != 1 or not gemv_applies(x, weight, bias):
+        return False
+    if residual is not None and not (residual.shape == x.shape and residual.dtype == x.dtype
+                                     and residual.is_contiguous() and _aligned(residual)):
+        return False
+    return (norm_weight.shape == (x.shape[1],) and norm_weight.dtype == x.dtype
+            and norm_weight.is_contiguous() and _aligned(norm_weight))
+
+
+def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+              eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+              launch: GemvLaunch | None = None, sm_count: int | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """kernels.rms_norm.rms_norm(x, norm_weight, eps, residual) then dense_gemv on its
+    output, for one row, in one launch: (out [1, N], the new residual [1, K], x + residual
+    rounded, or x itself without one). Each program normalises the row itself (the sum of
+    squares over all of K, then its K range tile by tile), so the normalised row never goes
+    through memory; it is rms_norm's arithmetic, its rounding of the residual sum included
+    (the residual is that kernel's to the bit; the normalised row within an ulp where the
+    sum of squares adds in another order)."""
+    if (not norm_gemv_applies(x, residual, norm_weight, weight, bias)
+            or (launch is not None and launch.block_m != 1)):
+        raise ValueError(f"norm_gemv: x {tuple(x.shape)} {x.dtype}, residual "
+                         f"{None if residual is None else tuple(residual.shape)}, norm weight "
+                         f"{tuple(norm_weight.shape)}, weight {tuple(weight.shape)}: not one "
+                         "contiguous row with a norm weight of its width and dtype")
+    res_out = x if residual is None else torch.empty_like(x)  # [1, K]
+    return _run(x, weight, bias, False, launch, sm_count,
+                _Norm(residual, norm_weight, eps, res_out)), res_out
+
+
+@dataclass(frozen=True)
+class _Norm:
+    residual: torch.Tensor | None
+    weight: torch.Tensor
+    eps: float
+    residual_out: torch.Tensor
+
+
 def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool,
-         launch: GemvLaunch | None, sm_count: int | None) -> torch.Tensor:
+         launch: GemvLaunch | None, sm_count: int | None, norm: _Norm | None = None
+         ) -> torch.Tensor:
     if not gemv_applies(x, weight, bias, silu_mul):
         raise ValueError(f"dense_gemv: x {tuple(x.shape)} {x.dtype}, weight "
                          f"{tuple(weight.shape)} {weight.dtype}, bias "
@@ -229,9 +320,16 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu_
     bias_arg = out if bias is None else bias
     has_bias = 0 if bias is None else 1
     pdl = launch_args(x)
+    # Without a norm its three arguments are unread stand-ins (x, whose alignment is already
+    # in the binary's key); without a residual, two of them.
+    res_in = x if norm is None or norm.residual is None else norm.residual
     _gemv_kernel[(triton.cdiv(n, launch.block_n), launch.splits)](
-        x, weight, bias_arg, out, ws, m, has_bias,
-        N=n, K=k, X_STRIDE=x.shape[1], SILU_MUL=silu_mul, SPLITS=launch.splits,
+        x, weight, bias_arg, out, ws, res_in, x if norm is None else norm.weight,
+        x if norm is None else norm.residual_out, m, has_bias,
+        0.0 if norm is None else norm.eps,
+        N=n, K=k, X_STRIDE=x.shape[1], SILU_MUL=silu_mul, NORM=norm is not None,
+        HAS_RESIDUAL=norm is not None and norm.residual is not None,
+        BLOCK_H=pow2_at_least(k, 16) if norm is not None else 16, SPLITS=launch.splits,
         K_PER_SPLIT=launch.k_per_split, EVEN_K=k % launch.block_k == 0,
         BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
         UPCAST=upcast_dots(x), IEEE=ieee_dots(x.dtype),

@@ -6,7 +6,13 @@ import torch
 import torch.nn.functional as F
 
 from warmgate.server.kernels.activation import silu_and_mul
-from warmgate.server.kernels.dense_gemv import dense_gemv, gemv_applies, silu_mul_gemv
+from warmgate.server.kernels.dense_gemv import (
+    dense_gemv,
+    gemv_applies,
+    norm_gemv,
+    norm_gemv_applies,
+    silu_mul_gemv,
+)
 from warmgate.server.kernels.linear_choices import SILU_MUL, LinearChoices
 from warmgate.server.kernels.rms_norm import rms_norm
 from warmgate.server.kernels.rotary import rotary_embedding
@@ -40,6 +46,20 @@ class TritonOps:
                 and gemv_applies(x, weight, bias)):
             return dense_gemv(x, weight, bias)
         return F.linear(x, weight) if bias is None else F.linear(x, weight, bias)
+
+    def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None,
+                    norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """rms_norm then linear -> (out [T, N], new_residual [T, H]): for one row whose linear
+        the warmup gave the Triton GEMV, one launch (kernels.dense_gemv.norm_gemv: the norm
+        computed in the GEMV's loads, the rms_norm launch and its output's round trip
+        through memory gone); else the two ops."""
+        choices = self.linear_choices
+        if (choices is not None and x.shape[0] == 1 and choices.use_gemv(1, weight)
+                and norm_gemv_applies(x, residual, norm_weight, weight, bias)):
+            return norm_gemv(x, residual, norm_weight, eps, weight, bias)
+        normed, residual = self.rms_norm(x, norm_weight, eps, residual)
+        return self.linear(normed, weight, bias), residual
 
     def log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
         """logits: [R, V] -> float32 [R, V]."""

@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 # [(op, every weight of one (shape, dtype), the row counts to time it at, ascending)]
 LinearPlan = list[tuple[str, list[torch.Tensor], list[int]]]
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# The projections a layer runs through ops.norm_linear (their RMSNorm may be fused in).
+NORM_FUSED = ("qkv_proj", "gate_up_proj")
 
 
 class TuningRunner(Protocol):
@@ -104,6 +106,14 @@ def planned_keys(runner: TuningRunner, max_m: int) -> list[Key]:
             for op, w, ms in linear_plan(runner, max_m) for m in ms]
 
 
+def _norm_shapes(model: LlamaModel) -> set[tuple[int, int, torch.dtype]]:
+    """(N, K, dtype) of the projections the ops may run with their RMSNorm fused in
+    (ops.norm_linear: the QKV and the dense gate/up projections), whose GEMV at one row is
+    then kernels.dense_gemv.norm_gemv, a binary of its own."""
+    return {(w[0].shape[0], w[0].shape[1], w[0].dtype)
+            for w in _layer_weights(model, NORM_FUSED)}
+
+
 def compile_gemvs(runner: TuningRunner) -> int:
     """Run the GEMV once per (planned op, shape, row bucket) on the current stream, so its
     binaries are compiled before choose_linears times them: the dense-GEMM sweep calls this
@@ -112,14 +122,17 @@ def compile_gemvs(runner: TuningRunner) -> int:
     choices = linear_choices_of(runner)
     if choices is None or runner.device.type != "cuda":
         return 0
-    return _run_gemv_once(linear_plan(runner, choices.max_m), lambda key: True)
+    return _run_gemv_once(linear_plan(runner, choices.max_m), lambda key: True,
+                          _norm_shapes(runner.model))
 
 
-def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool]) -> int:
-    """The Triton kernel of each wanted key once per (op, shape, row bucket) (CUDA only)."""
+def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool],
+                   norm_shapes: set[tuple[int, int, torch.dtype]]) -> int:
+    """The Triton kernel of each wanted key once per (op, shape, row bucket) (CUDA only); at
+    one row of a norm-fused shape also norm_gemv, with a residual and without (layer 0's)."""
     from triton.runtime.errors import OutOfResources  # imports triton
 
-    from warmgate.server.kernels.dense_gemv import dense_gemv, silu_mul_gemv
+    from warmgate.server.kernels.dense_gemv import dense_gemv, norm_gemv, silu_mul_gemv
     from warmgate.server.kernels.gemv_plan import rows_bucket
     from warmgate.server.kernels.linear_choices import LINEAR
 
@@ -129,11 +142,16 @@ def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool]) -> int:
         n, k = w.shape
         for m in {rows_bucket(m): m for m in ms if wanted((op, n, k, w.dtype, m))}.values():
             fn, width = (dense_gemv, k) if op == LINEAR else (silu_mul_gemv, 2 * k)
+            x = torch.zeros(m, width, dtype=w.dtype, device=w.device)
             try:
-                fn(torch.zeros(m, width, dtype=w.dtype, device=w.device), w)
+                fn(x, w)
             except OutOfResources:  # the timing finds it so too, and keeps the default
                 continue
             calls += 1
+            if op == LINEAR and m == 1 and (n, k, w.dtype) in norm_shapes:
+                for residual in (x, None):
+                    norm_gemv(x, residual, x[0], 1e-6, w)
+                    calls += 1
     return calls
 
 
@@ -171,7 +189,8 @@ def choose_linears(runner: TuningRunner) -> dict[str, object]:
     choices.filled = True
     gemv = set(choices.gemv_keys())
     if runner.device.type == "cuda":
-        _run_gemv_once(plan, lambda key: key in gemv and key not in timed)
+        _run_gemv_once(plan, lambda key: key in gemv and key not in timed,
+                       _norm_shapes(runner.model))
     seconds = time.perf_counter() - start
     if timed:
         logger.info("dense linears: timed %d (shape, M) in %.3f s over %d shapes; the Triton "

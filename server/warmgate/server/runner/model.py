@@ -76,6 +76,18 @@ def _linear(ops: TorchOps, x: torch.Tensor, weight: torch.Tensor, scale: torch.T
     return fp8_linear(x, weight, scale, input_scale, bias)
 
 
+def _norm_linear(ops: TorchOps, x: torch.Tensor, residual: torch.Tensor | None,
+                 norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                 scale: torch.Tensor | None, input_scale: torch.Tensor | None,
+                 bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm (the residual add in front) then a projection -> (out, new residual): through
+    the ops' norm_linear, which may fuse them, unless the projection is FP8."""
+    if scale is None:
+        return ops.norm_linear(x, residual, norm_weight, eps, weight, bias)
+    normed, residual = ops.rms_norm(x, norm_weight, eps, residual)
+    return fp8_linear(normed, weight, scale, input_scale, bias), residual
+
+
 def _per_head_rms_norm(ops: TorchOps, x: torch.Tensor, weight: torch.Tensor,
                        eps: float) -> torch.Tensor:
     """x: [T, heads, D] -> RMSNorm over D of every head, same shape."""
@@ -167,9 +179,9 @@ class DecoderLayer(nn.Module):
         overrides the layer's ops (the compiled path)."""
         ops = self.ops if ops is None else ops
         num_tokens = hidden.shape[0]
-        x, residual = ops.rms_norm(hidden, self.input_layernorm, self.eps, residual)
-        qkv = _linear(ops, x, self.qkv_proj, self.qkv_proj_scale, self.qkv_proj_input_scale,
-                      self.qkv_bias)  # [T, (Hq + 2Hk) D]
+        qkv, residual = _norm_linear(ops, hidden, residual, self.input_layernorm, self.eps,
+                                     self.qkv_proj, self.qkv_proj_scale,
+                                     self.qkv_proj_input_scale, self.qkv_bias)  # [T, (Hq + 2Hk) D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -189,12 +201,13 @@ class DecoderLayer(nn.Module):
         x = _linear(ops, attn, self.o_proj, self.o_proj_scale, self.o_proj_input_scale)
         if self.tp is not None:
             x = self.tp.all_reduce(x)
-        x, residual = ops.rms_norm(x, self.post_attention_layernorm, self.eps, residual)
         if self.moe is not None:
+            x, residual = ops.rms_norm(x, self.post_attention_layernorm, self.eps, residual)
             return self.moe(x), residual
         assert self.gate_up_proj is not None and self.down_proj is not None
-        gate_up = _linear(ops, x, self.gate_up_proj, self.gate_up_proj_scale,
-                          self.gate_up_proj_input_scale)  # [T, 2I]
+        gate_up, residual = _norm_linear(ops, x, residual, self.post_attention_layernorm,
+                                         self.eps, self.gate_up_proj, self.gate_up_proj_scale,
+                                         self.gate_up_proj_input_scale)  # [T, 2I]
         if self.down_proj_scale is None:  # the ops may fuse the activation into the linear
             x = ops.silu_mul_linear(gate_up, self.down_proj)
         else:

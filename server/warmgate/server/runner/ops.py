@@ -55,6 +55,14 @@ class TorchOps:
         """x: [T, K] @ weight [N, K]^T (+ bias [N]) -> [T, N]: every projection and the head."""
         return F.linear(x, weight) if bias is None else F.linear(x, weight, bias)
 
+    def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None,
+                    norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """rms_norm(x, norm_weight, eps, residual) then linear on its output: (out [T, N],
+        new_residual [T, H]), which an ops object may run as one kernel."""
+        normed, residual = self.rms_norm(x, norm_weight, eps, residual)
+        return self.linear(normed, weight, bias), residual
+
     def log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
         """logits: [R, V] -> float32 log-probabilities [R, V] (the logprobs' normaliser)."""
         return torch.log_softmax(logits.float(), dim=-1)
