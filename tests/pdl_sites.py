@@ -14,11 +14,11 @@ import torch
 from warmgate.server.config.moe_kernel import MoELaunch
 from warmgate.server.kernels.activation import silu_and_mul
 from warmgate.server.kernels.decode_attention import merge_counts_for, paged_attention_decode
-from warmgate.server.kernels.dense_gemv import dense_gemv, silu_mul_gemv
+from warmgate.server.kernels.dense_gemv import dense_gemv, norm_gemv, silu_mul_gemv
 from warmgate.server.kernels.gemv_plan import MAX_ROWS, GemvLaunch
 from warmgate.server.kernels.moe_gemv import moe_gemv
 from warmgate.server.kernels.moe_route import route_topk
-from warmgate.server.kernels.moe_router import counts_for, router_top_k
+from warmgate.server.kernels.moe_router import counts_for, norm_router_top_k, router_top_k
 from warmgate.server.kernels.rms_norm import rms_norm
 from warmgate.server.kernels.rope_cache import rope_and_cache
 from warmgate.server.runner.ops import build_cos_sin_cache
@@ -53,6 +53,13 @@ def _dense_gemv() -> None:
     w, bias = torch.randn(48, 64, dtype=BF16), torch.randn(48, dtype=BF16)
     dense_gemv(torch.randn(1, 64, dtype=BF16), w, bias, launch=ONE_ROW)
     dense_gemv(torch.randn(3, 64, dtype=BF16), w, launch=ROWS)
+
+
+def _norm_gemv() -> None:
+    x = torch.randn(1, 64, dtype=BF16)
+    for residual in (x, None):
+        norm_gemv(x, residual, torch.randn(64, dtype=BF16), 1e-6, torch.randn(48, 64, dtype=BF16),
+                  launch=ONE_ROW)
 
 
 def _silu_mul_gemv() -> None:
@@ -100,12 +107,15 @@ def _route_topk() -> None:
 
 
 def _router_top_k() -> None:
-    router_top_k(torch.randn(2, 64, dtype=BF16), torch.randn(8, 64, dtype=BF16),
-                 counts_for(torch.device("cpu")), 2, True)
+    x, router, counts = (torch.randn(2, 64, dtype=BF16), torch.randn(8, 64, dtype=BF16),
+                         counts_for(torch.device("cpu")))
+    router_top_k(x, router, counts, 2, True)
+    norm_router_top_k(x, x, torch.randn(64, dtype=BF16), 1e-6, router, counts, 2, True)
 
 
 SITES: dict[str, Callable[[], None]] = {
-    "dense_gemv": _dense_gemv, "silu_mul_gemv": _silu_mul_gemv, "rms_norm": _rms_norm,
+    "dense_gemv": _dense_gemv, "norm_gemv": _norm_gemv, "silu_mul_gemv": _silu_mul_gemv,
+    "rms_norm": _rms_norm,
     "silu_and_mul": _silu_and_mul, "rope_and_cache": _rope_and_cache,
     "paged_attention_decode": _paged_attention_decode, "moe_gemv": _moe_gemv,
     "route_topk": _route_topk, "router_top_k": _router_top_k,

@@ -20,9 +20,13 @@ from warmgate.server.kernels.moe_router import (
     MAX_TOKENS,
     _router_kernel,
     counts_for,
+    norm_router_applies,
+    norm_router_top_k,
     router_applies,
     router_top_k,
 )
+from warmgate.server.kernels.ops import TritonOps
+from warmgate.server.kernels.rms_norm import rms_norm
 from warmgate.server.runner.moe import MoEBlock, route, torch_moe
 
 DEVICE = kernel_device(_router_kernel)
@@ -135,3 +139,65 @@ def test_what_it_does_not_take_is_refused_and_a_moe_block_routes_it_the_other_wa
     finally:
         _router_kernel.run = kernel  # type: ignore[method-assign]
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("residual", [True, False])
+def test_the_norm_in_front_is_rms_norm_then_the_router(dtype: torch.dtype,
+                                                       residual: bool) -> None:
+    """The residual to rms_norm's bit, the normalised rows (the experts' input) within an ulp
+    of it, the routing router_top_k's on them; a NaN row (graph padding) stays in its row."""
+    x, w = _inputs(5, 24, 300, dtype, seed=7)
+    gen = torch.Generator().manual_seed(8)
+    res = torch.randn(5, 300, generator=gen).to(DEVICE, dtype) if residual else None
+    norm_w = torch.randn(300, generator=gen).to(DEVICE, dtype)
+    x[3] = float("nan")
+    want_normed, want_res = rms_norm(x, norm_w, 1e-5, res)
+    counts = counts_for(torch.device(DEVICE))
+    want_w, want_i = router_top_k(want_normed, w, counts, 4, True)
+    for _ in range(2):
+        normed, new_res, weights, ids = norm_router_top_k(x, res, norm_w, 1e-5, w, counts, 4,
+                                                          True)
+        if residual:
+            torch.testing.assert_close(new_res, want_res, rtol=0, atol=0, equal_nan=True)
+        else:
+            assert new_res is x
+        real = torch.tensor([0, 1, 2, 4], device=DEVICE)
+        torch.testing.assert_close(normed[real], want_normed[real], rtol=1e-2 if dtype ==
+                                   torch.bfloat16 else 1e-6, atol=1e-6)
+        assert normed[3].isnan().all() and ids[3].tolist() == [0, 1, 2, 3]
+        assert torch.equal(ids[real], want_i[real])
+        torch.testing.assert_close(weights[real], want_w[real], rtol=1e-2, atol=1e-3)
+        assert not counts.any()
+    assert not norm_router_applies(x, res, norm_w[:64], w)
+    with pytest.raises(ValueError, match="norm_router_top_k"):
+        norm_router_top_k(x, res, norm_w[:64], 1e-5, w, counts, 4, True)
+
+
+def test_the_triton_ops_fuse_the_moe_layers_norm_where_the_router_takes_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """TritonOps.norm_moe: a few tokens through the norm-fused router, more through rms_norm
+    then the block; both as rms_norm then a block without the fused router."""
+    config = ModelConfig(architecture="mixtral", hidden_size=48, num_experts=8,
+                         num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+    device = torch.device(DEVICE)
+    reference = MoEBlock(config, device, torch.float32, experts=torch_moe, fused_router=False)
+    fused = MoEBlock(config, device, torch.float32, experts=torch_moe, fused_router=True)
+    gen = torch.Generator().manual_seed(6)
+    for a, b in zip(reference.parameters(), fused.parameters(), strict=True):
+        a.copy_(torch.randn(a.shape, generator=gen) / a.shape[-1] ** 0.5)
+        b.copy_(a)
+    calls: list[int] = []
+    real = fused._norm_route_and_run_experts
+    monkeypatch.setattr(fused, "normed_experts", lambda x, *a: calls.append(x.shape[0])
+                        or real(x, *a))
+    ops = TritonOps()
+    norm_w = torch.randn(48, generator=gen).to(DEVICE)
+    for tokens in (3, MAX_TOKENS + 1):
+        x, res = (torch.randn(tokens, 48, generator=gen).to(DEVICE) for _ in range(2))
+        out, new_res = ops.norm_moe(x, res, norm_w, 1e-5, fused)
+        normed, want_res = ops.rms_norm(x, norm_w, 1e-5, res)
+        assert torch.equal(new_res, want_res)
+        torch.testing.assert_close(out, reference(normed), rtol=1e-5, atol=1e-5)
+        assert not reference.fuses_norm(x, res, norm_w)
+    assert calls == [3]

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from warmgate.server.kernels._attention_tile import mm
 from warmgate.server.kernels._launch import ieee_dots, upcast_dots
+from warmgate.server.kernels._row_norm import normed_tile, residual_sum, rstd_of
 from warmgate.server.kernels.gemv_plan import (
     MAX_ROWS,
     GemvLaunch,
@@ -85,31 +86,15 @@ def _warm_first_tile(w_rows, ks, n_mask, k_hi):
 @triton.jit
 def _row_rstd(x_ptr, res_ptr, res_out_ptr, eps, K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
               BLOCK_H: tl.constexpr):
-    """NORM's prologue, kernels/rms_norm.py's arithmetic on the one row: the residual sum
-    rounded to the activation dtype (stored to res_out by the grid's first program), and
-    1 / sqrt(mean of its squares + eps)."""
+    """NORM's prologue on the one row: its rstd (kernels/_row_norm.py), the residual sum
+    stored to res_out by the grid's first program."""
     offs = tl.arange(0, BLOCK_H)
     mask = offs < K
-    h = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        s = (h + r).to(res_out_ptr.dtype.element_ty)
+    h = residual_sum(x_ptr, res_ptr, offs, mask, HAS_RESIDUAL)
+    if HAS_RESIDUAL:  # noqa: SIM102  # a constexpr test, then a runtime one: not one `and`
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-            tl.store(res_out_ptr + offs, s, mask=mask)
-        h = s.to(tl.float32)
-    return 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / K + eps)
-
-
-@triton.jit
-def _normed_tile(x_ptr, res_ptr, norm_w_ptr, ks, mask, rstd, HAS_RESIDUAL: tl.constexpr):
-    """The normalised row at ks, rounded to the activation dtype as rms_norm stores it."""
-    x = tl.load(x_ptr + ks, mask=mask, other=0.0)
-    h = x.to(tl.float32)
-    if HAS_RESIDUAL:
-        h = (h + tl.load(res_ptr + ks, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
-        h = h.to(tl.float32)
-    w = tl.load(norm_w_ptr + ks, mask=mask, other=0.0).to(tl.float32)
-    return (h * rstd * w).to(x.dtype)
+            tl.store(res_out_ptr + offs, h.to(res_out_ptr.dtype.element_ty), mask=mask)
+    return rstd_of(h, K, eps)
 
 
 @triton.jit(do_not_specialize=["M", "has_bias", "eps"])
@@ -157,7 +142,7 @@ def _gemv_kernel(
                 w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & k_mask[None, :],
                             other=0.0)
             if NORM:
-                x = _normed_tile(x_ptr, res_ptr, norm_w_ptr, ks, k_mask, rstd, HAS_RESIDUAL)
+                x = normed_tile(x_ptr, res_ptr, norm_w_ptr, ks, k_mask, rstd, HAS_RESIDUAL)
             else:
                 x = _x_tile(x_ptr + ks, k_mask, K, SILU_MUL)
             acc += w.to(tl.float32) * x.to(tl.float32)[None, :]

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from warmgate.server.kernels._launch import pow2
+from warmgate.server.kernels._row_norm import normed_tile, residual_sum, rstd_of
 from warmgate.server.kernels.moe_route import store_top_k, top_k_of
 from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 
@@ -45,28 +46,49 @@ def counts_for(device: torch.device) -> torch.Tensor:
     return torch.zeros(MAX_TOKENS, dtype=torch.int32, device=device)
 
 
-@triton.jit(do_not_specialize=["num_tokens"])
+@triton.jit(do_not_specialize=["num_tokens", "eps"])
 def _router_kernel(
     x_ptr, w_ptr, partial_ptr, counts_ptr, weights_ptr, ids_ptr, num_tokens, num_experts,
+    res_ptr, norm_w_ptr, normed_ptr, res_out_ptr, eps,
     K: tl.constexpr, SPLITS: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr, TOP_K: tl.constexpr, K_POW2: tl.constexpr, E_POW2: tl.constexpr,
-    RENORMALIZE: tl.constexpr, USE_PDL: tl.constexpr,
+    RENORMALIZE: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Grid (T, expert tiles, SPLITS). x [T, K], w [E, K] contiguous; partial [SPLITS, T, E]
-    float32; counts [>= T] int32, zero; weights [T, TOP_K] float32, ids [T, TOP_K] int64."""
+    float32; counts [>= T] int32, zero; weights [T, TOP_K] float32, ids [T, TOP_K] int64.
+    NORM: the router's input is rms_norm(x (+ res), norm_w, eps) (kernels/_row_norm.py,
+    BLOCK_H: K's power of two), which the token's program (token, 0, 0) stores to normed
+    [T, K] (the experts' input), with the residual sum to res_out [T, K]."""
     token = tl.program_id(0).to(tl.int64)
     split = tl.program_id(2)
     offs_e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_mask = offs_e < num_experts
     offs_k = tl.arange(0, BLOCK_K)
     k_lo = split * K_PER_SPLIT
+    row = token * K
     pdl_wait(USE_PDL)  # x is the previous kernel's output
     pdl_release(USE_PDL)
+    if NORM:
+        offs_h = tl.arange(0, BLOCK_H)
+        h_mask = offs_h < K
+        h = residual_sum(x_ptr + row, res_ptr + row, offs_h, h_mask, HAS_RESIDUAL)
+        rstd = rstd_of(h, K, eps)
+        if (tl.program_id(1) == 0) & (split == 0):
+            dtype = normed_ptr.dtype.element_ty
+            if HAS_RESIDUAL:
+                tl.store(res_out_ptr + row + offs_h, h.to(dtype), mask=h_mask)
+            norm_w = tl.load(norm_w_ptr + offs_h, mask=h_mask, other=0.0).to(tl.float32)
+            tl.store(normed_ptr + row + offs_h, (h * rstd * norm_w).to(dtype), mask=h_mask)
     acc = tl.zeros((BLOCK_E, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K_PER_SPLIT, BLOCK_K):
         ks = k_lo + k0 + offs_k
         k_mask = ks < K
-        x = tl.load(x_ptr + token * K + ks, mask=k_mask, other=0.0).to(tl.float32)
+        if NORM:
+            x = normed_tile(x_ptr + row, res_ptr + row, norm_w_ptr, ks, k_mask, rstd,
+                            HAS_RESIDUAL).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + row + ks, mask=k_mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + offs_e.to(tl.int64)[:, None] * K + ks[None, :],
                     mask=e_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
         acc += w * x[None, :]
@@ -95,6 +117,17 @@ def router_applies(hidden: torch.Tensor, router: torch.Tensor) -> bool:
             and hidden.is_contiguous() and router.is_contiguous())
 
 
+def norm_router_applies(x: torch.Tensor, residual: torch.Tensor | None,
+                        norm_weight: torch.Tensor, router: torch.Tensor) -> bool:
+    """Whether norm_router_top_k takes these: router_applies' rows, a residual of their shape
+    and dtype (or none) and a contiguous norm weight [H] of their dtype."""
+    return (router_applies(x, router)
+            and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype
+                                      and residual.is_contiguous()))
+            and norm_weight.shape == (x.shape[1],) and norm_weight.dtype == x.dtype
+            and norm_weight.is_contiguous())
+
+
 def router_top_k(hidden: torch.Tensor, router: torch.Tensor, counts: torch.Tensor,
                  top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """runner.moe.route(F.linear(hidden, router), top_k, renormalize) in one launch: hidden
@@ -104,19 +137,52 @@ def router_top_k(hidden: torch.Tensor, router: torch.Tensor, counts: torch.Tenso
         raise ValueError(f"router_top_k: hidden {tuple(hidden.shape)} {hidden.dtype}, router "
                          f"{tuple(router.shape)} {router.dtype}: not 1..{MAX_TOKENS} contiguous "
                          "rows of the router's width and dtype")
-    num_tokens, k = hidden.shape
+    return _launch(hidden, router, counts, top_k, renormalize, None)
+
+
+def norm_router_top_k(x: torch.Tensor, residual: torch.Tensor | None,
+                      norm_weight: torch.Tensor, eps: float, router: torch.Tensor,
+                      counts: torch.Tensor, top_k: int, renormalize: bool
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kernels.rms_norm.rms_norm(x, norm_weight, eps, residual), then router_top_k on its
+    output, in the one launch: (normed [T, H], new residual [T, H] (x itself without one),
+    weights, ids). Every program normalises its token's row itself; the normalised rows and
+    the residual are rms_norm's arithmetic (the residual to the bit, the normalised values
+    within an ulp where the sum of squares adds in another order)."""
+    if not norm_router_applies(x, residual, norm_weight, router):
+        raise ValueError(f"norm_router_top_k: x {tuple(x.shape)} {x.dtype}, residual "
+                         f"{None if residual is None else tuple(residual.shape)}, norm weight "
+                         f"{tuple(norm_weight.shape)}, router {tuple(router.shape)}: not "
+                         f"1..{MAX_TOKENS} contiguous rows with a norm weight of their width")
+    normed = torch.empty_like(x)
+    res_out = x if residual is None else torch.empty_like(x)
+    weights, ids = _launch(x, router, counts, top_k, renormalize,
+                           (residual, norm_weight, eps, normed, res_out))
+    return normed, res_out, weights, ids
+
+
+def _launch(x: torch.Tensor, router: torch.Tensor, counts: torch.Tensor, top_k: int,
+            renormalize: bool,
+            norm: tuple[torch.Tensor | None, torch.Tensor, float, torch.Tensor, torch.Tensor]
+            | None) -> tuple[torch.Tensor, torch.Tensor]:
+    num_tokens, k = x.shape
     num_experts = router.shape[0]
-    block_k = min(STEP_BYTES // hidden.element_size(), pow2(k, 16))
+    block_k = min(STEP_BYTES // x.element_size(), pow2(k, 16))
     k_per_split = STEPS_PER_SPLIT * block_k
     splits = triton.cdiv(k, k_per_split)
     partial = torch.empty(splits, num_tokens, num_experts, dtype=torch.float32,
-                          device=hidden.device)
-    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=hidden.device)
-    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=hidden.device)
+                          device=x.device)
+    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=x.device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=x.device)
+    # Without a norm its arguments are unread stand-ins (x); without a residual, two of them.
+    residual, norm_weight, eps, normed, res_out = norm or (None, x, 0.0, x, x)
     grid = (num_tokens, triton.cdiv(num_experts, BLOCK_E), splits)
-    _router_kernel[grid](hidden, router, partial, counts, weights, ids, num_tokens,
-                         num_experts, K=k, SPLITS=splits, K_PER_SPLIT=k_per_split,
-                         BLOCK_E=BLOCK_E, BLOCK_K=block_k, TOP_K=top_k, K_POW2=pow2(top_k),
-                         E_POW2=pow2(num_experts, 16), RENORMALIZE=renormalize, num_warps=4,
-                         **launch_args(hidden))
+    _router_kernel[grid](x, router, partial, counts, weights, ids, num_tokens, num_experts,
+                         x if residual is None else residual, norm_weight, normed, res_out, eps,
+                         K=k, SPLITS=splits, K_PER_SPLIT=k_per_split, BLOCK_E=BLOCK_E,
+                         BLOCK_K=block_k, TOP_K=top_k, K_POW2=pow2(top_k),
+                         E_POW2=pow2(num_experts, 16), RENORMALIZE=renormalize,
+                         NORM=norm is not None, HAS_RESIDUAL=residual is not None,
+                         BLOCK_H=pow2(k, 16) if norm is not None else 16, num_warps=4,
+                         **launch_args(x))
     return weights, ids

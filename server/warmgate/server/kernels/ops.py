@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
@@ -16,6 +18,9 @@ from warmgate.server.kernels.dense_gemv import (
 from warmgate.server.kernels.linear_choices import SILU_MUL, LinearChoices
 from warmgate.server.kernels.rms_norm import rms_norm
 from warmgate.server.kernels.rotary import rotary_embedding
+
+if TYPE_CHECKING:
+    from warmgate.server.runner.moe import MoEBlock
 
 
 class TritonOps:
@@ -60,6 +65,19 @@ class TritonOps:
             return norm_gemv(x, residual, norm_weight, eps, weight, bias)
         normed, residual = self.rms_norm(x, norm_weight, eps, residual)
         return self.linear(normed, weight, bias), residual
+
+    def norm_moe(self, x: torch.Tensor, residual: torch.Tensor | None,
+                 norm_weight: torch.Tensor, eps: float, moe: MoEBlock
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """rms_norm then the MoE block -> (out [T, H], new_residual [T, H]): where the block's
+        fused router takes the rows (a few tokens, on CUDA), the norm runs in the router's
+        launch (kernels.moe_router.norm_router_top_k, this class's rms_norm arithmetic), and
+        the rms_norm launch is gone; else the two. (--deterministic on CUDA, whose ops
+        subclass this, refuses MoE models.)"""
+        if moe.fuses_norm(x, residual, norm_weight):
+            return moe.normed_experts(x, residual, norm_weight, eps)
+        normed, residual = self.rms_norm(x, norm_weight, eps, residual)
+        return moe(normed), residual
 
     def log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
         """logits: [R, V] -> float32 [R, V]."""

@@ -202,8 +202,7 @@ class DecoderLayer(nn.Module):
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         if self.moe is not None:
-            x, residual = ops.rms_norm(x, self.post_attention_layernorm, self.eps, residual)
-            return self.moe(x), residual
+            return ops.norm_moe(x, residual, self.post_attention_layernorm, self.eps, self.moe)
         assert self.gate_up_proj is not None and self.down_proj is not None
         gate_up, residual = _norm_linear(ops, x, residual, self.post_attention_layernorm,
                                          self.eps, self.gate_up_proj, self.gate_up_proj_scale,

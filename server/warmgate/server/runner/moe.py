@@ -147,6 +147,7 @@ class MoEBlock(nn.Module):
         # as is whether the router runs fused, and the routing kernels are launched as they
         # are in eager mode.
         self.experts = torch.compiler.disable(self._route_and_run_experts)
+        self.normed_experts = torch.compiler.disable(self._norm_route_and_run_experts)
 
     def _route(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] float32, expert ids [T, k] int64) of the hidden rows."""
@@ -158,8 +159,35 @@ class MoEBlock(nn.Module):
                                     self.renormalize)
         return self._route_fn(F.linear(hidden, self.router), self.top_k, self.renormalize)
 
+    def fuses_norm(self, x: torch.Tensor, residual: torch.Tensor | None,
+                   norm_weight: torch.Tensor) -> bool:
+        """Whether normed_experts takes these: the fused router is on (CUDA) and takes the
+        rows with the norm in front (kernels.moe_router.norm_router_applies)."""
+        if self._router_counts is None:
+            return False
+        from warmgate.server.kernels.moe_router import norm_router_applies
+
+        return norm_router_applies(x, residual, norm_weight, self.router)
+
+    def _norm_route_and_run_experts(self, x: torch.Tensor, residual: torch.Tensor | None,
+                                    norm_weight: torch.Tensor, eps: float
+                                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """kernels.rms_norm's RMSNorm of x (the residual added in front), then this block, with
+        the norm in the router's launch (fuses_norm said so): (out [T, H], new residual)."""
+        from warmgate.server.kernels.moe_router import norm_router_top_k
+
+        assert self._router_counts is not None
+        normed, residual, weights, ids = norm_router_top_k(
+            x, residual, norm_weight, eps, self.router, self._router_counts, self.top_k,
+            self.renormalize)
+        return self._run_experts(normed, weights, ids), residual
+
     def _route_and_run_experts(self, hidden: torch.Tensor) -> torch.Tensor:
         weights, ids = self._route(hidden)
+        return self._run_experts(hidden, weights, ids)
+
+    def _run_experts(self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+                     ) -> torch.Tensor:
         launch = self.launches.launch(hidden.shape[0])
         if self.w13_scale is None:
             return self._experts_fn(hidden, self.w13, self.w2, weights, ids, launch)

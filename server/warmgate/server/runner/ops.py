@@ -8,11 +8,16 @@ dtype: bf16 rounding inside a norm or a rotation drifts more than the kernels we
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from warmgate.server.config.rope_config import RopeConfig
 from warmgate.server.runner.rope import cos_sin_cache
+
+if TYPE_CHECKING:
+    from warmgate.server.runner.moe import MoEBlock
 
 
 def build_cos_sin_cache(max_position: int, head_dim: int, rope: RopeConfig | float,
@@ -62,6 +67,14 @@ class TorchOps:
         new_residual [T, H]), which an ops object may run as one kernel."""
         normed, residual = self.rms_norm(x, norm_weight, eps, residual)
         return self.linear(normed, weight, bias), residual
+
+    def norm_moe(self, x: torch.Tensor, residual: torch.Tensor | None,
+                 norm_weight: torch.Tensor, eps: float, moe: MoEBlock
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """rms_norm(x, norm_weight, eps, residual) then the MoE block on its output: (out
+        [T, H], new_residual [T, H]), which an ops object may fuse into the router."""
+        normed, residual = self.rms_norm(x, norm_weight, eps, residual)
+        return moe(normed), residual
 
     def log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
         """logits: [R, V] -> float32 log-probabilities [R, V] (the logprobs' normaliser)."""
