@@ -45,14 +45,15 @@ def dense_grid(n: int, k: int, m: int) -> list[object]:
     from warmgate.server.kernels.gemv_plan import GemvLaunch, rows_bucket
 
     block_m = rows_bucket(m)
-    widths = (2, 4, 8, 16) if block_m == 1 else (16, 32, 64, 128)
-    depths = (128, 256, 512) if block_m == 1 else (64, 128, 256)
+    widths = (4, 8, 16) if block_m == 1 else (16, 32, 64)
+    depths = (256, 512) if block_m == 1 else (64, 128, 256)
+    warps = (4, 8) if block_m == 1 else (4,)
     out = []
-    for block_n, block_k, warps, stages in itertools.product(widths, depths, (4, 8),
-                                                              (2, 3, 4)):
+    for block_n, block_k, num_warps, stages in itertools.product(widths, depths, warps,
+                                                                  (2, 3, 4)):
         if block_k <= k and block_n <= n:
             out.append(GemvLaunch(block_m=block_m, block_n=block_n, block_k=block_k, splits=1,
-                                  k_per_split=k, num_warps=warps, num_stages=stages))
+                                  k_per_split=k, num_warps=num_warps, num_stages=stages))
     return out
 
 
@@ -62,7 +63,7 @@ def moe_grid() -> list[tuple[object, int]]:
 
     return [(MoELaunch(GEMV_BLOCK_M, block_n, block_k, warps, stages), down_n)
             for block_n, block_k, warps, stages, down_n in itertools.product(
-                (8, 16, 32), (128, 256, 512), (4, 8), (1, 2, 3), (2, 4, 8))]
+                (8, 16, 32), (128, 256), (4, 8), (1, 2), (2, 4, 8))]
 
 
 def _compile_dense(jobs: list[tuple[int, int, int, object]]) -> int:
