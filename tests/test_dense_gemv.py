@@ -217,21 +217,28 @@ def test_one_launch_per_bucket_and_no_empty_range(n: int, k: int) -> None:
             if launch.splits > 1:
                 assert launch.k_per_split % launch.block_k == 0
                 assert (launch.splits - 1) * launch.k_per_split < k, "an empty K range"
-                assert cdiv(n, launch.block_n) < H100_SMS, "split while the N tiles fill the SMs"
+                assert 2 * cdiv(n, launch.block_n) < H100_SMS, "split while the N tiles fill SMs"
             else:
                 assert launch.k_per_split == k
         assert one.block_m == 1 and next(iter(many)).block_m == MAX_ROWS
 
 
 def test_wide_weights_fill_the_gpu_without_a_split() -> None:
-    """Every 8B projection and head, and every 1B one but the narrow o/down at 2..16 rows,
-    gives every SM programs of its own over the whole of K."""
+    """Every 8B and 1B projection and head runs unsplit, over the whole of K: one row with
+    programs for every SM, 2..16 rows with at least half the SMs."""
     for n, k in MODEL_SHAPES:
         for m in (1, 4):
             launch = gemv_launch(n, k, m, 2, H100_SMS)
-            narrow = m > 1 and n == 2048
-            assert (launch.splits > 1) == narrow, (n, k, m, launch)
-            assert cdiv(n, launch.block_n) * launch.splits >= H100_SMS
+            assert launch.splits == 1, (n, k, m, launch)
+            per_sm = 1 if m == 1 else 0.5
+            assert cdiv(n, launch.block_n) >= per_sm * H100_SMS, (n, k, m, launch)
+
+
+def test_a_narrow_weight_splits_k_only_below_half_the_sms() -> None:
+    """The 16-row tiles of a 512-wide weight make 32 programs: K splits; a 2048-wide one's
+    make 128, most of the SMs, and K does not."""
+    assert gemv_launch(512, 4096, 8, 2, H100_SMS).splits > 1
+    assert gemv_launch(2048, 4096, 8, 2, H100_SMS).splits == 1
 
 
 def test_rows_outside_the_buckets_are_refused() -> None:

@@ -109,7 +109,9 @@ class ExpertShape:
 # (most tokens in the bucket, its launch). Small batches (decode) route few rows to each
 # expert, so a small BLOCK_M wastes little padding; prefill-sized batches fill big tiles.
 LAUNCH_TABLE: tuple[tuple[int, MoELaunch], ...] = (
-    (GEMV_MAX_TOKENS, MoELaunch(GEMV_BLOCK_M, 16, 256, 4, 1)),
+    # The per-slot kernels' fastest on an H100 (bench/results/h100-launch-sweep.txt: 32.3 us
+    # a Qwen3-30B-A3B layer at one token, the former N16/K256 here 49.1 on 4 warps).
+    (GEMV_MAX_TOKENS, MoELaunch(GEMV_BLOCK_M, 8, 128, 4, 1)),
     (32, MoELaunch(16, 64, 64, 4, 3)),
     (256, MoELaunch(32, 64, 64, 4, 3)),
     (2048, MoELaunch(64, 128, 64, 8, 3)),
@@ -191,15 +193,17 @@ def candidates(bucket: int, shape: ExpertShape, max_tokens: int | None = None
     """The few launches an autotune times for a bucket: the table's first, then twice and
     half its BLOCK_M, a wider BLOCK_N, the other warp count and one stage less (each no
     wider than the GEMMs); no duplicates. A per-slot bucket's: the table's, half its
-    BLOCK_N, the other warp count, twice its BLOCK_N or BLOCK_K on 8 warps (stages change
-    nothing there: its loads are not pipelined), then the grouped GEMMs' launch (so a GPU
-    where they are faster keeps them)."""
+    BLOCK_N, the other warp count, twice its BLOCK_N, BLOCK_K or both on 8 warps (stages
+    change nothing there: its loads are not pipelined), then the grouped GEMMs' launch (so a
+    GPU where they are faster keeps them)."""
     base = table_launch(bucket, shape, max_tokens)
     if base.per_slot:
         variants = [replace(base, block_n=base.block_n // 2),
                     replace(base, num_warps=4 if base.num_warps == 8 else 8),
                     replace(base, block_n=base.block_n * 2, num_warps=8),
                     replace(base, block_k=base.block_k * 2, num_warps=8),
+                    replace(base, block_n=base.block_n * 2, block_k=base.block_k * 2,
+                            num_warps=8),
                     grouped_launch(bucket, shape, max_tokens)]
     else:
         variants = [replace(base, block_m=base.block_m * 2),

@@ -12,11 +12,17 @@ weight shape and bucket serves every row count in the bucket:
   are what keep loads in flight, not one program's tile.
 - bucket 16 (2..16 rows): tl.dot on a [16, BLOCK_K] x [BLOCK_K, BLOCK_N] tile (16 is its
   smallest row tile; rows past M are masked, never loaded). BLOCK_N from 16 to 64: a wider
-  tile reads x (from L2) fewer times per weight row.
+  tile reads x (from L2) fewer times per weight row, so the widest that still gives half the
+  SMs a program, four stages deep.
 
-Both read every weight element once, along K in rows of 256 or 512 bytes. Only when the N
-tiles cannot give every SM a program (narrow N) is K split into a fixed number of ranges,
-whose float32 partials a second, tiny kernel adds in order.
+Both read every weight element once, along K in rows of 1 KB (one row) or 512 bytes (16
+rows) a step: over a grid of tiles, warps and stages on an H100
+(bench/results/h100-launch-sweep.txt) the fastest launches of every projection of
+llama-3.1-8b and qwen3-30b-a3b stepped that far (but the 8B's gate/up at 8 rows, within 1 %),
+against steps of half that in the plan before; and the 16-row tiles so cut beat cuBLAS at 8
+rows on the QKV and O projections by 5-10 %. Only when the N tiles leave more than half the
+SMs without a program (narrow N) is K split into a fixed number of ranges, whose float32
+partials a second, tiny kernel adds in order.
 """
 
 from __future__ import annotations
@@ -27,12 +33,16 @@ from dataclasses import dataclass
 # tensor-core work to do and cuBLAS's tiles are the right tool.
 MAX_ROWS = 16
 # A one-row program's tile is small, so it takes several programs per SM to keep the loads in
-# flight; a 16-row program pipelines its tl.dot operands through shared memory and needs fewer.
+# flight; a 16-row program pipelines its tl.dot operands through shared memory, and its wider
+# tile's fewer reads of x are worth leaving some SMs to the others (half of them suffice).
 ROW_PROGRAMS_PER_SM = 4
-TILE_PROGRAMS_PER_SM = 2
+TILE_PROGRAMS_PER_SM = 0.5
 # Bytes of one weight row a program loads per K step (16-byte vectors across a warp).
-ROW_STEP_BYTES = 512
-TILE_STEP_BYTES = 256
+ROW_STEP_BYTES = 1024
+TILE_STEP_BYTES = 512
+# Pipeline depth of each bucket's K loop.
+ROW_STAGES = 3
+TILE_STAGES = 4
 # A split shorter than this many K steps spends its time starting up, not streaming.
 MIN_K_STEPS_PER_SPLIT = 4
 MAX_SPLITS = 8
@@ -70,7 +80,7 @@ def rows_bucket(m: int) -> int:
     return 1 if m == 1 else MAX_ROWS
 
 
-def _block_n(n: int, choices: tuple[int, ...], programs_per_sm: int, sm_count: int) -> int:
+def _block_n(n: int, choices: tuple[int, ...], programs_per_sm: float, sm_count: int) -> int:
     """The widest tile that still gives every SM programs_per_sm programs; else the narrowest."""
     for block_n in choices:
         if cdiv(n, block_n) >= programs_per_sm * sm_count:
@@ -79,9 +89,9 @@ def _block_n(n: int, choices: tuple[int, ...], programs_per_sm: int, sm_count: i
 
 
 def _splits(n_programs: int, k_steps: int, sm_count: int) -> int:
-    """1 while the N tiles give every SM a program; else enough K ranges for about two per SM,
-    each at least MIN_K_STEPS_PER_SPLIT steps long, at most MAX_SPLITS."""
-    if n_programs >= sm_count:
+    """1 while the N tiles give half the SMs a program; else enough K ranges for about two per
+    SM, each at least MIN_K_STEPS_PER_SPLIT steps long, at most MAX_SPLITS."""
+    if 2 * n_programs >= sm_count:
         return 1
     wanted = cdiv(2 * sm_count, n_programs)
     return max(1, min(wanted, k_steps // MIN_K_STEPS_PER_SPLIT, MAX_SPLITS))
@@ -103,4 +113,4 @@ def gemv_launch(n: int, k: int, m: int, element_bytes: int, sm_count: int) -> Ge
     splits = cdiv(k_steps, per)
     return GemvLaunch(block_m=block_m, block_n=block_n, block_k=block_k, splits=splits,
                       k_per_split=per * block_k if splits > 1 else k, num_warps=4,
-                      num_stages=3)
+                      num_stages=ROW_STAGES if block_m == 1 else TILE_STAGES)
