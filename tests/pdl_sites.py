@@ -14,11 +14,12 @@ import torch
 from warmgate.server.config.moe_kernel import MoELaunch
 from warmgate.server.kernels.activation import silu_and_mul
 from warmgate.server.kernels.decode_attention import merge_counts_for, paged_attention_decode
-from warmgate.server.kernels.dense_gemv import dense_gemv, norm_gemv, silu_mul_gemv
+from warmgate.server.kernels.dense_gemv import dense_gemv, silu_mul_gemv
 from warmgate.server.kernels.gemv_plan import MAX_ROWS, GemvLaunch
 from warmgate.server.kernels.moe_gemv import moe_gemv
 from warmgate.server.kernels.moe_route import route_topk
 from warmgate.server.kernels.moe_router import counts_for, norm_router_top_k, router_top_k
+from warmgate.server.kernels.norm_gemv import norm_gemv
 from warmgate.server.kernels.rms_norm import rms_norm
 from warmgate.server.kernels.rope_cache import rope_and_cache
 from warmgate.server.runner.ops import build_cos_sin_cache
@@ -30,7 +31,7 @@ CONVERTED = (
     ("warmgate.server.kernels.rms_norm", "_rms_norm_kernel"),
     ("warmgate.server.kernels.rope_cache", "_rope_cache_kernel"),
     ("warmgate.server.kernels.decode_attention", "_decode_kernel"),
-    ("warmgate.server.kernels.decode_attention", "_merge_splits_kernel"),
+    ("warmgate.server.kernels._decode_merge", "merge_splits_kernel"),
     ("warmgate.server.kernels.activation", "_silu_and_mul_kernel"),
     ("warmgate.server.kernels.moe_gemv", "_gate_up_kernel"),
     ("warmgate.server.kernels.moe_gemv", "_down_kernel"),

@@ -24,11 +24,10 @@ from warmgate.server.kernels.dense_gemv import (
     _gemv_kernel,
     dense_gemv,
     gemv_applies,
-    norm_gemv,
-    norm_gemv_applies,
     silu_mul_gemv,
 )
 from warmgate.server.kernels.gemv_plan import MAX_ROWS, GemvLaunch, cdiv, gemv_launch
+from warmgate.server.kernels.norm_gemv import norm_gemv, norm_gemv_applies
 from warmgate.server.kernels.rms_norm import rms_norm
 
 DEVICE = kernel_device(_gemv_kernel)

@@ -30,6 +30,7 @@ from tests.serving_helpers import Served, greedy
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.core.results import PhaseResult, PhaseStatus
 from warmgate.server.kernels import dense_gemv as dense_gemv_module
+from warmgate.server.kernels import norm_gemv as norm_gemv_module
 from warmgate.server.kernels import ops as triton_ops
 from warmgate.server.kernels.gemv_plan import rows_bucket
 from warmgate.server.kernels.invariant_ops import BatchInvariantOps
@@ -122,7 +123,7 @@ def test_the_gemm_sweep_compiles_the_gemv_once_per_shape_and_row_bucket(
         monkeypatch.setattr(dense_gemv_module, name, lambda x, w, op=op: ran.append(
             (op, tuple(w.shape), rows_bucket(x.shape[0]))))
     normed: list[tuple[tuple[int, ...], bool]] = []
-    monkeypatch.setattr(dense_gemv_module, "norm_gemv", lambda x, r, nw, eps, w: normed.append(
+    monkeypatch.setattr(norm_gemv_module, "norm_gemv", lambda x, r, nw, eps, w: normed.append(
         (tuple(w.shape), r is not None)))
     gemm_shapes.sweep_gemm_shapes(runner, plan=[])
     expected = {(op, tuple(ws[0].shape), rows_bucket(m))

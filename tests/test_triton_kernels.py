@@ -26,8 +26,8 @@ from tests.paged_reference import (
     tolerance,
 )
 from warmgate.server.kernels import (
+    _decode_merge,
     choose_num_splits,
-    decode_attention,
     paged_attention_decode,
     paged_attention_varlen,
     reshape_and_cache,
@@ -249,7 +249,7 @@ def test_the_backend_merges_decode_splits_in_the_decode_kernel(
     backend._num_sms = 132
     assert backend.num_splits(2) > 1
 
-    monkeypatch.setattr(decode_attention, "_merge_splits_kernel", _Unlaunchable())
+    monkeypatch.setattr(_decode_merge, "merge_splits_kernel", _Unlaunchable())
     out = backend.forward(0, batch.q, batch.k_new, batch.v_new, batch.kv_cache,
                           _meta(batch, True))
     assert rel_err(out, reference_attention(batch, spec.scale)) <= 1e-2

@@ -25,7 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+import warmgate.server.kernels._decode_merge as _decode_merge
 from warmgate.server.kernels._attention_tile import LOG2E, M_INIT, attend_range
+from warmgate.server.kernels._decode_merge import merge_partials, split_chunk
 from warmgate.server.kernels._launch import ieee_dots, pow2, prepare_paged_attention, upcast_dots
 from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 
@@ -56,13 +58,6 @@ def choose_num_splits(num_reqs: int, num_kv_heads: int, max_context_len: int,
     useful = max(max_context_len // MIN_TOKENS_PER_SPLIT, 1)
     useful = 1 << (useful.bit_length() - 1)  # round down to a power of two
     return min(wanted, useful, MAX_SPLITS)
-
-
-@triton.jit
-def _split_chunk(seq_len, num_splits, BLOCK_N: tl.constexpr):
-    """Keys per split: an equal share of seq_len rounded up to whole tiles (at least one, so
-    the number of splits holding keys, cdiv(seq_len, chunk), is defined for seq_len 0)."""
-    return tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N), 1) * BLOCK_N
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -96,7 +91,7 @@ def _decode_kernel(
     req_rows = row_mask  # the request's rows, whichever split holds keys
     q_pos = seq_len - q_len + draft  # [BLOCK_M]
     if SPLIT:
-        chunk = _split_chunk(seq_len, num_splits, BLOCK_N)
+        chunk = split_chunk(seq_len, num_splits, BLOCK_N)
         lo = split * chunk
         hi = tl.minimum(lo + chunk, seq_len)
         # A split past the end of its sequence loads no query, runs no tile and writes
@@ -137,74 +132,13 @@ def _decode_kernel(
             count = counts_ptr + req * tl.num_programs(1) + kv_head
             if tl.atomic_add(count, 1, sem="acq_rel") == num_splits - 1:  # the last split
                 tl.store(count, 0)
-                _merge_partials(part_out_ptr, part_lse_ptr, out_ptr, token, head, req_rows,
+                merge_partials(part_out_ptr, part_lse_ptr, out_ptr, token, head, req_rows,
                                 offs_d, d_mask, tl.cdiv(seq_len, chunk), stride_ps, stride_pt,
                                 stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, BLOCK_M,
                                 BLOCK_D, True)
     else:
         dst = token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
         tl.store(out_ptr + dst, o.to(out_ptr.dtype.element_ty), mask=out_mask)
-
-
-@triton.jit
-def _merge_partials(part_out_ptr, part_lse_ptr, out_ptr, token, head, row_mask, offs_d,
-                    d_mask, num_active, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
-                    stride_ot, stride_oh, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                    VOLATILE: tl.constexpr):
-    """out[token, head] = the first num_active splits' partial outputs weighted by their
-    log-sum-exps, in split order. VOLATILE: the partials were stored by other programs of
-    this grid (the decode kernel's own merge), so no load may come from a stale cache line."""
-    mask = row_mask[:, None] & d_mask[None, :]
-    lse_off = token * stride_lt + head  # [BLOCK_M]
-    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for s in range(num_active):
-        lse = tl.load(part_lse_ptr + s * stride_ls + lse_off, mask=row_mask,
-                      other=float("-inf"), volatile=VOLATILE)
-        m = tl.maximum(m, lse)
-    # No split held keys (a padding request): no weight at all, and the output is 0.
-    m = tl.where(m == float("-inf"), 0.0, m)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    denom = tl.zeros([BLOCK_M], dtype=tl.float32)
-    src = token[:, None] * stride_pt + head[:, None] * stride_ph + offs_d[None, :]
-    for s in range(num_active):
-        lse = tl.load(part_lse_ptr + s * stride_ls + lse_off, mask=row_mask,
-                      other=float("-inf"), volatile=VOLATILE)
-        w = tl.exp2(lse - m)  # [BLOCK_M]
-        o = tl.load(part_out_ptr + s * stride_ps + src, mask=mask, other=0.0,
-                    volatile=VOLATILE)
-        acc += w[:, None] * o
-        denom += w
-    o = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
-    dst = token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-    tl.store(out_ptr + dst, o.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit(do_not_specialize=["num_splits"])
-def _merge_splits_kernel(
-    part_out_ptr, part_lse_ptr, query_start_loc_ptr, seq_lens_ptr, out_ptr,
-    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
-    num_splits,
-    GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    req = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    pdl_wait(USE_PDL)  # the partials are the decode kernel's output
-    pdl_release(USE_PDL)
-    # Only the splits that held keys wrote partials (the decode kernel's empty ones return).
-    seq_len = tl.load(seq_lens_ptr + req)
-    num_active = tl.cdiv(seq_len, _split_chunk(seq_len, num_splits, BLOCK_N))
-    q_start = tl.load(query_start_loc_ptr + req)
-    q_len = tl.minimum(tl.load(query_start_loc_ptr + req + 1) - q_start, Q_LEN)
-    offs_m = tl.arange(0, BLOCK_M)
-    draft = offs_m // GROUP
-    head = kv_head * GROUP + offs_m % GROUP
-    token = (q_start + draft).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    _merge_partials(part_out_ptr, part_lse_ptr, out_ptr, token, head, draft < q_len, offs_d,
-                    offs_d < HEAD_DIM, num_active, stride_ps, stride_pt, stride_ph, stride_ls,
-                    stride_lt, stride_ot, stride_oh, BLOCK_M, BLOCK_D, False)
 
 
 def _decode_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> tuple[int, int, int]:
@@ -295,7 +229,7 @@ def paged_attention_decode(
         num_warps=num_warps, num_stages=num_stages, **common,
     )
     if split and not merge:
-        _merge_splits_kernel[(num_reqs, num_kv_heads)](
+        _decode_merge.merge_splits_kernel[(num_reqs, num_kv_heads)](
             part_out, part_lse, query_start_loc, seq_lens, out,
             part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),

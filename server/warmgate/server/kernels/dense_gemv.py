@@ -196,7 +196,7 @@ def _planned(n: int, k: int, bucket: int, element_bytes: int, sm_count: int) -> 
     return gemv_launch(n, k, bucket, element_bytes, sm_count)
 
 
-def _aligned(t: torch.Tensor) -> bool:
+def aligned(t: torch.Tensor) -> bool:
     """A 16-byte aligned start: the compiled binary assumes it (Triton specialises a pointer
     argument on it), so another alignment would compile another binary."""
     return t.data_ptr() % 16 == 0
@@ -212,10 +212,10 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         return False
     if not 1 <= x.shape[0] <= MAX_ROWS or x.dtype != weight.dtype or x.dtype not in DTYPES:
         return False
-    if not (x.is_contiguous() and weight.is_contiguous() and _aligned(x) and _aligned(weight)):
+    if not (x.is_contiguous() and weight.is_contiguous() and aligned(x) and aligned(weight)):
         return False
     return bias is None or (bias.shape == (weight.shape[0],) and bias.dtype == x.dtype
-                            and bias.is_contiguous() and _aligned(bias))
+                            and bias.is_contiguous() and aligned(bias))
 
 
 def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -223,7 +223,7 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     """x [M, K] @ weight [N, K]^T (+ bias [N]) -> [M, N] in x's dtype, for 1 <= M <= 16,
     accumulated in float32. `launch` (default: gemv_plan's for the shape and M's bucket) and
     `sm_count` (default: the device's) are there for tests and benchmarks."""
-    return _run(x, weight, bias, False, launch, sm_count)
+    return run_gemv(x, weight, bias, False, launch, sm_count)
 
 
 def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, *,
@@ -234,55 +234,21 @@ def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, *,
     activation is computed and rounded as kernels/activation.py computes it, and the product
     is dense_gemv's (the same launch), so the result is dense_gemv(silu_and_mul(gate_up)) to
     the bit; the activation never goes through memory."""
-    return _run(gate_up, weight, None, True, launch, sm_count)
-
-
-def norm_gemv_applies(x: torch.Tensor, residual: torch.Tensor | None,
-                      norm_weight: torch.Tensor, weight: torch.Tensor,
-                      bias: torch.Tensor | None) -> bool:
-    """Whether norm_gemv takes these: dense_gemv's arguments for one row, and a residual row
-    (if any) and a norm weight [K] of its dtype, contiguous and aligned."""
-    if x.shape[0] != 1 or not gemv_applies(x, weight, bias):
-        return False
-    if residual is not None and not (residual.shape == x.shape and residual.dtype == x.dtype
-                                     and residual.is_contiguous() and _aligned(residual)):
-        return False
-    return (norm_weight.shape == (x.shape[1],) and norm_weight.dtype == x.dtype
-            and norm_weight.is_contiguous() and _aligned(norm_weight))
-
-
-def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-              eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-              launch: GemvLaunch | None = None, sm_count: int | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """kernels.rms_norm.rms_norm(x, norm_weight, eps, residual) then dense_gemv on its
-    output, for one row, in one launch: (out [1, N], the new residual [1, K], x + residual
-    rounded, or x itself without one). Each program normalises the row itself (the sum of
-    squares over all of K, then its K range tile by tile), so the normalised row never goes
-    through memory; it is rms_norm's arithmetic, its rounding of the residual sum included
-    (the residual is that kernel's to the bit; the normalised row within an ulp where the
-    sum of squares adds in another order)."""
-    if (not norm_gemv_applies(x, residual, norm_weight, weight, bias)
-            or (launch is not None and launch.block_m != 1)):
-        raise ValueError(f"norm_gemv: x {tuple(x.shape)} {x.dtype}, residual "
-                         f"{None if residual is None else tuple(residual.shape)}, norm weight "
-                         f"{tuple(norm_weight.shape)}, weight {tuple(weight.shape)}: not one "
-                         "contiguous row with a norm weight of its width and dtype")
-    res_out = x if residual is None else torch.empty_like(x)  # [1, K]
-    return _run(x, weight, bias, False, launch, sm_count,
-                _Norm(residual, norm_weight, eps, res_out)), res_out
+    return run_gemv(gate_up, weight, None, True, launch, sm_count)
 
 
 @dataclass(frozen=True)
-class _Norm:
+class GemvNorm:
+    """norm_gemv's RMSNorm in front of the product (kernels/norm_gemv.py)."""
+
     residual: torch.Tensor | None
     weight: torch.Tensor
     eps: float
     residual_out: torch.Tensor
 
 
-def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool,
-         launch: GemvLaunch | None, sm_count: int | None, norm: _Norm | None = None
+def run_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool,
+         launch: GemvLaunch | None, sm_count: int | None, norm: GemvNorm | None = None
          ) -> torch.Tensor:
     if not gemv_applies(x, weight, bias, silu_mul):
         raise ValueError(f"dense_gemv: x {tuple(x.shape)} {x.dtype}, weight "

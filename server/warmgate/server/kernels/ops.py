@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from warmgate.server.kernels.activation import silu_and_mul
-from warmgate.server.kernels.dense_gemv import (
-    dense_gemv,
-    gemv_applies,
-    norm_gemv,
-    norm_gemv_applies,
-    silu_mul_gemv,
-)
+from warmgate.server.kernels.dense_gemv import dense_gemv, gemv_applies, silu_mul_gemv
 from warmgate.server.kernels.linear_choices import SILU_MUL, LinearChoices
+from warmgate.server.kernels.norm_gemv import norm_gemv, norm_gemv_applies
 from warmgate.server.kernels.rms_norm import rms_norm
 from warmgate.server.kernels.rotary import rotary_embedding
 
-if TYPE_CHECKING:
-    from warmgate.server.runner.moe import MoEBlock
+
+class NormFusingMoE(Protocol):
+    """What norm_moe needs of a MoE block (runner.moe.MoEBlock: kernels do not import the
+    runner)."""
+
+    normed_experts: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, float],
+                             tuple[torch.Tensor, torch.Tensor]]
+
+    def fuses_norm(self, x: torch.Tensor, residual: torch.Tensor | None,
+                   norm_weight: torch.Tensor) -> bool: ...
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
 
 class TritonOps:
@@ -67,7 +73,7 @@ class TritonOps:
         return self.linear(normed, weight, bias), residual
 
     def norm_moe(self, x: torch.Tensor, residual: torch.Tensor | None,
-                 norm_weight: torch.Tensor, eps: float, moe: MoEBlock
+                 norm_weight: torch.Tensor, eps: float, moe: NormFusingMoE
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """rms_norm then the MoE block -> (out [T, H], new_residual [T, H]): where the block's
         fused router takes the rows (a few tokens, on CUDA), the norm runs in the router's

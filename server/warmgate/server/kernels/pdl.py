@@ -37,7 +37,7 @@ import triton.language as tl
 # them; every other Triton kernel is launched without PDL).
 PDL_KERNELS: Final = (
     "dense_gemv/silu_mul_gemv (_gemv_kernel, _sum_splits_kernel)", "rms_norm",
-    "rope_and_cache", "paged_attention_decode (_decode_kernel, _merge_splits_kernel)",
+    "rope_and_cache", "paged_attention_decode (_decode_kernel, merge_splits_kernel)",
     "silu_and_mul", "moe_gemv (_gate_up_kernel, _down_kernel)", "route_topk", "router_top_k")
 
 _ON: Final[Mapping[str, bool]] = MappingProxyType({"USE_PDL": True, "launch_pdl": True})

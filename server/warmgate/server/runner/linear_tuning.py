@@ -132,9 +132,10 @@ def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool],
     one row of a norm-fused shape also norm_gemv, with a residual and without (layer 0's)."""
     from triton.runtime.errors import OutOfResources  # imports triton
 
-    from warmgate.server.kernels.dense_gemv import dense_gemv, norm_gemv, silu_mul_gemv
+    from warmgate.server.kernels.dense_gemv import dense_gemv, silu_mul_gemv
     from warmgate.server.kernels.gemv_plan import rows_bucket
     from warmgate.server.kernels.linear_choices import LINEAR
+    from warmgate.server.kernels.norm_gemv import norm_gemv
 
     calls = 0
     for op, weights, ms in plan:

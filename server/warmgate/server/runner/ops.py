@@ -8,16 +8,13 @@ dtype: bf16 rounding inside a norm or a rotation drifts more than the kernels we
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from warmgate.server.config.rope_config import RopeConfig
 from warmgate.server.runner.rope import cos_sin_cache
-
-if TYPE_CHECKING:
-    from warmgate.server.runner.moe import MoEBlock
 
 
 def build_cos_sin_cache(max_position: int, head_dim: int, rope: RopeConfig | float,
@@ -69,7 +66,7 @@ class TorchOps:
         return self.linear(normed, weight, bias), residual
 
     def norm_moe(self, x: torch.Tensor, residual: torch.Tensor | None,
-                 norm_weight: torch.Tensor, eps: float, moe: MoEBlock
+                 norm_weight: torch.Tensor, eps: float, moe: Callable[[torch.Tensor], torch.Tensor]
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """rms_norm(x, norm_weight, eps, residual) then the MoE block on its output: (out
         [T, H], new_residual [T, H]), which an ops object may fuse into the router."""
