@@ -40,7 +40,8 @@ CONVERTED = (
 )
 # The kernels whose loads of these arguments may come before pdl_wait: weights, which no
 # kernel writes once they are loaded.
-WEIGHT_ARGS = {"_gemv_kernel": ("w_ptr",), "_rms_norm_kernel": ("weight_ptr",)}
+WEIGHT_ARGS = {"_gemv_kernel": ("w_ptr",), "_rms_norm_kernel": ("weight_ptr",),
+               "_router_kernel": ("w_ptr",)}
 
 BF16 = torch.bfloat16
 # One row streamed in two K splits (the split-summing kernel runs), and the tl.dot bucket.

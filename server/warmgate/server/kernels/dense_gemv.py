@@ -123,7 +123,7 @@ def _gemv_kernel(
         k_lo = tl.program_id(1) * K_PER_SPLIT
         k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K  # [BLOCK_N, 1]
-    if USE_PDL:
+    if USE_PDL or NORM:  # NORM: the tile comes in while the prologue sums the row's squares
         _warm_first_tile(w_rows, k_lo + offs_k, n_mask, k_hi)
     pdl_wait(USE_PDL)  # x is the previous kernel's output; out and ws may be its inputs
     pdl_release(USE_PDL)

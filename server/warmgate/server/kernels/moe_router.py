@@ -35,10 +35,9 @@ from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 MAX_TOKENS = 8
 # Experts per program: a one-row program streams BLOCK_E weight rows, as kernels.dense_gemv.
 BLOCK_E = 4
-# Bytes of a weight row a program loads per K step, and K steps per split: a router weight of
-# 0.5 MB (Qwen3-30B-A3B's 128 x 2048) spreads over about one program per SM.
-STEP_BYTES = 512
-STEPS_PER_SPLIT = 2
+# Bytes of a weight row a program's split covers, in one load: a router weight of 0.5 MB
+# (Qwen3-30B-A3B's 128 x 2048) spreads over about one program per SM.
+SPLIT_BYTES = 1024
 
 
 def counts_for(device: torch.device) -> torch.Tensor:
@@ -50,13 +49,14 @@ def counts_for(device: torch.device) -> torch.Tensor:
 def _router_kernel(
     x_ptr, w_ptr, partial_ptr, counts_ptr, weights_ptr, ids_ptr, num_tokens, num_experts,
     res_ptr, norm_w_ptr, normed_ptr, res_out_ptr, eps,
-    K: tl.constexpr, SPLITS: tl.constexpr, K_PER_SPLIT: tl.constexpr, BLOCK_E: tl.constexpr,
+    K: tl.constexpr, SPLITS: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr, TOP_K: tl.constexpr, K_POW2: tl.constexpr, E_POW2: tl.constexpr,
     RENORMALIZE: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    """Grid (T, expert tiles, SPLITS). x [T, K], w [E, K] contiguous; partial [SPLITS, T, E]
-    float32; counts [>= T] int32, zero; weights [T, TOP_K] float32, ids [T, TOP_K] int64.
+    """Grid (T, expert tiles, SPLITS): a program's split is one [BLOCK_E, BLOCK_K] tile of the
+    router weight. x [T, K], w [E, K] contiguous; partial [SPLITS, T, E] float32; counts
+    [>= T] int32, zero; weights [T, TOP_K] float32, ids [T, TOP_K] int64.
     NORM: the router's input is rms_norm(x (+ res), norm_w, eps) (kernels/_row_norm.py,
     BLOCK_H: K's power of two), which the token's program (token, 0, 0) stores to normed
     [T, K] (the experts' input), with the residual sum to res_out [T, K]."""
@@ -64,9 +64,13 @@ def _router_kernel(
     split = tl.program_id(2)
     offs_e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_mask = offs_e < num_experts
-    offs_k = tl.arange(0, BLOCK_K)
-    k_lo = split * K_PER_SPLIT
+    ks = split * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_mask = ks < K
     row = token * K
+    # The router weight is no kernel's output: its tile is read first, while the previous
+    # kernel finishes (PDL) and while the norm below takes the row's sum of squares.
+    w = tl.load(w_ptr + offs_e.to(tl.int64)[:, None] * K + ks[None, :],
+                mask=e_mask[:, None] & k_mask[None, :], other=0.0)
     pdl_wait(USE_PDL)  # x is the previous kernel's output
     pdl_release(USE_PDL)
     if NORM:
@@ -80,20 +84,13 @@ def _router_kernel(
                 tl.store(res_out_ptr + row + offs_h, h.to(dtype), mask=h_mask)
             norm_w = tl.load(norm_w_ptr + offs_h, mask=h_mask, other=0.0).to(tl.float32)
             tl.store(normed_ptr + row + offs_h, (h * rstd * norm_w).to(dtype), mask=h_mask)
-    acc = tl.zeros((BLOCK_E, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K_PER_SPLIT, BLOCK_K):
-        ks = k_lo + k0 + offs_k
-        k_mask = ks < K
-        if NORM:
-            x = normed_tile(x_ptr + row, res_ptr + row, norm_w_ptr, ks, k_mask, rstd,
-                            HAS_RESIDUAL).to(tl.float32)
-        else:
-            x = tl.load(x_ptr + row + ks, mask=k_mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + offs_e.to(tl.int64)[:, None] * K + ks[None, :],
-                    mask=e_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-        acc += w * x[None, :]
+    if NORM:
+        x = normed_tile(x_ptr + row, res_ptr + row, norm_w_ptr, ks, k_mask, rstd,
+                        HAS_RESIDUAL).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + row + ks, mask=k_mask, other=0.0).to(tl.float32)
     tl.store(partial_ptr + (split * num_tokens + token) * num_experts + offs_e,
-             tl.sum(acc, axis=1), mask=e_mask)
+             tl.sum(w.to(tl.float32) * x[None, :], axis=1), mask=e_mask)
     programs = tl.num_programs(1) * tl.num_programs(2)
     finished = tl.atomic_add(counts_ptr + token, 1, sem="acq_rel")
     if finished == programs - 1:  # every partial of this token is stored: route it
@@ -167,9 +164,8 @@ def _launch(x: torch.Tensor, router: torch.Tensor, counts: torch.Tensor, top_k: 
             | None) -> tuple[torch.Tensor, torch.Tensor]:
     num_tokens, k = x.shape
     num_experts = router.shape[0]
-    block_k = min(STEP_BYTES // x.element_size(), pow2(k, 16))
-    k_per_split = STEPS_PER_SPLIT * block_k
-    splits = triton.cdiv(k, k_per_split)
+    block_k = min(SPLIT_BYTES // x.element_size(), pow2(k, 16))
+    splits = triton.cdiv(k, block_k)
     partial = torch.empty(splits, num_tokens, num_experts, dtype=torch.float32,
                           device=x.device)
     weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=x.device)
@@ -179,7 +175,7 @@ def _launch(x: torch.Tensor, router: torch.Tensor, counts: torch.Tensor, top_k: 
     grid = (num_tokens, triton.cdiv(num_experts, BLOCK_E), splits)
     _router_kernel[grid](x, router, partial, counts, weights, ids, num_tokens, num_experts,
                          x if residual is None else residual, norm_weight, normed, res_out, eps,
-                         K=k, SPLITS=splits, K_PER_SPLIT=k_per_split, BLOCK_E=BLOCK_E,
+                         K=k, SPLITS=splits, BLOCK_E=BLOCK_E,
                          BLOCK_K=block_k, TOP_K=top_k, K_POW2=pow2(top_k),
                          E_POW2=pow2(num_experts, 16), RENORMALIZE=renormalize,
                          NORM=norm is not None, HAS_RESIDUAL=residual is not None,
