@@ -58,10 +58,11 @@ def _dense_gemv() -> None:
 
 
 def _norm_gemv() -> None:
-    x = torch.randn(1, 64, dtype=BF16)
-    for residual in (x, None):
-        norm_gemv(x, residual, torch.randn(64, dtype=BF16), 1e-6, torch.randn(48, 64, dtype=BF16),
-                  launch=ONE_ROW)
+    for x, launch in ((torch.randn(1, 64, dtype=BF16), ONE_ROW),
+                      (torch.randn(3, 64, dtype=BF16), ROWS)):
+        for residual in (x, None):
+            norm_gemv(x, residual, torch.randn(64, dtype=BF16), 1e-6,
+                      torch.randn(48, 64, dtype=BF16), launch=launch)
 
 
 def _silu_mul_gemv() -> None:

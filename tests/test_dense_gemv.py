@@ -161,23 +161,27 @@ def test_silu_mul_takes_gate_and_up_of_twice_the_width() -> None:
     (48, 80, True, False, None), (37, 300, False, True, None), (64, 256, True, True, None),
     (40, 336, True, False, GemvLaunch(block_m=1, block_n=8, block_k=64, splits=3,
                                       k_per_split=128, num_warps=4, num_stages=1))])
+@pytest.mark.parametrize("m", [1, 3, MAX_ROWS])
 def test_the_norm_fused_in_is_rms_norm_then_the_gemv(
         dtype: torch.dtype, n: int, k: int, residual: bool, bias: bool,
-        launch: GemvLaunch | None) -> None:
-    """One row: the new residual is rms_norm's to the bit (program 0 of the grid stores it),
-    the product the unfused GEMV's on rms_norm's output (the normalised row may differ by an
-    ulp where the sum of squares adds in another order); without a residual the row itself
-    is the new residual, as rms_norm returns it."""
-    x, w, b = _operands(1, n, k, dtype, seed=k, bias=bias)
+        launch: GemvLaunch | None, m: int) -> None:
+    """Each row's new residual is rms_norm's to the bit (program 0 of the grid stores them),
+    the product the unfused GEMV's on rms_norm's output (a normalised row may differ by an
+    ulp where its sum of squares adds in another order); without a residual the rows
+    themselves are the new residual, as rms_norm returns them. One row and the 16-row tiles."""
+    if launch is not None and m > 1:
+        launch = GemvLaunch(block_m=MAX_ROWS, block_n=16, block_k=64, splits=3,
+                            k_per_split=128, num_warps=4, num_stages=1)
+    x, w, b = _operands(m, n, k, dtype, seed=k, bias=bias)
     gen = torch.Generator().manual_seed(n)
-    res = torch.randn(1, k, generator=gen).to(DEVICE, dtype) if residual else None
+    res = torch.randn(m, k, generator=gen).to(DEVICE, dtype) if residual else None
     norm_w = torch.randn(k, generator=gen).to(DEVICE, dtype)
     normed, want_res = rms_norm(x, norm_w, 1e-6, res)
     want = dense_gemv(normed, w, b, launch=launch)
     out, new_res = norm_gemv(x, res, norm_w, 1e-6, w, b, launch=launch)
     assert torch.equal(new_res, want_res)
     assert (new_res is x) is (res is None)
-    assert out.dtype == dtype and out.shape == (1, n)
+    assert out.dtype == dtype and out.shape == (m, n)
     assert rel_err(out, want) < TOLERANCE[dtype] / 10
 
 
@@ -186,16 +190,14 @@ def test_what_the_norm_fused_gemv_takes_and_refuses() -> None:
     row, norm_w = x[:1], torch.ones(80, dtype=torch.bfloat16, device=DEVICE)
     assert norm_gemv_applies(row, row, norm_w, w, b) and norm_gemv_applies(row, None, norm_w, w,
                                                                              None)
-    refused = {"two rows": (x, x, norm_w), "residual dtype": (row, row.float(), norm_w),
+    wide = torch.zeros(MAX_ROWS + 1, 80, dtype=torch.bfloat16, device=DEVICE)
+    assert norm_gemv_applies(x, x, norm_w, w, b)  # 2..16 rows: the tl.dot tiles
+    refused = {"17 rows": (wide, wide, norm_w), "residual dtype": (row, row.float(), norm_w),
                "norm width": (row, row, norm_w[:64]), "norm dtype": (row, row, norm_w.float())}
     for why, (xx, rr, nn) in refused.items():
         assert not norm_gemv_applies(xx, rr, nn, w, b), why
         with pytest.raises(ValueError, match="norm_gemv"):
             norm_gemv(xx, rr, nn, 1e-6, w, b)
-    rows_launch = GemvLaunch(block_m=MAX_ROWS, block_n=16, block_k=64, splits=1,
-                             k_per_split=80, num_warps=4, num_stages=1)
-    with pytest.raises(ValueError, match="norm_gemv"):
-        norm_gemv(row, row, norm_w, 1e-6, w, launch=rows_launch)
 
 
 # ---------------------------------------------------------------- the plan

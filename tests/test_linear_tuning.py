@@ -130,12 +130,12 @@ def test_the_gemm_sweep_compiles_the_gemv_once_per_shape_and_row_bucket(
                 for op, ws, ms in linear_plan(runner, 16) for m in ms}
     assert sorted(ran) == sorted(expected)  # each once
     assert len({(op, shape) for op, shape, _ in ran}) == 6  # 4 projections, fused down, head
-    # At one row the QKV and gate/up projections run with their norm fused in: with a
-    # residual, and without (layer 0's QKV), each a binary of its own.
+    # The QKV and gate/up projections run with their norm fused in: with a residual, and
+    # without (layer 0's QKV), each a binary of its own per row bucket.
     layer = runner.model.layers[0]
     assert sorted(normed) == sorted((tuple(w.shape), r) for w in (layer.qkv_proj,
                                                                    layer.gate_up_proj)
-                                    for r in (True, False))
+                                    for r in (True, False) for _bucket in (1, 16))
 
 
 def test_each_key_is_timed_once_and_never_again() -> None:
@@ -189,8 +189,8 @@ def test_served_steps_run_the_chosen_gemv_and_match_torch(
     assert outputs[0] == outputs[1]
     assert {1, 2, 7} <= set(rows)  # decodes of one and two requests, the short prefill
     assert {1, 2, 7} <= set(fused)  # the MLP's down projection, SiLU-and-mul fused in
-    # A decode of one request: the QKV and gate/up projections with their norms fused in.
-    assert normed and set(normed) == {1}
+    # The QKV and gate/up projections with their norms fused in, wherever the GEMV runs them.
+    assert {1, 2, 7} <= set(normed)
     assert _choices(runner).misses == 0
 
 

@@ -25,7 +25,13 @@ import triton.language as tl
 
 from warmgate.server.kernels._attention_tile import mm
 from warmgate.server.kernels._launch import ieee_dots, upcast_dots
-from warmgate.server.kernels._row_norm import normed_tile, residual_sum, rstd_of
+from warmgate.server.kernels._row_norm import (
+    normed_rows,
+    normed_tile,
+    residual_sum,
+    rows_rstd,
+    rstd_of,
+)
 from warmgate.server.kernels.gemv_plan import (
     MAX_ROWS,
     GemvLaunch,
@@ -110,9 +116,10 @@ def _gemv_kernel(
     """Grid (N tiles, SPLITS). x [M, X_STRIDE] (X_STRIDE = K, or 2K with SILU_MUL: x is
     gate_up, see _x_tile), w [N, K], out [M, N], all contiguous. EVEN_K: K is a multiple of
     BLOCK_K, so no K step is partial and the loads need no K mask. USE_PDL: kernels.pdl.
-    NORM (one row, BLOCK_M 1): the product's input is rms_norm(x (+ res), norm_w, eps),
-    computed per tile from x, res and norm_w [K] (BLOCK_H: K's power of two), the residual
-    sum stored to res_out [1, K] (see norm_gemv)."""
+    NORM: the product's input is rms_norm(x (+ res), norm_w, eps), computed per tile from x,
+    res [M, K] and norm_w [K] after a prologue that takes each row's sum of squares (one row:
+    at once, BLOCK_H being K's power of two; 16 rows: in BLOCK_K chunks), the residual sums
+    stored to res_out [M, K] by the grid's first program (see kernels/norm_gemv.py)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
@@ -127,9 +134,9 @@ def _gemv_kernel(
         _warm_first_tile(w_rows, k_lo + offs_k, n_mask, k_hi)
     pdl_wait(USE_PDL)  # x is the previous kernel's output; out and ws may be its inputs
     pdl_release(USE_PDL)
-    if NORM:
-        rstd = _row_rstd(x_ptr, res_ptr, res_out_ptr, eps, K, HAS_RESIDUAL, BLOCK_H)
     if BLOCK_M == 1:
+        if NORM:
+            rstd = _row_rstd(x_ptr, res_ptr, res_out_ptr, eps, K, HAS_RESIDUAL, BLOCK_H)
         # One row: a float32 product per (weight row, lane), summed along K once at the end.
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -153,18 +160,27 @@ def _gemv_kernel(
         offs_m = tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
         x_rows = x_ptr + offs_m[:, None] * X_STRIDE  # [BLOCK_M, 1]
+        if NORM:
+            first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
+            rstd_rows = rows_rstd(x_ptr, res_ptr, res_out_ptr, eps, offs_m, m_mask, first, K,
+                                  BLOCK_M, BLOCK_K, HAS_RESIDUAL)
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             ks = k0 + offs_k
             if EVEN_K:
-                x = _x_tile(x_rows + ks[None, :], m_mask[:, None], K, SILU_MUL)
+                k_mask = offs_k < BLOCK_K  # all true
+                x_mask = m_mask[:, None]
                 w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None], other=0.0)
             else:
                 k_mask = ks < K
-                x = _x_tile(x_rows + ks[None, :], m_mask[:, None] & k_mask[None, :], K,
-                            SILU_MUL)
+                x_mask = m_mask[:, None] & k_mask[None, :]
                 w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & k_mask[None, :],
                             other=0.0)
+            if NORM:
+                x = normed_rows(x_ptr, res_ptr, norm_w_ptr, offs_m[:, None] * K + ks[None, :],
+                                ks, x_mask, k_mask, rstd_rows, HAS_RESIDUAL)
+            else:
+                x = _x_tile(x_rows + ks[None, :], x_mask, K, SILU_MUL)
             total += mm(x, tl.trans(w), UPCAST, IEEE)
         _finish(total, offs_m, offs_n, m_mask, n_mask, bias_ptr, out_ptr, ws_ptr, M,
                 has_bias, N, SPLITS)

@@ -1,20 +1,20 @@
-"""The dense GEMV with the RMSNorm in front of it, for one row (kernels/dense_gemv.py's kernel
-with NORM): a layer's QKV or gate/up projection at batch 1 without the rms_norm launch."""
+"""The dense GEMV with the RMSNorm in front of it (kernels/dense_gemv.py's kernel with NORM):
+a layer's QKV or gate/up projection at decode sizes without the rms_norm launch."""
 
 from __future__ import annotations
 
 import torch
 
 from warmgate.server.kernels.dense_gemv import GemvNorm, aligned, gemv_applies, run_gemv
-from warmgate.server.kernels.gemv_plan import GemvLaunch
+from warmgate.server.kernels.gemv_plan import MAX_ROWS, GemvLaunch
 
 
 def norm_gemv_applies(x: torch.Tensor, residual: torch.Tensor | None,
                       norm_weight: torch.Tensor, weight: torch.Tensor,
                       bias: torch.Tensor | None) -> bool:
-    """Whether norm_gemv takes these: dense_gemv's arguments for one row, and a residual row
-    (if any) and a norm weight [K] of its dtype, contiguous and aligned."""
-    if x.shape[0] != 1 or not gemv_applies(x, weight, bias):
+    """Whether norm_gemv takes these: dense_gemv's arguments (1..16 rows), a residual of x's
+    shape and dtype (if any) and a norm weight [K] of its dtype, contiguous and aligned."""
+    if not gemv_applies(x, weight, bias):
         return False
     if residual is not None and not (residual.shape == x.shape and residual.dtype == x.dtype
                                      and residual.is_contiguous() and aligned(residual)):
@@ -27,19 +27,19 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
               eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
               launch: GemvLaunch | None = None, sm_count: int | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """kernels.rms_norm.rms_norm(x, norm_weight, eps, residual) then dense_gemv on its
-    output, for one row, in one launch: (out [1, N], the new residual [1, K], x + residual
-    rounded, or x itself without one). Each program normalises the row itself (the sum of
-    squares over all of K, then its K range tile by tile), so the normalised row never goes
+    """kernels.rms_norm.rms_norm(x, norm_weight, eps, residual) then dense_gemv on its output,
+    for 1..16 rows, in one launch: (out [M, N], the new residual [M, K], x + residual rounded,
+    or x itself without one). Each program normalises the rows itself (their sums of squares
+    over all of K first, then its K range tile by tile), so the normalised rows never go
     through memory; it is rms_norm's arithmetic, its rounding of the residual sum included
-    (the residual is that kernel's to the bit; the normalised row within an ulp where the
-    sum of squares adds in another order)."""
-    if (not norm_gemv_applies(x, residual, norm_weight, weight, bias)
-            or (launch is not None and launch.block_m != 1)):
+    (the residual is that kernel's to the bit; the normalised rows within an ulp where the
+    sums of squares add in another order)."""
+    if not norm_gemv_applies(x, residual, norm_weight, weight, bias):
         raise ValueError(f"norm_gemv: x {tuple(x.shape)} {x.dtype}, residual "
                          f"{None if residual is None else tuple(residual.shape)}, norm weight "
-                         f"{tuple(norm_weight.shape)}, weight {tuple(weight.shape)}: not one "
-                         "contiguous row with a norm weight of its width and dtype")
-    res_out = x if residual is None else torch.empty_like(x)  # [1, K]
+                         f"{tuple(norm_weight.shape)}, weight {tuple(weight.shape)}: not "
+                         f"1..{MAX_ROWS} contiguous rows with a norm weight of their width and "
+                         "dtype")
+    res_out = x if residual is None else torch.empty_like(x)  # [M, K]
     return run_gemv(x, weight, bias, False, launch, sm_count,
                     GemvNorm(residual, norm_weight, eps, res_out)), res_out

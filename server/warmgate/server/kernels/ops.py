@@ -61,12 +61,12 @@ class TritonOps:
     def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None,
                     norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                     bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """rms_norm then linear -> (out [T, N], new_residual [T, H]): for one row whose linear
-        the warmup gave the Triton GEMV, one launch (kernels.dense_gemv.norm_gemv: the norm
-        computed in the GEMV's loads, the rms_norm launch and its output's round trip
+        """rms_norm then linear -> (out [T, N], new_residual [T, H]): for rows whose linear
+        the warmup gave the Triton GEMV (1..16 of them), one launch (kernels.norm_gemv: the
+        norm computed in the GEMV's loads, the rms_norm launch and its output's round trip
         through memory gone); else the two ops."""
         choices = self.linear_choices
-        if (choices is not None and x.shape[0] == 1 and choices.use_gemv(1, weight)
+        if (choices is not None and choices.use_gemv(x.shape[0], weight)
                 and norm_gemv_applies(x, residual, norm_weight, weight, bias)):
             return norm_gemv(x, residual, norm_weight, eps, weight, bias)
         normed, residual = self.rms_norm(x, norm_weight, eps, residual)

@@ -108,8 +108,8 @@ def planned_keys(runner: TuningRunner, max_m: int) -> list[Key]:
 
 def _norm_shapes(model: LlamaModel) -> set[tuple[int, int, torch.dtype]]:
     """(N, K, dtype) of the projections the ops may run with their RMSNorm fused in
-    (ops.norm_linear: the QKV and the dense gate/up projections), whose GEMV at one row is
-    then kernels.dense_gemv.norm_gemv, a binary of its own."""
+    (ops.norm_linear: the QKV and the dense gate/up projections), whose GEMV is then
+    kernels.norm_gemv, a binary of its own per row bucket."""
     return {(w[0].shape[0], w[0].shape[1], w[0].dtype)
             for w in _layer_weights(model, NORM_FUSED)}
 
@@ -128,8 +128,8 @@ def compile_gemvs(runner: TuningRunner) -> int:
 
 def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool],
                    norm_shapes: set[tuple[int, int, torch.dtype]]) -> int:
-    """The Triton kernel of each wanted key once per (op, shape, row bucket) (CUDA only); at
-    one row of a norm-fused shape also norm_gemv, with a residual and without (layer 0's)."""
+    """The Triton kernel of each wanted key once per (op, shape, row bucket) (CUDA only); for a
+    norm-fused shape also norm_gemv, with a residual and without (layer 0's)."""
     from triton.runtime.errors import OutOfResources  # imports triton
 
     from warmgate.server.kernels.dense_gemv import dense_gemv, silu_mul_gemv
@@ -149,7 +149,7 @@ def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool],
             except OutOfResources:  # the timing finds it so too, and keeps the default
                 continue
             calls += 1
-            if op == LINEAR and m == 1 and (n, k, w.dtype) in norm_shapes:
+            if op == LINEAR and (n, k, w.dtype) in norm_shapes:
                 for residual in (x, None):
                     norm_gemv(x, residual, x[0], 1e-6, w)
                     calls += 1
