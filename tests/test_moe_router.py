@@ -40,6 +40,21 @@ def _inputs(tokens: int, experts: int, hidden: int, dtype: torch.dtype, seed: in
     return x.to(DEVICE, dtype), w.to(DEVICE, dtype)
 
 
+def _blocks(seed: int) -> tuple[MoEBlock, MoEBlock]:
+    """Two Mixtral-shaped MoE blocks with the same random weights and the torch experts:
+    routed by F.linear then route, and by the fused router."""
+    config = ModelConfig(architecture="mixtral", hidden_size=48, num_experts=8,
+                         num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+    device = torch.device(DEVICE)
+    reference = MoEBlock(config, device, torch.float32, experts=torch_moe, fused_router=False)
+    fused = MoEBlock(config, device, torch.float32, experts=torch_moe, fused_router=True)
+    gen = torch.Generator().manual_seed(seed)
+    for a, b in zip(reference.parameters(), fused.parameters(), strict=True):
+        a.copy_(torch.randn(a.shape, generator=gen) / a.shape[-1] ** 0.5)
+        b.copy_(a)
+    return reference, fused
+
+
 @pytest.mark.parametrize("renormalize", [True, False])
 @pytest.mark.parametrize(("tokens", "experts", "hidden", "top_k"), [
     (1, 128, 2048, 8),  # Qwen3-30B-A3B at batch 1: 32 expert tiles x 4 K splits
@@ -115,15 +130,7 @@ def test_what_it_does_not_take_is_refused_and_a_moe_block_routes_it_the_other_wa
     assert not router_applies(x[:2, :40], w)  # another width
     with pytest.raises(ValueError, match="router_top_k"):
         router_top_k(x, w, counts_for(torch.device(DEVICE)), 2, True)
-    config = ModelConfig(architecture="mixtral", hidden_size=48, num_experts=8,
-                         num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
-    device = torch.device(DEVICE)
-    reference = MoEBlock(config, device, torch.float32, experts=torch_moe, fused_router=False)
-    fused = MoEBlock(config, device, torch.float32, experts=torch_moe, fused_router=True)
-    gen = torch.Generator().manual_seed(4)
-    for a, b in zip(reference.parameters(), fused.parameters(), strict=True):
-        a.copy_(torch.randn(a.shape, generator=gen) / a.shape[-1] ** 0.5)
-        b.copy_(a)
+    reference, fused = _blocks(seed=4)
     calls: list[int] = []
     kernel = _router_kernel.run
 
@@ -178,15 +185,8 @@ def test_the_triton_ops_fuse_the_moe_layers_norm_where_the_router_takes_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """TritonOps.norm_moe: a few tokens through the norm-fused router, more through rms_norm
     then the block; both as rms_norm then a block without the fused router."""
-    config = ModelConfig(architecture="mixtral", hidden_size=48, num_experts=8,
-                         num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
-    device = torch.device(DEVICE)
-    reference = MoEBlock(config, device, torch.float32, experts=torch_moe, fused_router=False)
-    fused = MoEBlock(config, device, torch.float32, experts=torch_moe, fused_router=True)
+    reference, fused = _blocks(seed=6)
     gen = torch.Generator().manual_seed(6)
-    for a, b in zip(reference.parameters(), fused.parameters(), strict=True):
-        a.copy_(torch.randn(a.shape, generator=gen) / a.shape[-1] ** 0.5)
-        b.copy_(a)
     calls: list[int] = []
     real = fused._norm_route_and_run_experts
     monkeypatch.setattr(fused, "normed_experts", lambda x, *a: calls.append(x.shape[0])
