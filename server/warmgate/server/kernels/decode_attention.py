@@ -12,8 +12,8 @@ backend does): each split program stores its partial and counts itself in with a
 per (request, KV head), and the last of them to finish sets the count back to zero (ready for
 the next replay of a captured graph) and merges all of them, reading the partials with
 volatile loads. Otherwise a second kernel merges. Both merges run the same code in the same
-order: the same bits, one launch a layer fewer (about 3 us of merge kernel and a launch gap
-at batch 1: bench/results/h100-step-kernels-qwen3-30b-a3b.txt).
+order: the same bits, one launch a layer fewer (the merge kernel took about 3 us a layer, and a
+launch gap, at batch 1 on qwen3-30b-a3b: run 26 in bench/results/README.md).
 
 Everything the launch needs comes from tensor shapes and Python ints that are fixed for a
 captured graph, so the wrapper never syncs and can run under CUDA-graph capture.

@@ -8,6 +8,10 @@ along K once, in float32 (kernels/gemv_plan.py: the tiles, the two M buckets, th
 narrow N). Whether this or cuBLAS runs a (shape, M) is decided by timing both on the device
 during the warmup (kernels/linear_choices.py, runner/linear_tuning.py).
 
+Two inputs other than x itself: gate/up rows whose SiLU-and-mul the loads compute (SILU_MUL,
+silu_mul_gemv), and rows whose RMSNorm, residual add in front, they compute (NORM,
+kernels/norm_gemv.py), so neither activation goes through memory or takes a launch.
+
 One binary per (N, K, dtype, M bucket): M and whether a bias is added are runtime values the
 compiler does not specialise on, so every row count of a bucket, with or without a bias,
 runs the binary the warmup compiled. Nothing here reads a tensor on the host: the launch is

@@ -1,13 +1,15 @@
 """The MoE router for a few tokens in one launch: the router projection (hidden [T, H] @ the
 router weight [E, H]^T), then kernels.moe_route's softmax, top-k and renormalisation.
 
-At decode sizes the two launches it replaces are mostly latency: cuBLAS spends about 5 us on a
+At decode sizes the two launches it replaces are mostly latency: cuBLAS spent about 5 us on a
 [1, 2048] x [2048, 128] product (a 0.5 MB read), the routing kernel 2 us, and a decode step's
-CUDA graph waits a launch gap before each (bench/results/h100-step-kernels-qwen3-30b-a3b.txt:
-48 layers of both, about 0.35 ms of a 4.7 ms step). Here the projection is spread over
-programs of BLOCK_E experts by K_PER_SPLIT columns, each storing its float32 partial logits;
-the last program of a token to finish (an atomic count per token) adds the token's partials in
-split order, rounds the logits to the model dtype as F.linear returns them, and routes.
+CUDA graph waits a launch gap before each (48 layers of both, about 0.35 ms of a 4.7 ms step:
+run 26 in bench/results/README.md). Here the projection is spread over programs of BLOCK_E
+experts by BLOCK_K columns (one tile each), each storing its float32 partial logits; the last
+program of a token to finish (an atomic count per token) adds the token's partials in split
+order, rounds the logits to the model dtype as F.linear returns them, and routes. With the
+layer's RMSNorm in front (norm_router_top_k), every program normalises its token's row first
+and the token's first program stores it for the experts: the rms_norm launch goes too.
 
 - Deterministic: the partials are added in a fixed order whatever order the programs ran in,
   and a token's result never depends on the other tokens (a batch-invariant router).
