@@ -28,14 +28,9 @@ import triton
 import triton.language as tl
 
 from warmgate.server.kernels._attention_tile import mm
+from warmgate.server.kernels._gemv_tiles import finish, row_rstd, warm_first_tile, x_tile
 from warmgate.server.kernels._launch import ieee_dots, upcast_dots
-from warmgate.server.kernels._row_norm import (
-    normed_rows,
-    normed_tile,
-    residual_sum,
-    rows_rstd,
-    rstd_of,
-)
+from warmgate.server.kernels._row_norm import normed_rows, normed_tile, rows_rstd
 from warmgate.server.kernels.gemv_plan import (
     MAX_ROWS,
     GemvLaunch,
@@ -49,62 +44,6 @@ from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Columns per program of the split-summing kernel.
 _SUM_BLOCK_N = 256
-
-
-@triton.jit
-def _finish(total, offs_m, offs_n, m_mask, n_mask, bias_ptr, out_ptr, ws_ptr, M, has_bias,
-            N: tl.constexpr, SPLITS: tl.constexpr):
-    """total [rows, BLOCK_N] float32 -> out (plus the bias, cast), or with a K split this
-    range's partial -> ws [SPLITS, M, N] float32."""
-    mask = m_mask[:, None] & n_mask[None, :]
-    if SPLITS == 1:
-        if has_bias:
-            total += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :],
-                 total.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        rows = tl.program_id(1) * M + offs_m
-        tl.store(ws_ptr + rows[:, None] * N + offs_n[None, :], total, mask=mask)
-
-
-@triton.jit
-def _x_tile(ptrs, mask, K: tl.constexpr, SILU_MUL: tl.constexpr):
-    """x at ptrs. SILU_MUL: ptrs point into rows of gate_up [2K] (gate, then up), and x is
-    silu(gate) * up in float32 rounded to their dtype, the operations and the rounding of
-    kernels/activation.py's silu_and_mul, so the product sees the bits it would store."""
-    if SILU_MUL:
-        gate = tl.load(ptrs, mask=mask, other=0.0)
-        up = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
-        g = gate.to(tl.float32)
-        act = g / (1.0 + tl.exp(-g))
-        x = (act * up).to(gate.dtype)
-    else:
-        x = tl.load(ptrs, mask=mask, other=0.0)
-    return x
-
-
-@triton.jit
-def _warm_first_tile(w_rows, ks, n_mask, k_hi):
-    """Read this program's first weight tile before pdl_wait: no kernel writes the weights,
-    so the read may overlap the previous kernel's tail, and the loop's first load of the tile
-    then comes from L2. Volatile, so the compiler keeps a load whose value goes unused: the
-    loop's arithmetic is the same with PDL as without, bit for bit."""
-    tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < k_hi)[None, :], other=0.0,
-            volatile=True)
-
-
-@triton.jit
-def _row_rstd(x_ptr, res_ptr, res_out_ptr, eps, K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-              BLOCK_H: tl.constexpr):
-    """NORM's prologue on the one row: its rstd (kernels/_row_norm.py), the residual sum
-    stored to res_out by the grid's first program."""
-    offs = tl.arange(0, BLOCK_H)
-    mask = offs < K
-    h = residual_sum(x_ptr, res_ptr, offs, mask, HAS_RESIDUAL)
-    if HAS_RESIDUAL:  # noqa: SIM102  # a constexpr test, then a runtime one: not one `and`
-        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-            tl.store(res_out_ptr + offs, h.to(res_out_ptr.dtype.element_ty), mask=mask)
-    return rstd_of(h, K, eps)
 
 
 @triton.jit(do_not_specialize=["M", "has_bias", "eps"])
@@ -135,12 +74,12 @@ def _gemv_kernel(
         k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K  # [BLOCK_N, 1]
     if USE_PDL or NORM:  # NORM: the tile comes in while the prologue sums the row's squares
-        _warm_first_tile(w_rows, k_lo + offs_k, n_mask, k_hi)
+        warm_first_tile(w_rows, k_lo + offs_k, n_mask, k_hi)
     pdl_wait(USE_PDL)  # x is the previous kernel's output; out and ws may be its inputs
     pdl_release(USE_PDL)
     if BLOCK_M == 1:
         if NORM:
-            rstd = _row_rstd(x_ptr, res_ptr, res_out_ptr, eps, K, HAS_RESIDUAL, BLOCK_H)
+            rstd = row_rstd(x_ptr, res_ptr, res_out_ptr, eps, K, HAS_RESIDUAL, BLOCK_H)
         # One row: a float32 product per (weight row, lane), summed along K once at the end.
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -155,10 +94,10 @@ def _gemv_kernel(
             if NORM:
                 x = normed_tile(x_ptr, res_ptr, norm_w_ptr, ks, k_mask, rstd, HAS_RESIDUAL)
             else:
-                x = _x_tile(x_ptr + ks, k_mask, K, SILU_MUL)
+                x = x_tile(x_ptr + ks, k_mask, K, SILU_MUL)
             acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         offs_m = tl.arange(0, 1)
-        _finish(tl.sum(acc, axis=1)[None, :], offs_m, offs_n, offs_m < 1, n_mask, bias_ptr,
+        finish(tl.sum(acc, axis=1)[None, :], offs_m, offs_n, offs_m < 1, n_mask, bias_ptr,
                 out_ptr, ws_ptr, M, has_bias, N, SPLITS)
     else:
         offs_m = tl.arange(0, BLOCK_M)
@@ -184,9 +123,9 @@ def _gemv_kernel(
                 x = normed_rows(x_ptr, res_ptr, norm_w_ptr, offs_m[:, None] * K + ks[None, :],
                                 ks, x_mask, k_mask, rstd_rows, HAS_RESIDUAL)
             else:
-                x = _x_tile(x_rows + ks[None, :], x_mask, K, SILU_MUL)
+                x = x_tile(x_rows + ks[None, :], x_mask, K, SILU_MUL)
             total += mm(x, tl.trans(w), UPCAST, IEEE)
-        _finish(total, offs_m, offs_n, m_mask, n_mask, bias_ptr, out_ptr, ws_ptr, M,
+        finish(total, offs_m, offs_n, m_mask, n_mask, bias_ptr, out_ptr, ws_ptr, M,
                 has_bias, N, SPLITS)
 
 
