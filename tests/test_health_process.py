@@ -225,3 +225,25 @@ def test_the_drain_keeps_liveness_serving_on_the_health_port() -> None:
 
     run(body())
 
+
+
+def test_a_watch_gets_the_last_status_its_parent_set_before_the_parent_left() -> None:
+    """The drain's NOT_SERVING, set just before the parent closes the link (its last act on
+    the way out), reaches a Watch before the health process ends; ten times over, since the
+    end of file can follow the set within the same read."""
+
+    async def last_status_seen() -> int:
+        link = HealthLink.start("127.0.0.1", 0, {"": wire.SERVING}, liveness="liveness")
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{link.port}") as channel:
+                watch = health_pb2_grpc.HealthStub(channel).Watch(
+                    health_pb2.HealthCheckRequest(service=""), timeout=10)
+                assert (await watch.read()).status == SERVING
+                link.set("", wire.NOT_SERVING)
+                link.close()
+                return int((await watch.read()).status)
+        finally:
+            link.close()
+
+    for _ in range(10):
+        assert run(last_status_seen()) == NOT_SERVING

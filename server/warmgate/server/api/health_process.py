@@ -14,7 +14,8 @@ server's event loop.
   (readiness, liveness, the drain).
 - Liveness is honest: the parent's event loop sends a heartbeat a second; after
   heartbeat_timeout_s without one, the liveness service answers NOT_SERVING until they resume.
-- The child ends with its parent: end of file on the socket, or PR_SET_PDEATHSIG (a SIGKILLed
+- The child ends with its parent: end of file on the socket (a short grace first, in which
+  the Watch streams send the statuses it set last), or PR_SET_PDEATHSIG (a SIGKILLed
   parent whose socket a forked grandchild still holds). SIGTERM and SIGINT are ignored: the
   parent's drain keeps liveness SERVING until it exits, and so must this port.
 """
@@ -43,6 +44,9 @@ from warmgate.server.core.stream_cap import StreamCap, health_watch_cap
 SERVICE = "grpc.health.v1.Health"
 PR_SET_PDEATHSIG = 1
 FLUSH_S = 1.0  # call counts go to the parent in batches, this often
+# Once its parent is gone, the child stops its server with this grace before it exits: time
+# for the Watch streams to send the statuses the parent set last (its drain's NOT_SERVING).
+STOP_GRACE_S = 0.25
 
 
 class HealthTable:
@@ -185,13 +189,13 @@ def handlers(table: HealthTable, counts: collections.Counter[tuple[str, str]],
 
 
 async def _follow_parent(reader: asyncio.StreamReader, table: HealthTable) -> None:
+    """Apply the parent's heartbeats and statuses until its end of file."""
     while line := await reader.readline():
         message = wire.decode(line)
         if message[0] == wire.BEAT:
             table.beat()
         elif message[0] == wire.SET:
             table.set(str(message[1]), int(message[2]))
-    os._exit(0)  # the parent is gone: no drain of our own, no lingering port
 
 
 async def _every(seconds: float, fn: Any) -> None:
@@ -242,10 +246,14 @@ async def serve(spec: dict[str, Any], sock: Any) -> int:
                                           table.check_heartbeat))]
     try:
         await _follow_parent(reader, table)
+        # The parent is gone. Its last statuses (a drain's NOT_SERVING comes just before its
+        # end of file, often in the same read) still reach the Watch streams: the server
+        # stops with a grace in which they are written, where an exit at once lost them.
+        await server.stop(STOP_GRACE_S)
     finally:
         for task in tasks:
             task.cancel()
-    return 0
+    os._exit(0)  # no drain of our own, no lingering port
 
 
 def _die_with_parent(parent: int) -> None:
