@@ -28,7 +28,6 @@ from tests.runner_helpers import make_runner, prompt
 from warmgate.server.config.moe_kernel import GEMV_MAX_TOKENS
 from warmgate.server.kernels.fused_moe import ALIGN_KERNEL_MAX_BUCKET, fused_moe
 from warmgate.server.kernels.moe_route import _route_kernel, route_topk
-from warmgate.server.kernels.moe_router import counts_for
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.runner.moe import MoEBlock, route
@@ -73,7 +72,7 @@ def _kernel_runner() -> tuple[ModelRunner, CudaGraphRunner]:
     assert blocks
     for block in blocks:  # a few tokens' router fused, more tokens' routed after cuBLAS
         block._route_fn, block._experts_fn = route_topk, fused_moe
-        block._router_counts = counts_for(torch.device(DEVICE))
+        block.fuse_router()
     graphs = CudaGraphRunner(runner._eager_forward, runner.attention_backend,
                              runner.input_batch, (), runner.decode_query_len,
                              runner.config.model.max_model_len, runner.device,

@@ -20,9 +20,9 @@ def split_chunk(seq_len, num_splits, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def merge_partials(part_out_ptr, part_lse_ptr, out_ptr, token, head, row_mask, offs_d,
-                    d_mask, num_active, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
-                    stride_ot, stride_oh, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                    VOLATILE: tl.constexpr):
+                   d_mask, num_active, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
+                   stride_ot, stride_oh, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                   VOLATILE: tl.constexpr):
     """out[token, head] = the first num_active splits' partial outputs weighted by their
     log-sum-exps, in split order. VOLATILE: the partials were stored by other programs of
     this grid (the decode kernel's own merge), so no load may come from a stale cache line."""
@@ -75,5 +75,5 @@ def merge_splits_kernel(
     token = (q_start + draft).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     merge_partials(part_out_ptr, part_lse_ptr, out_ptr, token, head, draft < q_len, offs_d,
-                    offs_d < HEAD_DIM, num_active, stride_ps, stride_pt, stride_ph, stride_ls,
-                    stride_lt, stride_ot, stride_oh, BLOCK_M, BLOCK_D, False)
+                   offs_d < HEAD_DIM, num_active, stride_ps, stride_pt, stride_ph, stride_ls,
+                   stride_lt, stride_ot, stride_oh, BLOCK_M, BLOCK_D, False)

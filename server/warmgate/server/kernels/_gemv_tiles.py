@@ -12,7 +12,7 @@ from warmgate.server.kernels._row_norm import residual_sum, rstd_of
 
 @triton.jit
 def finish(total, offs_m, offs_n, m_mask, n_mask, bias_ptr, out_ptr, ws_ptr, M, has_bias,
-            N: tl.constexpr, SPLITS: tl.constexpr):
+           N: tl.constexpr, SPLITS: tl.constexpr):
     """total [rows, BLOCK_N] float32 -> out (plus the bias, cast), or with a K split this
     range's partial -> ws [SPLITS, M, N] float32."""
     mask = m_mask[:, None] & n_mask[None, :]
@@ -54,7 +54,7 @@ def warm_first_tile(w_rows, ks, n_mask, k_hi):
 
 @triton.jit
 def row_rstd(x_ptr, res_ptr, res_out_ptr, eps, K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-              BLOCK_H: tl.constexpr):
+             BLOCK_H: tl.constexpr):
     """NORM's prologue on the one row: its rstd (kernels/_row_norm.py), the residual sum
     stored to res_out by the grid's first program."""
     offs = tl.arange(0, BLOCK_H)
@@ -63,4 +63,4 @@ def row_rstd(x_ptr, res_ptr, res_out_ptr, eps, K: tl.constexpr, HAS_RESIDUAL: tl
     if HAS_RESIDUAL:  # noqa: SIM102  # a constexpr test, then a runtime one: not one `and`
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
             tl.store(res_out_ptr + offs, h.to(res_out_ptr.dtype.element_ty), mask=mask)
-    return rstd_of(h, K, eps)
+    return rstd_of(tl.sum(h * h, axis=0), K, eps)

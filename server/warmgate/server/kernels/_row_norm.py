@@ -21,9 +21,10 @@ def residual_sum(x_ptr, res_ptr, offs, mask, HAS_RESIDUAL: tl.constexpr):
 
 
 @triton.jit
-def rstd_of(h, width, eps):
-    """1 / sqrt(mean of the squares of the whole row h (zeros past its width) + eps)."""
-    return 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / width + eps)
+def rstd_of(sum_squares, width, eps):
+    """1 / sqrt(mean square + eps) from a row's sum of squares over its width (a scalar, or one
+    per row)."""
+    return 1.0 / tl.sqrt(sum_squares / width + eps)
 
 
 @triton.jit
@@ -51,7 +52,7 @@ def rows_rstd(x_ptr, res_ptr, res_out_ptr, eps, rows, row_mask, store,
             if store:
                 tl.store(res_out_ptr + offs, h.to(res_out_ptr.dtype.element_ty), mask=mask)
         ss += tl.sum(h * h, axis=1)
-    return 1.0 / tl.sqrt(ss / K + eps)
+    return rstd_of(ss, K, eps)
 
 
 @triton.jit

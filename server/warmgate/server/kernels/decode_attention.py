@@ -133,9 +133,9 @@ def _decode_kernel(
             if tl.atomic_add(count, 1, sem="acq_rel") == num_splits - 1:  # the last split
                 tl.store(count, 0)
                 merge_partials(part_out_ptr, part_lse_ptr, out_ptr, token, head, req_rows,
-                                offs_d, d_mask, tl.cdiv(seq_len, chunk), stride_ps, stride_pt,
-                                stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, BLOCK_M,
-                                BLOCK_D, True)
+                               offs_d, d_mask, tl.cdiv(seq_len, chunk), stride_ps, stride_pt,
+                               stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, BLOCK_M,
+                               BLOCK_D, True)
     else:
         dst = token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
         tl.store(out_ptr + dst, o.to(out_ptr.dtype.element_ty), mask=out_mask)

@@ -57,8 +57,9 @@ def _gemv_kernel(
     UPCAST: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Grid (N tiles, SPLITS). x [M, X_STRIDE] (X_STRIDE = K, or 2K with SILU_MUL: x is
-    gate_up, see _x_tile), w [N, K], out [M, N], all contiguous. EVEN_K: K is a multiple of
-    BLOCK_K, so no K step is partial and the loads need no K mask. USE_PDL: kernels.pdl.
+    gate_up, see _gemv_tiles.x_tile), w [N, K], out [M, N], all contiguous. EVEN_K: K is a
+    multiple of BLOCK_K, so no K step is partial and the loads need no K mask. USE_PDL:
+    kernels.pdl.
     NORM: the product's input is rms_norm(x (+ res), norm_w, eps), computed per tile from x,
     res [M, K] and norm_w [K] after a prologue that takes each row's sum of squares (one row:
     at once, BLOCK_H being K's power of two; 16 rows: in BLOCK_K chunks), the residual sums
@@ -98,7 +99,7 @@ def _gemv_kernel(
             acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         offs_m = tl.arange(0, 1)
         finish(tl.sum(acc, axis=1)[None, :], offs_m, offs_n, offs_m < 1, n_mask, bias_ptr,
-                out_ptr, ws_ptr, M, has_bias, N, SPLITS)
+               out_ptr, ws_ptr, M, has_bias, N, SPLITS)
     else:
         offs_m = tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
@@ -126,7 +127,7 @@ def _gemv_kernel(
                 x = x_tile(x_rows + ks[None, :], x_mask, K, SILU_MUL)
             total += mm(x, tl.trans(w), UPCAST, IEEE)
         finish(total, offs_m, offs_n, m_mask, n_mask, bias_ptr, out_ptr, ws_ptr, M,
-                has_bias, N, SPLITS)
+               has_bias, N, SPLITS)
 
 
 @triton.jit(do_not_specialize=["M", "has_bias"])
@@ -207,8 +208,8 @@ class GemvNorm:
 
 
 def run_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool,
-         launch: GemvLaunch | None, sm_count: int | None, norm: GemvNorm | None = None
-         ) -> torch.Tensor:
+             launch: GemvLaunch | None, sm_count: int | None, norm: GemvNorm | None = None
+             ) -> torch.Tensor:
     if not gemv_applies(x, weight, bias, silu_mul):
         raise ValueError(f"dense_gemv: x {tuple(x.shape)} {x.dtype}, weight "
                          f"{tuple(weight.shape)} {weight.dtype}, bias "

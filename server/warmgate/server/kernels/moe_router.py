@@ -79,14 +79,13 @@ def _router_kernel(
         offs_h = tl.arange(0, BLOCK_H)
         h_mask = offs_h < K
         h = residual_sum(x_ptr + row, res_ptr + row, offs_h, h_mask, HAS_RESIDUAL)
-        rstd = rstd_of(h, K, eps)
+        rstd = rstd_of(tl.sum(h * h, axis=0), K, eps)
         if (tl.program_id(1) == 0) & (split == 0):
             dtype = normed_ptr.dtype.element_ty
             if HAS_RESIDUAL:
                 tl.store(res_out_ptr + row + offs_h, h.to(dtype), mask=h_mask)
             norm_w = tl.load(norm_w_ptr + offs_h, mask=h_mask, other=0.0).to(tl.float32)
             tl.store(normed_ptr + row + offs_h, (h * rstd * norm_w).to(dtype), mask=h_mask)
-    if NORM:
         x = normed_tile(x_ptr + row, res_ptr + row, norm_w_ptr, ks, k_mask, rstd,
                         HAS_RESIDUAL).to(tl.float32)
     else:

@@ -21,6 +21,7 @@ shape).
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -135,13 +136,10 @@ class MoEBlock(nn.Module):
         self.launches = MoELaunches(expert_shape(config)) if launches is None else launches
         self._experts_fn = experts_for(device) if experts is None else experts
         self._route_fn = routing_for(device) if routing is None else routing
-        # The router's projection and routing in one launch for a few tokens (kernels.moe_router,
-        # Triton: by default on CUDA), with the per-token counts its launches share.
+        self._fused_router: ModuleType | None = None
         self._router_counts: torch.Tensor | None = None
         if device.type == "cuda" if fused_router is None else fused_router:
-            from warmgate.server.kernels.moe_router import counts_for
-
-            self._router_counts = counts_for(device)
+            self.fuse_router()
         # A graph break under torch.compile: the reference's loop is data-dependent, the
         # launch is looked up on the host per token-count bucket (state dynamo must not guard),
         # as is whether the router runs fused, and the routing kernels are launched as they
@@ -149,35 +147,38 @@ class MoEBlock(nn.Module):
         self.experts = torch.compiler.disable(self._route_and_run_experts)
         self.normed_experts = torch.compiler.disable(self._norm_route_and_run_experts)
 
+    def fuse_router(self) -> None:
+        """Route a few tokens with the router's projection and routing in one launch
+        (kernels.moe_router, Triton; on by default on CUDA), on counts of this block's own.
+        The module is kept here, not imported per call: every MoE layer of every step routes."""
+        from warmgate.server.kernels import moe_router
+
+        self._fused_router = moe_router
+        self._router_counts = moe_router.counts_for(self.router.device)
+
     def _route(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] float32, expert ids [T, k] int64) of the hidden rows."""
-        if self._router_counts is not None:
-            from warmgate.server.kernels.moe_router import router_applies, router_top_k
-
-            if router_applies(hidden, self.router):
-                return router_top_k(hidden, self.router, self._router_counts, self.top_k,
-                                    self.renormalize)
+        fused = self._fused_router
+        if fused is not None and fused.router_applies(hidden, self.router):
+            return fused.router_top_k(hidden, self.router, self._router_counts, self.top_k,
+                                      self.renormalize)
         return self._route_fn(F.linear(hidden, self.router), self.top_k, self.renormalize)
 
     def fuses_norm(self, x: torch.Tensor, residual: torch.Tensor | None,
                    norm_weight: torch.Tensor) -> bool:
         """Whether normed_experts takes these: the fused router is on (CUDA) and takes the
         rows with the norm in front (kernels.moe_router.norm_router_applies)."""
-        if self._router_counts is None:
-            return False
-        from warmgate.server.kernels.moe_router import norm_router_applies
-
-        return norm_router_applies(x, residual, norm_weight, self.router)
+        fused = self._fused_router
+        return fused is not None and fused.norm_router_applies(x, residual, norm_weight,
+                                                               self.router)
 
     def _norm_route_and_run_experts(self, x: torch.Tensor, residual: torch.Tensor | None,
                                     norm_weight: torch.Tensor, eps: float
                                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """kernels.rms_norm's RMSNorm of x (the residual added in front), then this block, with
         the norm in the router's launch (fuses_norm said so): (out [T, H], new residual)."""
-        from warmgate.server.kernels.moe_router import norm_router_top_k
-
-        assert self._router_counts is not None
-        normed, residual, weights, ids = norm_router_top_k(
+        assert self._fused_router is not None
+        normed, residual, weights, ids = self._fused_router.norm_router_top_k(
             x, residual, norm_weight, eps, self.router, self._router_counts, self.top_k,
             self.renormalize)
         return self._run_experts(normed, weights, ids), residual
