@@ -8,7 +8,8 @@
 #               more of its flags)
 #   throughput  bench/serve.py throughput for each SERVE entry (model:backend:streams), once
 #               per arm of ARMS (';'-separated extra server flags; "-" is the defaults), the
-#               arms of one entry back to back so they are compared side by side
+#               arms of one entry back to back so they are compared side by side;
+#               PER_STREAM=R > 1 makes each round a closed loop of R requests a stream
 #   OUT=/tmp/out PARTS="kernels" bash bench/gpu_steady.sh
 # Every output lands in one tarball, $OUT/gpu-steady.tgz (one file to copy back from the GPU
 # machine); the summaries go to stdout.
@@ -65,6 +66,7 @@ throughput)
       stage "throughput $model $backend streams $streams ${extra:-(defaults)}"
       timeout "${SERVE_TIMEOUT:-240}" python3 bench/serve.py throughput --streams "$streams" \
         --prompt-len 512 --output-len 256 --rounds "${ROUNDS:-2}" \
+        --requests-per-stream "${PER_STREAM:-1}" \
         --server-args "--model $model --attention-backend $backend --max-num-seqs 128 --max-num-batched-tokens 8192 --max-model-len 1024 $extra" \
         --json "$OUT/$CARD-$name.json" 2>"$OUT/$CARD-$name.err" | tee "$OUT/$CARD-$name.txt"
       tail -3 "$OUT/$CARD-$name.err"

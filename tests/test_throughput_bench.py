@@ -81,3 +81,21 @@ def test_a_sweep_against_a_server_process_gives_every_token(tmp_path: Path) -> N
     assert all(r["itl_p50_s"] > 0 or math.isnan(r["itl_p50_s"]) for r in rows)
     assert any(r["itl_p50_s"] > 0 for r in rows)
     assert "ITL p50" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_closed_loop_reads_its_rows_over_the_steady_window(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/serve.py", "throughput", "--server-args",
+         "--model tiny --device cpu", "--streams", "2", "--prompt-len", "12",
+         "--output-len", "6", "--requests-per-stream", "3", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = json.loads(out.read_text())
+    assert (row["streams"], row["output_tokens"], row["errors"]) == (2, 36, 0)
+    # The window is part of the run: between the first wave's last first token and the
+    # drain, so shorter than the wall time the tokens/s of a burst would divide by.
+    assert row["window_s"] > 0
+    assert row["tokens_per_s"] * row["window_s"] < 36
+    assert "closed loop of 3 requests a stream" in proc.stdout

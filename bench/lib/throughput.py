@@ -3,17 +3,22 @@ of concurrent streams, each against the HBM roofline of its batch.
 
     python bench/serve.py throughput --server-args "--model llama-3.1-8b --device cuda \\
         --attention-backend flashinfer --max-num-seqs 128" --streams 1,64,128 \\
-        --prompt-len 512 --output-len 256 [--rounds 2] [--hbm-tbps 4.8] [--json FILE]
+        --prompt-len 512 --output-len 256 [--rounds 2] [--requests-per-stream 4] \\
+        [--hbm-tbps 4.8] [--json FILE]
 
 A real `warmgate-server` process starts from --server-args and warms up; this process is only
 its client (grpc.aio, one channel). For each stream count, --rounds rounds of that many
 requests arrive at once (random prompts of --prompt-len tokens, greedy, `ignore_eos`, exactly
 --output-len tokens each). Per round: output tokens / the round's wall time, the median and
 p99 gap between a stream's tokens (ITL), the median TTFT; the table shows the best round by
-tokens/s. Roofline (warmgate.server.devtools.roofline): a decode step must read every weight
-and each stream's KV cache (prompt + half the output on average) at --hbm-tbps, so
-`roofline step` is the least ITL at that batch and `roofline tok/s` the most tokens/s;
-`ITL / roofline` and `tok/s / roofline` say how close the engine comes.
+tokens/s. With --requests-per-stream R > 1 a round is a closed loop instead: R x streams
+requests, at most `streams` in flight, each finished one letting the next go, and tokens/s and
+ITL are read over the window in which every stream is busy (devtools.steady_window: after the
+first wave's last first token, before the queue runs dry), the steady state of that many
+concurrent users; `window s` gives its length. Roofline (warmgate.server.devtools.roofline):
+a decode step must read every weight and each stream's KV cache (prompt + half the output on
+average) at --hbm-tbps, so `roofline step` is the least ITL at that batch and `roofline tok/s`
+the most tokens/s; `ITL / roofline` and `tok/s / roofline` say how close the engine comes.
 """
 
 from __future__ import annotations
@@ -21,18 +26,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import shlex
 import signal
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from load_gen import run_load
 
 from warmgate.server.config.startup_checks import SERVED_DTYPE_BYTES
 from warmgate.server.devtools.gpu_card import detect
-from warmgate.server.devtools.load_stats import Summary, summarize
+from warmgate.server.devtools.load_stats import RequestResult, Stats, summarize
 from warmgate.server.devtools.roofline import Roofline
 from warmgate.server.devtools.server_process import ServerProcess
+from warmgate.server.devtools.steady_window import steady_window
 from warmgate.server.devtools.workload import build_workload, parse_distribution
 
 READY_TIMEOUT_S = 900.0
@@ -49,6 +57,8 @@ class Row:
     ttft_p50_s: float
     roofline_step_s: float
     roofline_tokens_per_s: float
+    window_s: float  # the seconds tokens/s and ITL were read over
+
 
     @property
     def itl_over_roofline(self) -> float:
@@ -59,24 +69,33 @@ class Row:
         return self.tokens_per_s / self.roofline_tokens_per_s
 
 
-def row_of(streams: int, summary: Summary, roofline: Roofline) -> Row:
+def row_of(streams: int, results: Sequence[RequestResult], roofline: Roofline,
+           closed_loop: bool) -> Row:
+    """A burst's row over its whole wall time; a closed loop's over its steady window (NaN
+    figures when the run had none)."""
+    summary = summarize(results)
+    tokens_per_s, itl, window_s = summary.output_tokens_per_s, summary.itl_s, summary.wall_s
+    if closed_loop:
+        window = steady_window(results, streams)
+        tokens_per_s, itl, window_s = ((window.tokens_per_s, window.itl_s, window.seconds)
+                                       if window is not None else (math.nan, Stats.of([]), 0.0))
     return Row(streams, summary.output_tokens, summary.num_requests - summary.num_ok,
-               summary.output_tokens_per_s, summary.itl_s.p50, summary.itl_s.p99,
-               summary.ttft_s.p50, roofline.step_s, roofline.tokens_per_s)
+               tokens_per_s, itl.p50, itl.p99, summary.ttft_s.p50, roofline.step_s,
+               roofline.tokens_per_s, window_s)
 
 
 def format_rows(rows: list[Row]) -> list[str]:
     lines = [f"{'streams':>7} {'tok/s':>9} {'roofline':>9} {'ratio':>6} {'ITL p50':>9} "
              f"{'ITL p99':>9} {'roofline':>9} {'ITL/roof':>8} {'TTFT p50':>9} {'tokens':>7} "
-             f"{'errors':>6}",
+             f"{'errors':>6} {'window':>7}",
              f"{'':>7} {'':>9} {'tok/s':>9} {'':>6} {'ms':>9} {'ms':>9} {'step ms':>9} "
-             f"{'':>8} {'ms':>9}"]
+             f"{'':>8} {'ms':>9} {'':>7} {'':>6} {'s':>7}"]
     for r in rows:
         lines.append(f"{r.streams:7d} {r.tokens_per_s:9.0f} {r.roofline_tokens_per_s:9.0f} "
                      f"{r.tokens_over_roofline:6.2f} {r.itl_p50_s * 1e3:9.2f} "
                      f"{r.itl_p99_s * 1e3:9.2f} {r.roofline_step_s * 1e3:9.2f} "
                      f"{r.itl_over_roofline:8.2f} {r.ttft_p50_s * 1e3:9.2f} "
-                     f"{r.output_tokens:7d} {r.errors:6d}")
+                     f"{r.output_tokens:7d} {r.errors:6d} {r.window_s:7.2f}")
     return lines
 
 
@@ -90,6 +109,9 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--rounds", type=int, default=1, help="rounds per stream count")
+    p.add_argument("--requests-per-stream", type=int, default=1,
+                   help="1: a round is one burst of `streams` requests; R > 1: a closed loop "
+                        "of R x streams requests read over its steady window")
     p.add_argument("--hbm-tbps", type=float, default=None,
                    help="device memory bandwidth for the roofline, TB/s (default: the "
                         "detected card's, devtools.gpu_card)")
@@ -105,8 +127,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     args = _parser(prog).parse_args(argv)
     streams = [int(s) for s in args.streams.split(",")]
-    if min(streams) < 1 or args.prompt_len < 1 or args.output_len < 2 or args.rounds < 1:
-        raise SystemExit("--streams >= 1, --prompt-len >= 1, --output-len >= 2, --rounds >= 1")
+    if (min(streams) < 1 or args.prompt_len < 1 or args.output_len < 2 or args.rounds < 1
+            or args.requests_per_stream < 1):
+        raise SystemExit("--streams >= 1, --prompt-len >= 1, --output-len >= 2, --rounds >= 1, "
+                         "--requests-per-stream >= 1")
+    closed_loop = args.requests_per_stream > 1
     flags = shlex.split(args.server_args)
     config = load_server_config(flags, environ={})  # the model's shapes, for the roofline
     model = config.runner.model
@@ -129,20 +154,24 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             rounds = []
             for r in range(args.rounds):
                 specs = build_workload(
-                    n, rate=float("inf"),
+                    n * args.requests_per_stream, rate=float("inf"),
                     prompt_len=parse_distribution(f"fixed:{args.prompt_len}"),
                     output_len=parse_distribution(f"fixed:{args.output_len}"),
                     vocab=model.vocab_size, seed=args.seed * 1000 + r)
                 results = asyncio.run(run_load(server.target, specs, concurrency=n,
                                                timeout=args.request_timeout, ignore_eos=True))
-                rounds.append(row_of(n, summarize(results), roofline))
-            best = max(rounds, key=lambda row: row.tokens_per_s)
+                rounds.append(row_of(n, results, roofline, closed_loop))
+            best = max(rounds, key=lambda row: (not math.isnan(row.tokens_per_s),
+                                                row.tokens_per_s))
             print(f"{n} streams: {statistics.median(r.tokens_per_s for r in rounds):.0f} "
                   f"tok/s median of {len(rounds)} rounds, best {best.tokens_per_s:.0f}",
                   flush=True)
             rows.append(best)
     print(f"model {model.name}, {model.num_layers} layers; prompt {args.prompt_len}, output "
-          f"{args.output_len}, greedy, ignore_eos; roofline at {args.hbm_tbps:g} TB/s, "
+          f"{args.output_len}, greedy, ignore_eos; "
+          + (f"closed loop of {args.requests_per_stream} requests a stream, read over its "
+             f"steady window; " if closed_loop else "one burst a round; ")
+          + f"roofline at {args.hbm_tbps:g} TB/s, "
           f"{dtype_bytes}-byte weights and KV")
     print("\n".join(format_rows(rows)))
     if args.json:
