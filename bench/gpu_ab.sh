@@ -4,7 +4,7 @@
 # machine. The baseline is a folder holding that commit's server/ package, made on a machine
 # with the git history and carried to the GPU one as an ignored path (build/ is ignored):
 #   rm -rf build/base && mkdir -p build/base && git archive REF server | tar x -C build/base
-# then, on the GPU machine (bench/serve.py and its lib/ are this checkout's for both arms):
+# then, on the GPU machine (both arms run the bench scripts of this checkout):
 #   NAME=ab-decode-triton BASE_COMMIT=REF bash bench/gpu_ab.sh bench/serve.py decode-latency \
 #     --model llama-3.1-8b --backends triton
 # Output: stdout and $OUT/<card>-$NAME.txt, each arm's run under a "=== round R: base|new" line.
