@@ -171,8 +171,9 @@ def test_paged_attention_decode(dtype: torch.dtype, num_heads: int, num_kv_heads
                                 head_dim: int, block_size: int, num_spec_steps: int,
                                 num_splits: int) -> None:
     q_len = 1 + num_spec_steps
-    # Contexts: none cached yet, mid-page, exactly a page, across several 16-key tiles.
-    context_lens = [0, 5, block_size, 53]
+    # Contexts: none cached yet, mid-page, exactly a page, across many 16-key tiles (at
+    # MAX_SPLITS, 11 splits of one tile: more than a merge step loads at once).
+    context_lens = [0, 5, block_size, 173]
     batch = make_paged_batch(10 + num_splits, [q_len] * 4, context_lens, num_heads,
                              num_kv_heads, head_dim, block_size, dtype, DEVICE)
     reshape_and_cache(batch.k_new, batch.v_new, batch.kv_cache, batch.slot_mapping)
@@ -215,7 +216,7 @@ def test_the_decode_kernel_merges_its_own_splits_to_the_merge_kernels_bits(
     merge kernel's code in the same order, so the same bits, and the counts are left at zero
     for the next launch (a graph replay), which the second call runs on."""
     q_len = 1 + num_spec_steps
-    batch = make_paged_batch(10 + num_splits, [q_len] * 4, [0, 5, block_size, 53], num_heads,
+    batch = make_paged_batch(10 + num_splits, [q_len] * 4, [0, 5, block_size, 173], num_heads,
                              num_kv_heads, head_dim, block_size, dtype, DEVICE)
     reshape_and_cache(batch.k_new, batch.v_new, batch.kv_cache, batch.slot_mapping)
     args = (batch.q, batch.kv_cache, batch.block_table, batch.seq_lens, batch.query_start_loc)
@@ -337,6 +338,15 @@ def test_choose_num_splits() -> None:
         assert num_reqs * 8 * splits >= 2 * 132 or splits == MAX_SPLITS, num_reqs
         # ... and never more than needed: half the splits would not.
         assert splits == 1 or num_reqs * 8 * splits // 2 < 2 * 132, num_reqs
+
+
+def test_a_merge_step_loads_as_many_splits_as_64_registers_a_thread_hold() -> None:
+    # [splits, BLOCK_M, BLOCK_D] float32 over 4 warps: 8,192 elements at most, at least one
+    # split, at most eight; a 512-token context's 8 splits at head dim 128 take two steps.
+    at_once = _decode_merge.splits_at_once
+    assert [at_once(16, 128), at_once(32, 128), at_once(64, 128), at_once(128, 128)] == \
+        [4, 2, 1, 1]
+    assert [at_once(16, 64), at_once(16, 16)] == [8, 8]
 
 
 def test_triton_ops_matches_torch_ops_interface() -> None:

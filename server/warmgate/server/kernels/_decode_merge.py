@@ -18,42 +18,49 @@ def split_chunk(seq_len, num_splits, BLOCK_N: tl.constexpr):
     return tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N), 1) * BLOCK_N
 
 
-# Splits whose partials a merge step loads at once. They were just stored by other programs,
-# so each load is an L2 round trip, and one split a step ran about 2 x num_active of them one
-# after the other (8 splits of one 64-key tile each at a 512-token context; run 27 timed the
-# decode kernel with its merge at 9.4 us a layer at batch 1 for 1 MB of KV). Four at a time:
-# a [4, BLOCK_M, BLOCK_D] float32 tile, 64 registers a thread at BLOCK_M 16 and head dim 128
-# on 4 warps.
-MERGE_SPLITS_AT_ONCE = tl.constexpr(4)
+# The partials a merge step loads at once. They were just stored by other programs, so each
+# load is an L2 round trip, and one split a step ran about 2 x num_active of them one after the
+# other (8 splits of one 64-key tile each at a 512-token context; run 27 timed the decode
+# kernel with its merge at 9.4 us a layer at batch 1 for 1 MB of KV). A step's tile of
+# [splits, BLOCK_M, BLOCK_D] float32 holds at most this many elements: 64 registers a thread
+# on 4 warps (4 splits at BLOCK_M 16 and head dim 128, one at BLOCK_M 64).
+MERGE_TILE_ELEMENTS = 8192
+MAX_SPLITS_AT_ONCE = 8
+
+
+def splits_at_once(block_m: int, block_d: int) -> int:
+    """How many splits' partials a merge step loads (a power of two: block_m and block_d are)."""
+    return max(1, min(MAX_SPLITS_AT_ONCE, MERGE_TILE_ELEMENTS // (block_m * block_d)))
 
 
 @triton.jit
 def merge_partials(part_out_ptr, part_lse_ptr, out_ptr, token, head, row_mask, offs_d,
                    d_mask, num_active, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
                    stride_ot, stride_oh, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                   VOLATILE: tl.constexpr):
+                   AT_ONCE: tl.constexpr, VOLATILE: tl.constexpr):
     """out[token, head] = the first num_active splits' partial outputs weighted by their
-    log-sum-exps, added in split order (each split's term taken out of the loaded tile
-    exactly, by a sum with zeros, so the order and the bits do not depend on how a kernel lays
-    the tile out: the decode kernel's merge and the merge kernel agree). VOLATILE: the
-    partials were stored by other programs of this grid (the decode kernel's own merge), so no
-    load may come from a stale cache line."""
+    log-sum-exps, added in split order. The partials of AT_ONCE splits (splits_at_once) load
+    in one step, and each split's term is taken out of the loaded tile exactly (a sum with
+    zeros), so the order and the bits do not depend on how a kernel lays the tile out: the
+    decode kernel's merge and the merge kernel agree. VOLATILE: the partials were stored by
+    other programs of this grid (the decode kernel's own merge), so no load may come from a
+    stale cache line."""
     mask = row_mask[:, None] & d_mask[None, :]
     lse_off = token * stride_lt + head  # [BLOCK_M]
-    offs_s = tl.arange(0, MERGE_SPLITS_AT_ONCE)
+    offs_s = tl.arange(0, AT_ONCE)
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, num_active, MERGE_SPLITS_AT_ONCE):
-        live = (s0 + offs_s) < num_active  # [MERGE_SPLITS_AT_ONCE]
+    for s0 in range(0, num_active, AT_ONCE):
+        live = (s0 + offs_s) < num_active  # [AT_ONCE]
         lse = tl.load(part_lse_ptr + (s0 + offs_s)[:, None] * stride_ls + lse_off[None, :],
                       mask=live[:, None] & row_mask[None, :], other=float("-inf"),
-                      volatile=VOLATILE)  # [MERGE_SPLITS_AT_ONCE, BLOCK_M]
+                      volatile=VOLATILE)  # [AT_ONCE, BLOCK_M]
         m = tl.maximum(m, tl.max(lse, axis=0))
     # No split held keys (a padding request): no weight at all, and the output is 0.
     m = tl.where(m == float("-inf"), 0.0, m)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     denom = tl.zeros([BLOCK_M], dtype=tl.float32)
     src = token[:, None] * stride_pt + head[:, None] * stride_ph + offs_d[None, :]
-    for s0 in range(0, num_active, MERGE_SPLITS_AT_ONCE):
+    for s0 in range(0, num_active, AT_ONCE):
         live = (s0 + offs_s) < num_active
         lse = tl.load(part_lse_ptr + (s0 + offs_s)[:, None] * stride_ls + lse_off[None, :],
                       mask=live[:, None] & row_mask[None, :], other=float("-inf"),
@@ -62,10 +69,10 @@ def merge_partials(part_out_ptr, part_lse_ptr, out_ptr, token, head, row_mask, o
         o = tl.load(part_out_ptr + (s0 + offs_s)[:, None, None] * stride_ps + src[None, :, :],
                     mask=live[:, None, None] & mask[None, :, :], other=0.0,
                     volatile=VOLATILE)  # [splits, BLOCK_M, BLOCK_D]
-        wo = w[:, :, None] * o
-        for j in tl.static_range(MERGE_SPLITS_AT_ONCE):
-            acc += tl.sum(tl.where(offs_s[:, None, None] == j, wo, 0.0), axis=0)
-            denom += tl.sum(tl.where(offs_s[:, None] == j, w, 0.0), axis=0)
+        for j in tl.static_range(AT_ONCE):
+            w_j = tl.sum(tl.where(offs_s[:, None] == j, w, 0.0), axis=0)  # [BLOCK_M]
+            acc += w_j[:, None] * tl.sum(tl.where(offs_s[:, None, None] == j, o, 0.0), axis=0)
+            denom += w_j
     o = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
     dst = token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
     tl.store(out_ptr + dst, o.to(out_ptr.dtype.element_ty), mask=mask)
@@ -78,6 +85,7 @@ def merge_splits_kernel(
     num_splits,
     GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    AT_ONCE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     req = tl.program_id(0)
@@ -96,4 +104,4 @@ def merge_splits_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     merge_partials(part_out_ptr, part_lse_ptr, out_ptr, token, head, draft < q_len, offs_d,
                    offs_d < HEAD_DIM, num_active, stride_ps, stride_pt, stride_ph, stride_ls,
-                   stride_lt, stride_ot, stride_oh, BLOCK_M, BLOCK_D, False)
+                   stride_lt, stride_ot, stride_oh, BLOCK_M, BLOCK_D, AT_ONCE, False)
