@@ -63,16 +63,20 @@ def test_a_moe_step_reads_only_the_experts_it_routes_to(preset: str, active: int
     assert batch.step_s > one.step_s
 
 
-@pytest.mark.slow
-def test_a_sweep_against_a_server_process_gives_every_token(tmp_path: Path) -> None:
+def _throughput(tmp_path: Path, *args: str) -> tuple[str, list[dict]]:
+    """bench/serve.py throughput against a tiny CPU server: its stdout and its JSON rows."""
     out = tmp_path / "rows.json"
     proc = subprocess.run(
         [sys.executable, "bench/serve.py", "throughput", "--server-args",
-         "--model tiny --device cpu", "--streams", "1,3", "--prompt-len", "12",
-         "--output-len", "5", "--json", str(out)],
+         "--model tiny --device cpu", "--prompt-len", "12", *args, "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())
+    return proc.stdout, json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_a_sweep_against_a_server_process_gives_every_token(tmp_path: Path) -> None:
+    stdout, rows = _throughput(tmp_path, "--streams", "1,3", "--output-len", "5")
     assert [(r["streams"], r["output_tokens"], r["errors"]) for r in rows] == [(1, 5, 0),
                                                                               (3, 15, 0)]
     assert all(r["tokens_per_s"] > 0 for r in rows)
@@ -80,22 +84,16 @@ def test_a_sweep_against_a_server_process_gives_every_token(tmp_path: Path) -> N
     # coalesces them), so on a loaded machine a row can have no gap to measure: NaN, never 0.
     assert all(r["itl_p50_s"] > 0 or math.isnan(r["itl_p50_s"]) for r in rows)
     assert any(r["itl_p50_s"] > 0 for r in rows)
-    assert "ITL p50" in proc.stdout
+    assert "ITL p50" in stdout
 
 
 @pytest.mark.slow
 def test_a_closed_loop_reads_its_rows_over_the_steady_window(tmp_path: Path) -> None:
-    out = tmp_path / "rows.json"
-    proc = subprocess.run(
-        [sys.executable, "bench/serve.py", "throughput", "--server-args",
-         "--model tiny --device cpu", "--streams", "2", "--prompt-len", "12",
-         "--output-len", "6", "--requests-per-stream", "3", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (row,) = json.loads(out.read_text())
+    stdout, (row,) = _throughput(tmp_path, "--streams", "2", "--output-len", "6",
+                                 "--requests-per-stream", "3")
     assert (row["streams"], row["output_tokens"], row["errors"]) == (2, 36, 0)
     # The window is part of the run: between the first wave's last first token and the
     # drain, so shorter than the wall time the tokens/s of a burst would divide by.
     assert row["window_s"] > 0
     assert row["tokens_per_s"] * row["window_s"] < 36
-    assert "closed loop of 3 requests a stream" in proc.stdout
+    assert "closed loop of 3 requests a stream" in stdout
