@@ -58,12 +58,14 @@ def dense_grid(n: int, k: int, m: int) -> list[object]:
 
 
 def moe_grid() -> list[tuple[object, int]]:
-    """(per-slot MoELaunch, down kernel's N tile) pairs."""
+    """(per-slot MoELaunch, down kernel's N tile) pairs. Narrow tiles with long K steps too
+    (N4 x K512, three stages): at one row the dense GEMV's fastest launches read 1 KB of a
+    weight row a step, where the table's per-slot launch reads 256 B."""
     from warmgate.server.config.moe_kernel import GEMV_BLOCK_M, MoELaunch
 
     return [(MoELaunch(GEMV_BLOCK_M, block_n, block_k, warps, stages), down_n)
             for block_n, block_k, warps, stages, down_n in itertools.product(
-                (8, 16, 32), (128, 256), (4, 8), (1, 2), (2, 4, 8))]
+                (4, 8, 16, 32), (128, 256, 512), (4, 8), (1, 2, 3), (1, 2, 4, 8))]
 
 
 def _compile_dense(jobs: list[tuple[int, int, int, object]]) -> int:
