@@ -5,8 +5,7 @@ load the kernel's weight arguments (tests/pdl_sites.WEIGHT_ARGS), never to store
 JSON line per compiled kernel: {"kernel", "launch_pdl", "wait", "release", "problems"}.
 
 A program, run by tests/test_pdl_ptx.py in a process without TRITON_INTERPRET (the kernels
-must be defined for the GPU). No CUDA driver is needed: a stand-in tells the launcher the
-target, and Triton's jit_cache_hook takes each kernel before it would compile or launch.
+must be defined for the GPU); tests/sm90_compile.py compiles them without a CUDA driver.
 """
 
 from __future__ import annotations
@@ -15,33 +14,13 @@ import json
 import os
 import re
 import sys
-from typing import Any
-
-import triton
-from triton import knobs
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from triton.runtime import driver
 
 from tests.pdl_sites import SITES, WEIGHT_ARGS
+from tests.sm90_compile import compile_for_hopper, record_launches
 from warmgate.server.kernels import pdl
 
-HOPPER = GPUTarget("cuda", 90, 32)
 _INSTRUCTION = re.compile(r"^(?:@!?%\w+\s+)?([a-z][\w.:]*)\s*(.*?);?$")
 _REGISTER = re.compile(r"%[A-Za-z_][\w.]*")
-
-
-class _CompileOnlyDriver:
-    """What JITFunction.run asks of the driver before it compiles."""
-
-    def get_current_target(self) -> GPUTarget:
-        return HOPPER
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device: int | None = None) -> int:
-        return 0
 
 
 def ptx_problems(ptx: str, kernel: str, params: list[str], weights: tuple[str, ...]
@@ -88,24 +67,16 @@ def main() -> int:
         print("run without TRITON_INTERPRET: the kernels must be defined for the GPU",
               file=sys.stderr)
         return 2
-    driver.set_active(_CompileOnlyDriver())  # type: ignore[arg-type]
-    recorded: list[tuple[Any, dict[str, Any]]] = []
-
-    def take(*, fn: Any, compile: dict[str, Any], **_: Any) -> bool:
-        recorded.append((fn.jit_function, compile))
-        return True  # compiled below instead; nothing launches
-
-    knobs.runtime.jit_cache_hook = take
     pdl.set_pdl(True)
     pdl.runs_compiled = lambda t: True  # type: ignore[assignment]  # as CUDA tensors would
-    for site in SITES.values():
-        site()
-    for fn, spec in recorded:
+
+    def every_site() -> None:
+        for site in SITES.values():
+            site()
+
+    for fn, spec in record_launches(every_site):
         name = fn.fn.__name__
-        options = json.loads(spec["specialization_data"])["options"]
-        src = ASTSource(fn, spec["signature"], spec["constants"], spec["configs"][0])
-        compiled = triton.compile(src, target=HOPPER, options={
-            k: options[k] for k in ("num_warps", "num_stages", "launch_pdl")})
+        compiled = compile_for_hopper(fn, spec, ("num_warps", "num_stages", "launch_pdl"))
         ptx = compiled.asm["ptx"]
         params = [arg for arg, ty in spec["signature"].items() if ty != "constexpr"]
         print(json.dumps({

@@ -162,6 +162,8 @@ DECODE_CASES = [
     (torch.float16, 8, 2, 16, 4, 0, 1),
     # The most splits the planner picks: most are past every short sequence's end.
     (torch.bfloat16, 8, 2, 16, 4, 0, MAX_SPLITS),
+    # 32 query rows of head dim 128: the merge loads one split a step (splits_at_once).
+    (torch.bfloat16, 16, 2, 128, 16, 3, MAX_SPLITS),
 ]
 
 
@@ -340,13 +342,14 @@ def test_choose_num_splits() -> None:
         assert splits == 1 or num_reqs * 8 * splits // 2 < 2 * 132, num_reqs
 
 
-def test_a_merge_step_loads_as_many_splits_as_64_registers_a_thread_hold() -> None:
-    # [splits, BLOCK_M, BLOCK_D] float32 over 4 warps: 8,192 elements at most, at least one
-    # split, at most eight; a 512-token context's 8 splits at head dim 128 take two steps.
+def test_a_merge_step_loads_as_many_splits_as_its_tile_allows() -> None:
+    # [splits, BLOCK_M, BLOCK_D] float32: 4,096 elements at most, at least one split, at most
+    # eight (the registers it costs: tests/test_decode_spills.py); a 512-token context's 8
+    # splits at head dim 128 and BLOCK_M 16 take four steps, where they took eight.
     at_once = _decode_merge.splits_at_once
     assert [at_once(16, 128), at_once(32, 128), at_once(64, 128), at_once(128, 128)] == \
-        [4, 2, 1, 1]
-    assert [at_once(16, 64), at_once(16, 16)] == [8, 8]
+        [2, 1, 1, 1]
+    assert [at_once(16, 64), at_once(16, 16)] == [4, 8]
 
 
 def test_triton_ops_matches_torch_ops_interface() -> None:

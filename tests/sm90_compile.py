@@ -1,0 +1,80 @@
+"""Triton kernels compiled for an H100 (sm_90) on a machine without a GPU, for the probes
+that read what the GPU would run (tests/pdl_ptx_probe.py, tests/decode_spill_probe.py).
+
+A probe is a program run without TRITON_INTERPRET (the kernels must be defined for the GPU).
+No CUDA driver is needed: a stand-in tells the launcher the target, Triton's jit_cache_hook
+takes each kernel before it would compile or launch, and the probe compiles what it took.
+The cubin comes from the ptxas Triton ships, so its resource usage (cuobjdump, also shipped)
+is what the GPU would load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime import driver
+
+HOPPER = GPUTarget("cuda", 90, 32)
+
+
+class _CompileOnlyDriver:
+    """What JITFunction.run asks of the driver before it compiles."""
+
+    def get_current_target(self) -> GPUTarget:
+        return HOPPER
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+
+def record_launches(launch: Callable[[], None]) -> list[tuple[Any, dict[str, Any]]]:
+    """(JITFunction, its compile spec) of every kernel `launch` would launch; nothing runs."""
+    driver.set_active(_CompileOnlyDriver())  # type: ignore[arg-type]
+    recorded: list[tuple[Any, dict[str, Any]]] = []
+
+    def take(*, fn: Any, compile: dict[str, Any], **_: Any) -> bool:
+        recorded.append((fn.jit_function, compile))
+        return True  # compiled by the probe instead; nothing launches
+
+    knobs.runtime.jit_cache_hook = take
+    launch()
+    return recorded
+
+
+def compile_for_hopper(fn: Any, spec: dict[str, Any], option_names: tuple[str, ...]) -> Any:
+    """The CompiledKernel of one recorded launch, with the launch's own `option_names`."""
+    options = json.loads(spec["specialization_data"])["options"]
+    src = ASTSource(fn, spec["signature"], spec["constants"], spec["configs"][0])
+    return triton.compile(src, target=HOPPER, options={k: options[k] for k in option_names})
+
+
+def constants(fn: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """A recorded launch's constexpr values by parameter name."""
+    names = fn.arg_names
+    return {names[key[0]]: value for key, value in spec["constants"].items()}
+
+
+def resource_usage(cubin: bytes) -> dict[str, int]:
+    """cuobjdump's resource usage of a one-kernel cubin: REG (registers a thread), STACK
+    (bytes a thread spills to local memory), SHARED, ..."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    return {k: int(v) for k, v in re.findall(r"\b([A-Z]+):(\d+)", out)}
