@@ -48,7 +48,9 @@ def steady_window(results: Sequence[RequestResult], streams: int) -> SteadyWindo
     start = firsts[streams - 1]
     # Finishes before this one each let a queued request go; this one lets none.
     end = finishes[len(results) - streams]
-    if end <= start:  # only when timestamps coincide: there are more finishes than streams
+    # At least streams + 1 requests finished by `end`, each after its own first token, so
+    # `end` can reach `start` only when timestamps coincide.
+    if end <= start:
         return None
     tokens = 0
     gaps: list[float] = []
