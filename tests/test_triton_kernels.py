@@ -163,7 +163,7 @@ DECODE_CASES = [
     # The most splits the planner picks: most are past every short sequence's end.
     (torch.bfloat16, 8, 2, 16, 4, 0, MAX_SPLITS),
     # 32 query rows of head dim 128: the merge loads one split a step (splits_at_once).
-    (torch.bfloat16, 16, 2, 128, 16, 3, MAX_SPLITS),
+    (torch.bfloat16, 8, 1, 128, 16, 3, 4),
 ]
 
 
