@@ -13,6 +13,7 @@ OUT=${OUT:-/tmp/warmgate-out}
 mkdir -p "$OUT"
 source bench/lib/gpu_env.sh  # the carried wheels, PYTHONPATH and $CARD
 BASE=${BASE:-build/base}
+case $BASE in /*) ;; *) BASE=$PWD/$BASE ;; esac  # PYTHONPATH needs it absolute
 [ -d "$BASE/server/warmgate" ] || { echo "no baseline tree: $BASE/server/warmgate"; exit 2; }
 [ $# -gt 0 ] || { echo "usage: bash bench/gpu_ab.sh SCRIPT [ARGS...]"; exit 2; }
 NAME=${NAME:-ab}
@@ -24,7 +25,7 @@ echo "command: python3 $*; ${ROUNDS:-2} rounds, base then new in each" | tee -a 
 for round in $(seq "${ROUNDS:-2}"); do
   for arm in base new; do
     path=$PYTHONPATH
-    [ "$arm" = base ] && path=$PWD/$BASE/server:$PYTHONPATH  # ahead of this checkout's
+    [ "$arm" = base ] && path=$BASE/server:$PYTHONPATH  # ahead of this checkout's
     echo "=== round $round: $arm" | tee -a "$FILE"
     PYTHONPATH=$path timeout "${AB_TIMEOUT:-240}" python3 "$@" 2>>"$OUT/$NAME.err" \
       | tee -a "$FILE"

@@ -55,6 +55,8 @@ def main() -> int:
                                    .asm["cubin"])
             print(json.dumps({"presets": presets, "GROUP": c["GROUP"], "Q_LEN": c["Q_LEN"],
                               "BLOCK_M": c["BLOCK_M"], "HEAD_DIM": c["HEAD_DIM"],
+                              # A tree from before the merge loaded several splits a
+                              # step has no AT_ONCE (the probe also reads a baseline's).
                               "MERGE": c["MERGE"], "AT_ONCE": c.get("AT_ONCE", 1),
                               "REG": usage["REG"], "STACK": usage["STACK"]}), flush=True)
     return 0

@@ -59,7 +59,6 @@ class Row:
     roofline_tokens_per_s: float
     window_s: float  # the seconds tokens/s and ITL were read over
 
-
     @property
     def itl_over_roofline(self) -> float:
         return self.itl_p50_s / self.roofline_step_s
