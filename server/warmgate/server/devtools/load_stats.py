@@ -46,13 +46,15 @@ class RequestResult:
     def e2e_s(self) -> float | None:
         return None if self.finish_s is None else self.finish_s - self.sent_s
 
-    def itl_s(self) -> list[float]:
+    def itl_s(self, start: float = -math.inf, end: float = math.inf) -> list[float]:
         """Per-token inter-token latencies: the gap before each later message divided by its
         tokens, once per token. Weighting by tokens makes the mean the stream's decode time per
-        token, and a step that accepted drafts counts as the faster tokens it produced."""
+        token, and a step that accepted drafts counts as the faster tokens it produced. With
+        start and end, only the gaps whose both ends fall within them."""
         out: list[float] = []
         for (prev, _), (now, n) in pairwise(self.messages):
-            out += [(now - prev) / n] * n
+            if start <= prev and now <= end:
+                out += [(now - prev) / n] * n
         return out
 
 

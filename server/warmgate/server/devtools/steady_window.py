@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 
 from warmgate.server.devtools.load_stats import RequestResult, Stats
 
@@ -52,11 +51,6 @@ def steady_window(results: Sequence[RequestResult], streams: int) -> SteadyWindo
     # `end` can reach `start` only when timestamps coincide.
     if end <= start:
         return None
-    tokens = 0
-    gaps: list[float] = []
-    for r in results:
-        tokens += sum(n for t, n in r.messages if start < t <= end)
-        for (prev, _), (now, n) in pairwise(r.messages):
-            if start <= prev and now <= end:
-                gaps += [(now - prev) / n] * n
+    tokens = sum(n for r in results for t, n in r.messages if start < t <= end)
+    gaps = [x for r in results for x in r.itl_s(start, end)]
     return SteadyWindow(start, end, tokens, Stats.of(gaps))
