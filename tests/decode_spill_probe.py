@@ -1,9 +1,9 @@
 """Compile the decode kernel with its in-kernel split merge for sm_90, at the query rows,
 GQA group and head size of every preset at k in {0, 3}, and read each binary's resource usage:
-a merge that loads too many splits' partials at once spills registers to local memory (a
+a kernel that holds too large a tile spills registers to local memory (a merge that loaded a
 [splits, BLOCK_M, BLOCK_D] float32 tile of 8,192 elements spilled at BLOCK_M 32). Prints one
 JSON line per distinct shape: {"presets", "GROUP", "Q_LEN", "BLOCK_M", "HEAD_DIM", "MERGE",
-"AT_ONCE", "REG", "STACK"}.
+"REG", "STACK"}.
 
 A program, run by tests/test_decode_spills.py without TRITON_INTERPRET; tests/sm90_compile.py
 compiles without a GPU.
@@ -55,9 +55,7 @@ def main() -> int:
                                    .asm["cubin"])
             print(json.dumps({"presets": presets, "GROUP": c["GROUP"], "Q_LEN": c["Q_LEN"],
                               "BLOCK_M": c["BLOCK_M"], "HEAD_DIM": c["HEAD_DIM"],
-                              # A tree from before the merge loaded several splits a
-                              # step has no AT_ONCE (the probe also reads a baseline's).
-                              "MERGE": c["MERGE"], "AT_ONCE": c.get("AT_ONCE", 1),
+                              "MERGE": c["MERGE"],
                               "REG": usage["REG"], "STACK": usage["STACK"]}), flush=True)
     return 0
 

@@ -162,7 +162,7 @@ DECODE_CASES = [
     (torch.float16, 8, 2, 16, 4, 0, 1),
     # The most splits the planner picks: most are past every short sequence's end.
     (torch.bfloat16, 8, 2, 16, 4, 0, MAX_SPLITS),
-    # 32 query rows of head dim 128: the merge loads one split a step (splits_at_once).
+    # 32 query rows of head dim 128 (a GQA group of 8 with three drafts).
     (torch.bfloat16, 8, 1, 128, 16, 3, 4),
 ]
 
@@ -174,7 +174,7 @@ def test_paged_attention_decode(dtype: torch.dtype, num_heads: int, num_kv_heads
                                 num_splits: int) -> None:
     q_len = 1 + num_spec_steps
     # Contexts: none cached yet, mid-page, exactly a page, across many 16-key tiles (at
-    # MAX_SPLITS, 11 splits of one tile: more than a merge step loads at once).
+    # MAX_SPLITS, 11 splits of one tile each to merge).
     context_lens = [0, 5, block_size, 173]
     batch = make_paged_batch(10 + num_splits, [q_len] * 4, context_lens, num_heads,
                              num_kv_heads, head_dim, block_size, dtype, DEVICE)
@@ -340,16 +340,6 @@ def test_choose_num_splits() -> None:
         assert num_reqs * 8 * splits >= 2 * 132 or splits == MAX_SPLITS, num_reqs
         # ... and never more than needed: half the splits would not.
         assert splits == 1 or num_reqs * 8 * splits // 2 < 2 * 132, num_reqs
-
-
-def test_a_merge_step_loads_as_many_splits_as_its_tile_allows() -> None:
-    # [splits, BLOCK_M, BLOCK_D] float32: 4,096 elements at most, at least one split, at most
-    # eight (the registers it costs: tests/test_decode_spills.py); a 512-token context's 8
-    # splits at head dim 128 and BLOCK_M 16 take four steps, where they took eight.
-    at_once = _decode_merge.splits_at_once
-    assert [at_once(16, 128), at_once(32, 128), at_once(64, 128), at_once(128, 128)] == \
-        [2, 1, 1, 1]
-    assert [at_once(16, 64), at_once(16, 16)] == [4, 8]
 
 
 def test_triton_ops_matches_torch_ops_interface() -> None:

@@ -27,7 +27,7 @@ import triton.language as tl
 
 import warmgate.server.kernels._decode_merge as _decode_merge
 from warmgate.server.kernels._attention_tile import LOG2E, M_INIT, attend_range
-from warmgate.server.kernels._decode_merge import merge_partials, split_chunk, splits_at_once
+from warmgate.server.kernels._decode_merge import merge_partials, split_chunk
 from warmgate.server.kernels._launch import ieee_dots, pow2, prepare_paged_attention, upcast_dots
 from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 
@@ -71,7 +71,6 @@ def _decode_kernel(
     GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SPLIT: tl.constexpr, MERGE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-    AT_ONCE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """MERGE (with SPLIT): counts_ptr holds an int32 per (request, KV head), zero, and the
@@ -136,7 +135,7 @@ def _decode_kernel(
                 merge_partials(part_out_ptr, part_lse_ptr, out_ptr, token, head, req_rows,
                                offs_d, d_mask, tl.cdiv(seq_len, chunk), stride_ps, stride_pt,
                                stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, BLOCK_M,
-                               BLOCK_D, AT_ONCE, True)
+                               BLOCK_D, True)
     else:
         dst = token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
         tl.store(out_ptr + dst, o.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -216,8 +215,7 @@ def paged_attention_decode(
     merge = counts is not None
     part_out, part_lse = _split_partials(num_splits, q, out)
     common = dict(GROUP=group, Q_LEN=query_len, BLOCK_M=block_m, HEAD_DIM=head_dim,
-                  BLOCK_D=block_d, AT_ONCE=splits_at_once(block_m, block_d),
-                  **launch_args(q))
+                  BLOCK_D=block_d, **launch_args(q))
     _decode_kernel[(num_reqs, num_kv_heads, num_splits)](
         q, key_cache, value_cache, block_table, seq_lens, query_start_loc,
         out, part_out, part_lse, part_lse if counts is None else counts,
