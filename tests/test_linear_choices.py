@@ -21,7 +21,13 @@ pytest.importorskip("triton")
 from warmgate.server.kernels import ops as triton_ops
 from warmgate.server.kernels.dense_gemv import dense_gemv
 from warmgate.server.kernels.invariant_ops import BatchInvariantOps
-from warmgate.server.kernels.linear_choices import LINEAR, MAX_M, SILU_MUL, LinearChoices
+from warmgate.server.kernels.linear_choices import (
+    LINEAR,
+    MAX_M,
+    NORM,
+    SILU_MUL,
+    LinearChoices,
+)
 from warmgate.server.kernels.ops import TritonOps
 
 BF16 = torch.bfloat16
@@ -147,10 +153,11 @@ def test_silu_mul_linear_fuses_where_chosen(monkeypatch: pytest.MonkeyPatch,
     assert gemv_calls == [(3, False), (3, False)]  # M=3 unfused, and its reference
 
 
-def test_norm_linear_fuses_the_norm_where_the_gemv_was_chosen(
+def test_norm_linear_fuses_the_norm_where_its_own_key_says_so(
         monkeypatch: pytest.MonkeyPatch, gemv_calls: list[tuple[int, bool]]) -> None:
-    """Rows whose linear the warmup gave the GEMV: norm_gemv, one launch. Rows whose linear
-    is cuBLAS's, or more than 16: rms_norm, then the linear as its key says."""
+    """Rows whose norm-fused GEMV the warmup timed faster than the two ops: norm_gemv, one
+    launch, whatever the linear alone's key says. Else, or above 16 rows: rms_norm, then the
+    linear as its own key says."""
     fused: list[int] = []
     real = triton_ops.norm_gemv
 
@@ -162,8 +169,13 @@ def test_norm_linear_fuses_the_norm_where_the_gemv_was_chosen(
     ops = TritonOps()
     assert ops.linear_choices is not None
     w, norm_w = _weight(), torch.randn(80).to(BF16)
-    ops.linear_choices.decide((LINEAR, 48, 80, BF16, 1), default_s=2.0, gemv_s=1.0)
+    ops.linear_choices.decide((NORM, 48, 80, BF16, 1), default_s=2.0, gemv_s=1.0)
+    ops.linear_choices.decide((LINEAR, 48, 80, BF16, 1), default_s=1.0, gemv_s=2.0)
+    # 2 rows: the GEMV wins alone, not with the norm in its loads (the 8B's gate/up at 8
+    # rows on an H100): the norm, then the GEMV.
+    ops.linear_choices.decide((NORM, 48, 80, BF16, 2), default_s=1.0, gemv_s=2.0)
     ops.linear_choices.decide((LINEAR, 48, 80, BF16, 2), default_s=2.0, gemv_s=1.0)
+    ops.linear_choices.decide((NORM, 48, 80, BF16, 3), default_s=1.0, gemv_s=2.0)
     ops.linear_choices.decide((LINEAR, 48, 80, BF16, 3), default_s=1.0, gemv_s=2.0)
     for m in (1, 2, 3, 20):
         x, residual = torch.randn(m, 80).to(BF16), torch.randn(m, 80).to(BF16)
@@ -171,12 +183,13 @@ def test_norm_linear_fuses_the_norm_where_the_gemv_was_chosen(
         normed, want_residual = ops.rms_norm(x, norm_w, 1e-6, residual)
         assert torch.equal(new_residual, want_residual)
         torch.testing.assert_close(out, F.linear(normed, w), atol=2e-2, rtol=2e-2)
-    assert fused == [1, 2] and gemv_calls == []  # 3 rows: cuBLAS chosen; 20: above 16
+    assert fused == [1] and gemv_calls == [(2, False)]  # 3: cuBLAS both ways; 20: above 16
     cublas = TritonOps()
     assert cublas.linear_choices is not None
-    cublas.linear_choices.decide((LINEAR, 48, 80, BF16, 1), default_s=1.0, gemv_s=2.0)
+    cublas.linear_choices.decide((NORM, 48, 80, BF16, 1), default_s=1.0, gemv_s=2.0)
+    cublas.linear_choices.decide((LINEAR, 48, 80, BF16, 1), default_s=2.0, gemv_s=1.0)
     cublas.norm_linear(torch.randn(1, 80).to(BF16), None, norm_w, 1e-6, w)
-    assert fused == [1, 2] and gemv_calls == []
+    assert fused == [1] and gemv_calls == [(2, False), (1, False)]
 
 
 def test_the_batch_invariant_ops_have_no_choices() -> None:

@@ -8,11 +8,13 @@ read it.
   read again only after every other weight of the shape (a decode step's cold reads).
 - A GEMV launch that does not fit the GPU is infinitely slow, never an error.
 - SiLU-and-mul fused into the down projection is weighed against the activation then the
-  faster of the two linears."""
+  faster of the two linears, and the RMSNorm fused into a projection against the norm then
+  the faster of the two."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,8 +27,12 @@ from triton.runtime.errors import OutOfResources
 
 from warmgate.server.kernels import activation
 from warmgate.server.kernels import dense_gemv as dense_gemv_module
-from warmgate.server.kernels.linear_choices import LINEAR, SILU_MUL
+from warmgate.server.kernels.linear_choices import LINEAR, NORM, SILU_MUL
 from warmgate.server.runner import linear_timing
+
+# The modules, not the functions the package exports under the same names.
+norm_gemv_module = importlib.import_module("warmgate.server.kernels.norm_gemv")
+rms_norm_module = importlib.import_module("warmgate.server.kernels.rms_norm")
 
 
 class FakeGpu:
@@ -34,11 +40,11 @@ class FakeGpu:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, cublas_us: float, gemv_us: float,
                  slow_round: int | None = None, fused_us: float = 0.0,
-                 silu_us: float = 0.0) -> None:
+                 silu_us: float = 0.0, norm_us: float = 0.0) -> None:
         self.now_ms = 0.0
         self.reads: list[tuple[str, int]] = []  # (candidate, weight id)
         self.cublas_us, self.gemv_us = cublas_us, gemv_us
-        self.fused_us, self.silu_us = fused_us, silu_us
+        self.fused_us, self.silu_us, self.norm_us = fused_us, silu_us, norm_us
         self.slow_round = slow_round  # this cuBLAS round (0-based, timed ones) is 10x slower
         self.cublas_rounds = -1
         self.gemv_fits = True
@@ -73,6 +79,8 @@ class FakeGpu:
         monkeypatch.setattr(dense_gemv_module, "dense_gemv", self.gemv)
         monkeypatch.setattr(dense_gemv_module, "silu_mul_gemv", self.fused)
         monkeypatch.setattr(activation, "silu_and_mul", self.silu)
+        monkeypatch.setattr(rms_norm_module, "rms_norm", self.norm)
+        monkeypatch.setattr(norm_gemv_module, "norm_gemv", self.norm_fused)
         self.round_started = False
 
     def cublas(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -87,6 +95,22 @@ class FakeGpu:
     def silu(self, gate_up: torch.Tensor) -> torch.Tensor:
         self.now_ms += self.silu_us / 1e3
         return gate_up[:, :gate_up.shape[1] // 2]
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        assert residual is not None and residual.shape == x.shape == (x.shape[0], 80)
+        assert weight.shape == (80,)  # the weights' K
+        self.now_ms += self.norm_us / 1e3
+        return x, residual
+
+    def norm_fused(self, x: torch.Tensor, residual: torch.Tensor | None,
+                   weight: torch.Tensor, eps: float, w: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert residual is not None  # timed as the layers past the first run it
+        self.round_started = False
+        self.now_ms += self.fused_us / 1e3
+        self.reads.append(("fused", id(w)))
+        return x, residual
 
     def fused(self, gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         self.round_started = False
@@ -140,4 +164,14 @@ def test_fused_silu_mul_against_the_activation_then_the_better_linear(
     gpu = FakeGpu(monkeypatch, cublas_us=30.0, gemv_us=20.0, fused_us=21.0, silu_us=3.0)
     default_s, fused_s = linear_timing.time_linears(_weights(4), 8, SILU_MUL)
     assert default_s == pytest.approx(23e-6) and fused_s == pytest.approx(21e-6)
+    assert {c for c, _ in gpu.reads} == {"cublas", "gemv", "fused"}
+
+
+def test_fused_norm_against_the_norm_then_the_better_linear(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The norm-fused GEMV is timed as itself, not read off the plain GEMV's time: here the
+    plain GEMV beats cuBLAS and the fused one loses to the norm then that GEMV."""
+    gpu = FakeGpu(monkeypatch, cublas_us=30.0, gemv_us=20.0, fused_us=26.0, norm_us=3.0)
+    default_s, fused_s = linear_timing.time_linears(_weights(4), 8, NORM)
+    assert default_s == pytest.approx(23e-6) and fused_s == pytest.approx(26e-6)
     assert {c for c, _ in gpu.reads} == {"cublas", "gemv", "fused"}

@@ -9,9 +9,13 @@ that the choice is a dictionary lookup on the host: a captured CUDA graph holds 
 was captured with, and nothing is timed or compiled at serve time. A (shape, M) the warmup did
 not time runs cuBLAS, as every linear did before, and is counted and logged once as a miss.
 
-Two ops: LINEAR, x @ w^T (the GEMV against cuBLAS); SILU_MUL, the MLP's silu_and_mul then
+Three ops: LINEAR, x @ w^T (the GEMV against cuBLAS); SILU_MUL, the MLP's silu_and_mul then
 its down projection (the GEMV with the activation fused in, dense_gemv.silu_mul_gemv, against
-the two launches, the projection on the better of its two kernels).
+the two launches, the projection on the better of its two kernels); NORM, a layer's RMSNorm
+then its QKV or gate/up projection (kernels/norm_gemv.py against the two launches, likewise).
+Each fused op is timed as itself: on an H100 the 8B's norm-fused gate/up GEMV at 8 rows took
+about 140 us a layer where the plain GEMV took 83 and won, so a choice read off LINEAR gave the
+step its slowest launch.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ MAX_M = MAX_ROWS  # the most rows the GEMV takes
 MARGIN = 0.01
 LINEAR = "linear"
 SILU_MUL = "silu_mul"
+NORM = "norm"
 # What each op's decision weighs, for the log lines: (the default, the Triton kernel).
 _CANDIDATES = {LINEAR: ("cuBLAS", "Triton GEMV"),
-               SILU_MUL: ("SiLU-and-mul then the linear", "the fused Triton GEMV")}
+               SILU_MUL: ("SiLU-and-mul then the linear", "the fused Triton GEMV"),
+               NORM: ("RMSNorm then the linear", "the norm-fused Triton GEMV")}
 
 Key = tuple[str, int, int, torch.dtype, int]  # (op, N, K, dtype, M)
 # (the weights of one shape, every layer's, M, op) -> (default seconds, Triton seconds) per
@@ -59,8 +65,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def key_name(key: Key) -> str:
-    """"NxK:dtype:mM" (a SILU_MUL pair: "silu_mul:" before it), as reports and the compile
-    cache entry name a pair."""
+    """"NxK:dtype:mM" (a fused op's pair: "silu_mul:" or "norm:" before it), as reports and
+    the compile cache entry name a pair."""
     op, n, k, dtype, m = key
     return f"{'' if op == LINEAR else op + ':'}{n}x{k}:{dtype_name(dtype)}:m{m}"
 

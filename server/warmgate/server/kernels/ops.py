@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from warmgate.server.kernels.activation import silu_and_mul
 from warmgate.server.kernels.dense_gemv import dense_gemv, gemv_applies, silu_mul_gemv
-from warmgate.server.kernels.linear_choices import SILU_MUL, LinearChoices
+from warmgate.server.kernels.linear_choices import NORM, SILU_MUL, LinearChoices
 from warmgate.server.kernels.norm_gemv import norm_gemv, norm_gemv_applies
 from warmgate.server.kernels.rms_norm import rms_norm
 from warmgate.server.kernels.rotary import rotary_embedding
@@ -61,12 +61,12 @@ class TritonOps:
     def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None,
                     norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                     bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """rms_norm then linear -> (out [T, N], new_residual [T, H]): for rows whose linear
-        the warmup gave the Triton GEMV (1..16 of them), one launch (kernels.norm_gemv: the
-        norm computed in the GEMV's loads, the rms_norm launch and its output's round trip
+        """rms_norm then linear -> (out [T, N], new_residual [T, H]): for rows where the
+        warmup timed it faster than the two ops (1..16 of them), one launch (kernels.norm_gemv:
+        the norm computed in the GEMV's loads, the rms_norm launch and its output's round trip
         through memory gone); else the two ops."""
         choices = self.linear_choices
-        if (choices is not None and choices.use_gemv(x.shape[0], weight)
+        if (choices is not None and choices.use_gemv(x.shape[0], weight, NORM)
                 and norm_gemv_applies(x, residual, norm_weight, weight, bias)):
             return norm_gemv(x, residual, norm_weight, eps, weight, bias)
         normed, residual = self.rms_norm(x, norm_weight, eps, residual)

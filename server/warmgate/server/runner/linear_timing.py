@@ -1,6 +1,8 @@
 """Times cuBLAS (F.linear) against the Triton GEMV (kernels/dense_gemv.py) for one weight shape
 at one row count, on the device, as a decode step would run them; for the MLP's down
-projection, SiLU-and-mul then either linear against the GEMV with the activation fused in.
+projection, SiLU-and-mul then either linear against the GEMV with the activation fused in;
+for the QKV and gate/up projections, the RMSNorm then either linear against the GEMV with the
+norm fused in (kernels/norm_gemv.py).
 
 - Cold weights: a decode step reads each layer's weight once, after the other layers' weights
   went through L2, so the calls cycle through every layer's weight of the shape, across rounds
@@ -31,6 +33,8 @@ ROUNDS = 3
 # GPU cycles of sleep ahead of a round: at ~1.5-2 GHz about 0.5 ms, several times what the host
 # takes to queue a round's launches.
 SLEEP_CYCLES = 1_000_000
+# The norm's epsilon in the timed calls: any model's costs the same.
+NORM_EPS = 1e-6
 
 
 def _round_seconds(fn: LinearFn,
@@ -48,30 +52,46 @@ def _round_seconds(fn: LinearFn,
     return float(start.elapsed_time(end)) / 1e3 / CALLS_PER_ROUND
 
 
+def _candidates(op: str, first: torch.Tensor, m: int) -> list[LinearFn]:
+    """The defaults, then the Triton kernel last, each a call on one weight at m rows of
+    seeded random inputs. LINEAR: F.linear, dense_gemv. SILU_MUL (x is gate_up [m, 2K]):
+    silu_and_mul then either linear, silu_mul_gemv. NORM (x and a residual [m, K], a norm
+    weight [K]): kernels.rms_norm then either linear, norm_gemv."""
+    from warmgate.server.kernels.activation import silu_and_mul
+    from warmgate.server.kernels.dense_gemv import dense_gemv, silu_mul_gemv
+    from warmgate.server.kernels.linear_choices import LINEAR, NORM
+    from warmgate.server.kernels.norm_gemv import norm_gemv
+    from warmgate.server.kernels.rms_norm import rms_norm
+
+    gen = torch.Generator(device=first.device).manual_seed(m)
+    k = first.shape[1]
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=first.device, generator=gen).to(first.dtype)
+
+    if op == LINEAR:
+        x = rand(m, k)
+        return [lambda w: F.linear(x, w), lambda w: dense_gemv(x, w)]
+    if op == NORM:
+        x, residual, norm_weight = rand(m, k), rand(m, k), rand(k)
+        return [lambda w: F.linear(rms_norm(x, norm_weight, NORM_EPS, residual)[0], w),
+                lambda w: dense_gemv(rms_norm(x, norm_weight, NORM_EPS, residual)[0], w),
+                lambda w: norm_gemv(x, residual, norm_weight, NORM_EPS, w)[0]]
+    gate_up = rand(m, 2 * k)
+    return [lambda w: F.linear(silu_and_mul(gate_up), w),
+            lambda w: dense_gemv(silu_and_mul(gate_up), w),
+            lambda w: silu_mul_gemv(gate_up, w)]
+
+
 @torch.inference_mode()
 def time_linears(weights: Sequence[torch.Tensor], m: int, op: str) -> tuple[float, float]:
     """(default seconds, Triton seconds) per call of `op` on m rows, w cycling through
-    `weights` (every layer's weight of one shape, one dtype, on one CUDA device). LINEAR:
-    F.linear against dense_gemv. SILU_MUL (x is gate_up [m, 2K]): silu_and_mul then the better
-    of the two linears, against silu_mul_gemv."""
+    `weights` (every layer's weight of one shape, one dtype, on one CUDA device): the faster
+    default (_candidates) against the Triton kernel."""
     from triton.runtime.errors import OutOfResources  # imports triton: CUDA only
 
-    from warmgate.server.kernels.activation import silu_and_mul
-    from warmgate.server.kernels.dense_gemv import dense_gemv, silu_mul_gemv
-    from warmgate.server.kernels.linear_choices import LINEAR
-
     first = weights[0]
-    gen = torch.Generator(device=first.device).manual_seed(m)
-    width = first.shape[1] * (1 if op == LINEAR else 2)
-    x = torch.randn(m, width, device=first.device, generator=gen).to(first.dtype)
-    # The defaults, then the Triton kernel last.
-    candidates: list[LinearFn]
-    if op == LINEAR:
-        candidates = [lambda w: F.linear(x, w), lambda w: dense_gemv(x, w)]
-    else:
-        candidates = [lambda w: F.linear(silu_and_mul(x), w),
-                      lambda w: dense_gemv(silu_and_mul(x), w),
-                      lambda w: silu_mul_gemv(x, w)]
+    candidates = _candidates(op, first, m)
     rounds: list[list[float]] = [[] for _ in candidates]
     cycle = itertools.cycle(weights)
     with torch.cuda.device(first.device):  # Triton launches on the current device

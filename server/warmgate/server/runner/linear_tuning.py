@@ -2,8 +2,9 @@
 captured: for every dense weight shape, at every row count <= max_m a forward can run it at,
 cuBLAS and the Triton GEMV are timed on the device (runner/linear_timing.py) and the faster is
 kept; for the MLP's down projection also SiLU-and-mul then its linear against the GEMV with
-the activation fused in. The warmup plan calls `choose_linears` just before the capture, once
-the dense-GEMM sweep has left the GPU to it (warmup/graphs_phase.py);
+the activation fused in, and for the QKV and gate/up projections the RMSNorm then the linear
+against the GEMV with the norm fused in. The warmup plan calls `choose_linears` just before
+the capture, once the dense-GEMM sweep has left the GPU to it (warmup/graphs_phase.py);
 ModelRunner.capture_cuda_graphs calls it again (a no-op then), so a tensor-parallel worker,
 which is sent the capture alone, fills its own.
 The GEMV's binaries are compiled ahead, on the dense-GEMM sweep's thread (compile_gemvs).
@@ -79,9 +80,14 @@ def _layer_weights(model: LlamaModel, names: tuple[str, ...]) -> list[list[torch
 
 def linear_plan(runner: TuningRunner, max_m: int) -> LinearPlan:
     """Every (op, shape's weights, row counts <= max_m) the ops can meet after ready: each
-    projection's linear, the down projection's SiLU-and-mul fused in too (ops.silu_mul_linear;
-    its linear alone is what runs when that is not fused, and what the GEMM sweep runs)."""
-    from warmgate.server.kernels.linear_choices import LINEAR, SILU_MUL  # the ops imported it
+    projection's linear, the down projection's SiLU-and-mul fused in too (ops.silu_mul_linear)
+    and the QKV and gate/up projections' RMSNorm (ops.norm_linear); a linear alone is what
+    runs where its fused op is not chosen, and what the GEMM sweep runs."""
+    from warmgate.server.kernels.linear_choices import (  # the ops imported it
+        LINEAR,
+        NORM,
+        SILU_MUL,
+    )
 
     plan: LinearPlan = []
     model = runner.model
@@ -93,6 +99,7 @@ def linear_plan(runner: TuningRunner, max_m: int) -> LinearPlan:
         ms = sorted(c for c in counts if 1 <= c <= budget)
         plan += [(LINEAR, ws, ms) for ws in _layer_weights(model, PROJECTIONS)] if ms else []
         plan += [(SILU_MUL, ws, ms) for ws in _layer_weights(model, ("down_proj",))] if ms else []
+        plan += [(NORM, ws, ms) for ws in _layer_weights(model, NORM_FUSED)] if ms else []
     if not runner.is_pooling_model:
         head = model.embed_tokens if model.lm_head is None else model.lm_head
         rows = min(budget, runner.max_num_reqs * q)
@@ -106,14 +113,6 @@ def planned_keys(runner: TuningRunner, max_m: int) -> list[Key]:
             for op, w, ms in linear_plan(runner, max_m) for m in ms]
 
 
-def _norm_shapes(model: LlamaModel) -> set[tuple[int, int, torch.dtype]]:
-    """(N, K, dtype) of the projections the ops may run with their RMSNorm fused in
-    (ops.norm_linear: the QKV and the dense gate/up projections), whose GEMV is then
-    kernels.norm_gemv, a binary of its own per row bucket."""
-    return {(w[0].shape[0], w[0].shape[1], w[0].dtype)
-            for w in _layer_weights(model, NORM_FUSED)}
-
-
 def compile_gemvs(runner: TuningRunner) -> int:
     """Run the GEMV once per (planned op, shape, row bucket) on the current stream, so its
     binaries are compiled before choose_linears times them: the dense-GEMM sweep calls this
@@ -122,19 +121,17 @@ def compile_gemvs(runner: TuningRunner) -> int:
     choices = linear_choices_of(runner)
     if choices is None or runner.device.type != "cuda":
         return 0
-    return _run_gemv_once(linear_plan(runner, choices.max_m), lambda key: True,
-                          _norm_shapes(runner.model))
+    return _run_gemv_once(linear_plan(runner, choices.max_m), lambda key: True)
 
 
-def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool],
-                   norm_shapes: set[tuple[int, int, torch.dtype]]) -> int:
-    """The Triton kernel of each wanted key once per (op, shape, row bucket) (CUDA only); for a
-    norm-fused shape also norm_gemv, with a residual and without (layer 0's)."""
+def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool]) -> int:
+    """The Triton kernel of each wanted key once per (op, shape, row bucket) (CUDA only);
+    norm_gemv with a residual and without (layer 0's QKV), a binary each."""
     from triton.runtime.errors import OutOfResources  # imports triton
 
     from warmgate.server.kernels.dense_gemv import dense_gemv, silu_mul_gemv
     from warmgate.server.kernels.gemv_plan import rows_bucket
-    from warmgate.server.kernels.linear_choices import LINEAR
+    from warmgate.server.kernels.linear_choices import LINEAR, NORM, SILU_MUL
     from warmgate.server.kernels.norm_gemv import norm_gemv
 
     calls = 0
@@ -142,17 +139,17 @@ def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool],
         w = weights[0]
         n, k = w.shape
         for m in {rows_bucket(m): m for m in ms if wanted((op, n, k, w.dtype, m))}.values():
-            fn, width = (dense_gemv, k) if op == LINEAR else (silu_mul_gemv, 2 * k)
-            x = torch.zeros(m, width, dtype=w.dtype, device=w.device)
-            try:
-                fn(x, w)
-            except OutOfResources:  # the timing finds it so too, and keeps the default
-                continue
-            calls += 1
-            if op == LINEAR and (n, k, w.dtype) in norm_shapes:
-                for residual in (x, None):
-                    norm_gemv(x, residual, x[0], 1e-6, w)
-                    calls += 1
+            x = torch.zeros(m, 2 * k if op == SILU_MUL else k, dtype=w.dtype, device=w.device)
+            runs: list[tuple[Callable[..., object], tuple[object, ...]]] = (
+                [(norm_gemv, (x, x, x[0], 1e-6, w)), (norm_gemv, (x, None, x[0], 1e-6, w))]
+                if op == NORM else
+                [(dense_gemv if op == LINEAR else silu_mul_gemv, (x, w))])
+            for fn, args in runs:
+                try:
+                    fn(*args)
+                except OutOfResources:  # the timing finds it so too, and keeps the default
+                    break
+                calls += 1
     return calls
 
 
@@ -190,8 +187,7 @@ def choose_linears(runner: TuningRunner) -> dict[str, object]:
     choices.filled = True
     gemv = set(choices.gemv_keys())
     if runner.device.type == "cuda":
-        _run_gemv_once(plan, lambda key: key in gemv and key not in timed,
-                       _norm_shapes(runner.model))
+        _run_gemv_once(plan, lambda key: key in gemv and key not in timed)
     seconds = time.perf_counter() - start
     if timed:
         logger.info("dense linears: timed %d (shape, M) in %.3f s over %d shapes; the Triton "
