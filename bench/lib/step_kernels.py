@@ -74,9 +74,19 @@ def linear_decisions(runner: TuningRunner, batches: list[int]) -> list[str]:
     choices = linear_choices_of(runner)
     if choices is None:
         return ["  dense linears: no choices (not the Triton ops, or --no-dense-gemv)"]
-    return [f"  dense linear {d.op} {d.n}x{d.k} m{d.m}: cuBLAS {d.default_s * 1e6:.1f} us, "
-            f"Triton GEMV {d.gemv_s * 1e6:.1f} us -> {'GEMV' if d.gemv else 'cuBLAS'}"
-            for d in choices.decisions if d.m in batches]
+    from warmgate.server.kernels.linear_choices import LINEAR  # the ops imported it
+
+    lines = []
+    for d in choices.decisions:
+        if d.m not in batches:
+            continue
+        # A fused op (silu_mul, norm) weighs its two launches, the linear on the better
+        # kernel, against the fused Triton launch.
+        default, triton = ("cuBLAS", "GEMV") if d.op == LINEAR else ("unfused", "fused")
+        lines.append(f"  dense linear {d.op} {d.n}x{d.k} m{d.m}: {default} "
+                     f"{d.default_s * 1e6:.1f} us, {triton} {d.gemv_s * 1e6:.1f} us -> "
+                     f"{triton if d.gemv else default}")
+    return lines
 
 
 def main() -> int:
