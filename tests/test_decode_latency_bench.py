@@ -89,3 +89,37 @@ def test_grouped_moe_forces_the_per_slot_buckets_onto_the_grouped_gemms() -> Non
                                "triton/grouped": {"eager": {1: 3.0}, "graph": {1: 2.0}}},
                               {1: 0.5}).splitlines()
     assert rows[2].split()[:4] == ["triton/grouped", "1", "3.000", "2.000"]
+
+
+@pytest.mark.parametrize("num_spec", [0, 3])
+def test_a_mixed_step_runs_the_decodes_beside_a_whole_new_prompt_and_frees_it(
+        num_spec: int) -> None:
+    """step-kernels --mixed-prompt: each profiled step is the batch's decodes beside a new
+    request's whole prompt; the request ends with its step, so its KV blocks are back for the
+    next one and the steps can repeat without running out."""
+    from tests.runner_helpers import make_runner
+    from warmgate.server.devtools.batch_driver import BatchDriver
+
+    bench = load_script("bench/lib/decode_latency.py")
+    # 40 blocks of 4 tokens: the 3 requests grown by 6 steps (at most 34 tokens, 9 blocks
+    # each) and one 20-token prompt (5 blocks), not six of them.
+    driver = BatchDriver(make_runner(num_spec=num_spec, max_num_seqs=4, num_blocks=40))
+    reqs = bench.prefill(driver, 3, 10, chunk=3)
+    outputs = [len(r.output_token_ids) for r in reqs]
+    ended: list[tuple[str, int, int]] = []  # (id, prompt tokens computed, tokens sampled)
+    finish = driver.finish
+
+    def recording(req_id: str) -> None:
+        req = driver.reqs[req_id]
+        ended.append((req_id, req.num_computed_tokens, len(req.output_token_ids)))
+        finish(req_id)
+
+    driver.finish = recording  # type: ignore[method-assign]
+    for i in range(6):
+        assert bench.mixed_s(driver, reqs, 20, f"new{i}") > 0
+        assert f"new{i}" not in driver.reqs
+    # Each new prompt whole in its one step, its first token sampled.
+    assert ended == [(f"new{i}", 20, 1) for i in range(6)]
+    # Every decode advanced by a token a step at least (k drafts may add more).
+    assert all(len(r.output_token_ids) >= n + 6 for r, n in zip(reqs, outputs, strict=True))
+    assert all(r.num_computed_tokens >= 10 + 6 for r in reqs)

@@ -78,19 +78,22 @@ def roofline_ms(model: ModelConfig, sizes: tuple[int, ...], context: float,
 
 def build(model: str, backend: str, prompt_len: int, decode_tokens: int,
           layers: int | None = None, deterministic: bool = False,
-          pdl: bool = False) -> ModelRunner:
-    """A runner with room for max(SIZES) requests of prompt_len + decode_tokens tokens;
-    deterministic: --deterministic's batch-invariant kernels; pdl: --pdl (the runner sets the
-    process's launch switch, so runners with and without it are timed one after the other).
+          pdl: bool = False, mixed_prompt: int = 0) -> ModelRunner:
+    """A runner with room for max(SIZES) requests of prompt_len + decode_tokens tokens, and
+    for one more of mixed_prompt tokens beside them (mixed_s); deterministic:
+    --deterministic's batch-invariant kernels; pdl: --pdl (the runner sets the process's
+    launch switch, so runners with and without it are timed one after the other).
     ConfigError where --pdl cannot run."""
     max_reqs = max(SIZES)
-    max_len = prompt_len + decode_tokens + 16
+    max_len = max(prompt_len + decode_tokens, mixed_prompt) + 16
     per_req = -(-max_len // 16)
     cfg = RunnerConfig(
         model=model_config(model, max_len, layers),
-        cache=CacheConfig(block_size=16, num_blocks=max_reqs * per_req + 2),
-        scheduler=SchedulerConfig(max_num_seqs=max_reqs,
-                                  max_num_batched_tokens=max(2048, prompt_len * 8)),
+        cache=CacheConfig(block_size=16, num_blocks=max_reqs * per_req + 2
+                          + -(-mixed_prompt // 16)),
+        scheduler=SchedulerConfig(
+            max_num_seqs=max_reqs + (1 if mixed_prompt else 0),
+            max_num_batched_tokens=max(2048, prompt_len * 8, mixed_prompt + max_reqs)),
         device=DeviceConfig(device="cuda", dtype="bfloat16", attention_backend=backend),
         compilation=CompilationConfig(cuda_graph_sizes=SIZES, pdl=pdl),
         numerics=NumericsConfig(deterministic=deterministic))
@@ -109,19 +112,45 @@ def prefill(driver: BatchDriver, num_reqs: int, prompt_len: int, chunk: int
     return reqs
 
 
-def decode_s(driver: BatchDriver, reqs: list[DrivenRequest]) -> float:
-    """One decode step of `reqs` (k dummy drafts each with speculation): the wall seconds of
-    execute_model + sample_tokens, synced; the batch is built before the clock starts."""
-    k = driver.runner.num_speculative_steps
-    so = driver.build_output({r.req_id: Work(1 + k, (1,) * k) for r in reqs})
-    torch.cuda.synchronize()
+def _sync(driver: BatchDriver) -> None:
+    if driver.runner.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed_step(driver: BatchDriver, plan: dict[str, Work]) -> float:
+    """The wall seconds of execute_model + sample_tokens on `plan`, synced; the batch is built
+    before the clock starts."""
+    so = driver.build_output(plan)
+    _sync(driver)
     start = time.perf_counter()
     out = driver.runner.execute_model(so)
     if out is None:
         out = driver.runner.sample_tokens(None)
-    torch.cuda.synchronize()
+    _sync(driver)
     seconds = time.perf_counter() - start
     driver.apply_output(out)
+    return seconds
+
+
+def decode_s(driver: BatchDriver, reqs: list[DrivenRequest]) -> float:
+    """One decode step of `reqs` (k dummy drafts each with speculation), timed."""
+    k = driver.runner.num_speculative_steps
+    return _timed_step(driver, {r.req_id: Work(1 + k, (1,) * k) for r in reqs})
+
+
+def mixed_s(driver: BatchDriver, reqs: list[DrivenRequest], prompt_len: int,
+            req_id: str) -> float:
+    """One step of `reqs`' decodes beside the whole prompt_len-token prompt of a new request
+    `req_id`, timed: the step a server takes when a prompt arrives among streams that decode
+    (at many streams these set the ITL's tail). The new request ends with the step, its KV
+    blocks back in the pool for the next one."""
+    k = driver.runner.num_speculative_steps
+    driver.add(DrivenRequest(req_id, [(5 * j + 1) % 1000 for j in range(prompt_len)], GREEDY,
+                             max_new_tokens=1))
+    plan = {r.req_id: Work(1 + k, (1,) * k) for r in reqs}
+    plan[req_id] = Work(prompt_len)
+    seconds = _timed_step(driver, plan)
+    driver.finish(req_id)
     return seconds
 
 
