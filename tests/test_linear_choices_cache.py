@@ -23,8 +23,9 @@ from warmgate.server.cache.linear_choices import (
     save_linear_choices,
 )
 from warmgate.server.kernels import dense_gemv as dense_gemv_module
+from warmgate.server.kernels import norm_gemv as norm_gemv_module
 from warmgate.server.kernels.gemv_plan import rows_bucket
-from warmgate.server.kernels.linear_choices import LINEAR, SILU_MUL, key_name
+from warmgate.server.kernels.linear_choices import LINEAR, NORM, SILU_MUL, key_name
 from warmgate.server.runner.linear_tuning import choose_linears, planned_keys
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.warmup.graphs_phase import choose_kept_linears
@@ -115,6 +116,11 @@ def test_a_pair_preset_for_the_gemv_runs_it_once_before_ready(
     for op, name in ((LINEAR, "dense_gemv"), (SILU_MUL, "silu_mul_gemv")):
         monkeypatch.setattr(dense_gemv_module, name, lambda x, w, op=op: ran.append(
             (op, *w.shape, rows_bucket(x.shape[0]))))
+    # The norm-fused GEMV twice: with a residual and without (layer 0's), a binary each.
+    monkeypatch.setattr(norm_gemv_module, "norm_gemv", lambda x, r, nw, eps, w: ran.append(
+        (f"{NORM} {'with' if r is not None else 'without'}", *w.shape, rows_bucket(x.shape[0]))))
     assert choose_linears(warm)["timed"] == 0
-    assert sorted(ran) == sorted({(op, n, k, rows_bucket(m)) for op, n, k, _, m in gemv})
-    assert {op for op, *_ in ran} == {LINEAR, SILU_MUL}
+    assert sorted(ran) == sorted({(name, n, k, rows_bucket(m)) for op, n, k, _, m in gemv
+                                  for name in ([f"{NORM} with", f"{NORM} without"]
+                                               if op == NORM else [op])})
+    assert {op for op, *_ in ran} == {LINEAR, SILU_MUL, f"{NORM} with", f"{NORM} without"}
