@@ -13,9 +13,9 @@ Three ops: LINEAR, x @ w^T (the GEMV against cuBLAS); SILU_MUL, the MLP's silu_a
 its down projection (the GEMV with the activation fused in, dense_gemv.silu_mul_gemv, against
 the two launches, the projection on the better of its two kernels); NORM, a layer's RMSNorm
 then its QKV or gate/up projection (kernels/norm_gemv.py against the two launches, likewise).
-Each fused op is timed as itself: on an H100 the 8B's norm-fused gate/up GEMV at 8 rows took
-about 140 us a layer where the plain GEMV took 83 and won, so a choice read off LINEAR gave the
-step its slowest launch.
+Each fused op is timed as itself: a fused launch can lose where its plain GEMV wins (the 8B's
+norm-fused gate/up at 8 rows on an H100, bench/results/h100-ab-merge-step-kernels.txt), so a
+choice read off LINEAR could give a step its slowest launch.
 """
 
 from __future__ import annotations
