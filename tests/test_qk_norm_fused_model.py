@@ -1,5 +1,6 @@
 """A Qwen3-style model (per-head q/k RMSNorm) on the triton backend, through the Triton
-interpreter on the CPU: the norms run inside the rope + KV-cache kernel, so every layer
+interpreter on the CPU: the norms run inside the rope + KV-cache kernel (or, for a uniform
+decode, inside the decode kernel that rotates q and k itself), so every layer
 launches two RMSNorms (input and post-attention) instead of four, and the logits and tokens
 equal the torch backend's, whose layers keep the separate norms. Both the default ops and
 --deterministic's (the fixed-split attention branch) are covered; a model without q/k norms
@@ -48,17 +49,25 @@ def _norm_widths(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> list[i
     return widths
 
 
-def _fused_launches(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Spy on the triton backend's rope_and_cache: appends whether each launch was handed
-    the q/k norm weights."""
-    handed: list[bool] = []
-    real = triton_backend.rope_and_cache
+def _fused_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """Spy on the triton backend's rotations: appends, for each rope_and_cache launch and
+    each decode launch that rotates itself (a DecodeRope), which it was ("cache" or
+    "decode") and whether it was handed the q/k norm weights."""
+    handed: list[tuple[str, bool]] = []
+    real_cache, real_decode = triton_backend.rope_and_cache, triton_backend.paged_attention_decode
 
-    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
-        handed.append(kwargs.get("q_norm_weight") is not None)
-        return real(*args, **kwargs)
+    def cache_spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        handed.append(("cache", kwargs.get("q_norm_weight") is not None))
+        return real_cache(*args, **kwargs)
 
-    monkeypatch.setattr(triton_backend, "rope_and_cache", spy)
+    def decode_spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        rope = kwargs.get("rope")
+        if rope is not None:
+            handed.append(("decode", rope.q_norm_weight is not None))
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(triton_backend, "rope_and_cache", cache_spy)
+    monkeypatch.setattr(triton_backend, "paged_attention_decode", decode_spy)
     return handed
 
 
@@ -114,10 +123,14 @@ def test_the_triton_backend_normalises_q_and_k_heads_inside_the_rope_kernel(
 
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
     assert tokens == ref_tokens
-    # One fused launch per layer and forward, handed the norm weights exactly when the
-    # model has them; the layers themselves then never normalise a head: two RMSNorms a
-    # layer (input, post-attention) and the final one.
-    assert forwards and handed == [qk_norm] * (len(forwards) * num_layers)
+    # One rotation per layer and forward, handed the norm weights exactly when the model has
+    # them: inside the decode kernel for a uniform decode (but --deterministic's, whose
+    # fixed-split kernel reads the cache rope_and_cache wrote), else rope_and_cache. The
+    # layers themselves then never normalise a head: two RMSNorms a layer (input,
+    # post-attention) and the final one.
+    where = ["decode" if uniform and not deterministic else "cache" for uniform in forwards]
+    assert forwards and handed == [(w, qk_norm) for w in where for _ in range(num_layers)]
+    assert ("decode" in where) != deterministic
     assert widths.count(head_dim) == 0
     assert len(widths) == len(forwards) * (2 * num_layers + 1)
     # The torch backend's layers normalise q and k apart: two more launches per layer.

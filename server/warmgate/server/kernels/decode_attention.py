@@ -27,6 +27,12 @@ import triton.language as tl
 
 import warmgate.server.kernels._decode_merge as _decode_merge
 from warmgate.server.kernels._attention_tile import LOG2E, M_INIT, attend_range
+from warmgate.server.kernels._decode_rope import (
+    DecodeRope,
+    attend_new_keys,
+    rope_launch_args,
+    rope_rows,
+)
 from warmgate.server.kernels._decode_merge import merge_partials, split_chunk
 from warmgate.server.kernels._launch import ieee_dots, pow2, prepare_paged_attention, upcast_dots
 from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
@@ -60,21 +66,25 @@ def choose_num_splits(num_reqs: int, num_kv_heads: int, max_context_len: int,
     return min(wanted, useful, MAX_SPLITS)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "num_slots"])
 def _decode_kernel(
     q_ptr, key_cache_ptr, value_cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
     out_ptr, part_out_ptr, part_lse_ptr, counts_ptr,
+    k_ptr, v_ptr, positions_ptr, cos_sin_ptr, slot_mapping_ptr, q_norm_ptr, k_norm_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_cs, stride_ch,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
-    qk_scale, num_splits,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_cos,
+    qk_scale, num_splits, num_slots, eps,
     GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SPLIT: tl.constexpr, MERGE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    ROPE: tl.constexpr, QK_NORM: tl.constexpr, NEW_N: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """MERGE (with SPLIT): counts_ptr holds an int32 per (request, KV head), zero, and the
-    last split program of each merges (see the module docstring)."""
+    last split program of each merges (see the module docstring). ROPE: q, k and v are the
+    step's unrotated projections and the kernel rotates them and writes the cache itself
+    (kernels/_decode_rope.py); otherwise k_ptr .. k_norm_ptr are never read."""
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -105,8 +115,18 @@ def _decode_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     token = (q_start + draft).to(tl.int64)  # [BLOCK_M]
-    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    q_off = token * stride_qt + head * stride_qh
+    if ROPE:
+        q = rope_rows(q_ptr, q_off, row_mask, offs_d, d_mask,
+                      tl.load(positions_ptr + token, mask=row_mask, other=0), cos_sin_ptr,
+                      stride_cos, q_norm_ptr, eps, HEAD_DIM // 2,
+                      QK_NORM).to(q_ptr.dtype.element_ty)
+        # The cache holds the keys before this step's; the kernel attends to those last.
+        cached_hi = tl.minimum(hi, seq_len - q_len)
+    else:
+        q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :],
+                    mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+        cached_hi = hi
     pdl_release(USE_PDL)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -115,8 +135,16 @@ def _decode_kernel(
     acc, l_i, m_i = attend_range(
         acc, l_i, m_i, q, q_pos, seq_len - q_len,
         key_cache_ptr, value_cache_ptr, block_table_ptr + req.to(tl.int64) * stride_bt,
-        lo, hi, kv_head, offs_d, d_mask, stride_cb, stride_cs, stride_ch, qk_scale,
+        lo, cached_hi, kv_head, offs_d, d_mask, stride_cb, stride_cs, stride_ch, qk_scale,
         BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE, UPCAST=UPCAST, IEEE=IEEE)
+    if ROPE:
+        acc, l_i, m_i = attend_new_keys(
+            acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, key_cache_ptr, value_cache_ptr,
+            positions_ptr, cos_sin_ptr, slot_mapping_ptr, k_norm_ptr, eps, num_slots, q_start,
+            q_len, seq_len - q_len, lo, hi, kv_head, offs_d, d_mask, stride_kt, stride_kh,
+            stride_vt, stride_vh, stride_cos, stride_cb, stride_cs, stride_ch, qk_scale,
+            NEW_N=NEW_N, HALF=HEAD_DIM // 2, PAGE_SIZE=PAGE_SIZE, QK_NORM=QK_NORM,
+            UPCAST=UPCAST, IEEE=IEEE)
 
     # Rows that saw no key (a padding request) produce 0, never NaN.
     seen = l_i > 0.0
@@ -188,6 +216,7 @@ def paged_attention_decode(
     out: torch.Tensor | None = None,  # [T, Hq, D]
     num_reqs: int | None = None,
     merge_counts: torch.Tensor | None = None,  # [>= num_reqs * Hk] int32, zero
+    rope: DecodeRope | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's query_len tokens over its paged context.
 
@@ -195,6 +224,9 @@ def paged_attention_decode(
     seq_lens[i] - query_len .. seq_lens[i] - 1. Rows that no request owns are left untouched;
     num_reqs defaults to len(seq_lens). With merge_counts (merge_counts_for) and splits, the
     decode kernel merges them itself (left zero again); without, a second kernel does.
+    With `rope`, q, rope.k and rope.v are this step's unrotated projections: the kernel rotates
+    q and k as kernels.rope_cache.rope_and_cache does and writes k and v into the cache itself
+    (kernels/_decode_rope.py), so no rope-and-cache launch comes before it.
     No host sync: safe to capture in a CUDA graph when num_splits is fixed per graph.
     """
     head_dim = q.shape[2]
@@ -214,19 +246,20 @@ def paged_attention_decode(
                          f"{num_reqs} requests x {num_kv_heads} KV heads")
     merge = counts is not None
     part_out, part_lse = _split_partials(num_splits, q, out)
+    rope_args, rope_flags = rope_launch_args(rope, q, key_cache, query_len)
     common = dict(GROUP=group, Q_LEN=query_len, BLOCK_M=block_m, HEAD_DIM=head_dim,
                   BLOCK_D=block_d, **launch_args(q))
     _decode_kernel[(num_reqs, num_kv_heads, num_splits)](
         q, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-        out, part_out, part_lse, part_lse if counts is None else counts,
+        out, part_out, part_lse, part_lse if counts is None else counts, *rope_args[:7],
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
-        scale * LOG2E, num_splits,
+        part_lse.stride(0), part_lse.stride(1), *rope_args[7:12],
+        scale * LOG2E, num_splits, *rope_args[12:],
         BLOCK_N=block_n, PAGE_SIZE=block_size, SPLIT=split, MERGE=merge,
         UPCAST=upcast_dots(q), IEEE=ieee_dots(q.dtype),
-        num_warps=num_warps, num_stages=num_stages, **common,
+        num_warps=num_warps, num_stages=num_stages, **rope_flags, **common,
     )
     if split and not merge:
         _decode_merge.merge_splits_kernel[(num_reqs, num_kv_heads)](

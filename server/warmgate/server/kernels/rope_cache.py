@@ -109,18 +109,23 @@ def _cache_strides(cache: torch.Tensor, layout: CacheLayout) -> tuple[int, int, 
     raise ValueError(f"rope_and_cache: layout must be 'NHD' or 'HND', got {layout!r}")
 
 
-def _check_qk_norm(q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-                   eps: float | None, head_dim: int) -> bool:
-    """Whether the launch normalises q and k heads; a partial or misshapen set is refused."""
+def check_rotation(who: str, head_dim: int, cos_sin_cache: torch.Tensor,
+                   q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                   eps: float | None) -> bool:
+    """Refuse a rotation the kernels cannot apply (an odd head_dim, a cos/sin cache of another
+    width, a partial or misshapen q/k norm set); True when the heads are normalised too."""
+    if head_dim % 2 or cos_sin_cache.shape[-1] != head_dim:
+        raise ValueError(f"{who}: head_dim {head_dim} must be even and match the "
+                         f"cos/sin cache width {cos_sin_cache.shape[-1]}")
     if q_weight is None and k_weight is None and eps is None:
         return False
     if q_weight is None or k_weight is None or eps is None:
-        raise ValueError("rope_and_cache: q_norm_weight, k_norm_weight and eps come together, "
+        raise ValueError(f"{who}: q_norm_weight, k_norm_weight and eps come together, "
                          f"got q_norm_weight={q_weight is not None}, "
                          f"k_norm_weight={k_weight is not None}, eps={eps}")
     for name, weight in (("q_norm_weight", q_weight), ("k_norm_weight", k_weight)):
         if weight.shape != (head_dim,) or weight.stride(0) != 1:
-            raise ValueError(f"rope_and_cache: {name} must be a dense [{head_dim}] vector, "
+            raise ValueError(f"{who}: {name} must be a dense [{head_dim}] vector, "
                              f"got shape {tuple(weight.shape)} strides {weight.stride()}")
     return True
 
@@ -148,9 +153,8 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    if head_dim % 2 or cos_sin_cache.shape[-1] != head_dim:
-        raise ValueError(f"rope_and_cache: head_dim {head_dim} must be even and match the "
-                         f"cos/sin cache width {cos_sin_cache.shape[-1]}")
+    qk_norm = check_rotation("rope_and_cache", head_dim, cos_sin_cache, q_norm_weight,
+                             k_norm_weight, eps)
     num_slots = slot_mapping.shape[0]
     if k.shape[0] < num_slots or v.shape[0] < num_slots or positions.shape[0] < num_tokens:
         raise ValueError(f"rope_and_cache: {num_tokens} tokens and {num_slots} slots but k has "
@@ -159,7 +163,6 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if value_cache.stride() != key_cache.stride() or value_cache.shape != key_cache.shape:
         raise ValueError("rope_and_cache: the key and value caches must share shape and strides")
     page_size = key_cache.shape[1] if layout == "NHD" else key_cache.shape[2]
-    qk_norm = _check_qk_norm(q_norm_weight, k_norm_weight, eps, head_dim)
     q, k, v = unit_stride_last(q), unit_stride_last(k), unit_stride_last(v)
     cos_sin = unit_stride_last(cos_sin_cache.to(torch.float32))  # [max_pos, D]
     if q_out is None:

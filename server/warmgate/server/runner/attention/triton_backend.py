@@ -13,6 +13,7 @@ import logging
 
 import torch
 
+from warmgate.server.kernels._decode_rope import DecodeRope
 from warmgate.server.kernels.decode_attention import (
     choose_num_splits,
     merge_counts_for,
@@ -91,6 +92,13 @@ class TritonAttentionBackend(AttentionBackend):
                 kv_cache: torch.Tensor, meta: AttentionMetadata,
                 rope: RopeInput | None = None) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hk, D]; kv_cache: [2, num_blocks, block_size, Hk, D]."""
+        decode = meta.is_uniform_decode and not self.spec.deterministic
+        if decode and rope is not None:
+            # The decode kernel rotates q and k and writes the cache itself: no rope-and-cache
+            # launch a layer (kernels/_decode_rope.py).
+            return self._decode(q, kv_cache, meta, DecodeRope(
+                k, v, rope.positions, rope.cos_sin_cache, meta.slot_mapping,
+                rope.q_norm_weight, rope.k_norm_weight, rope.norm_eps))
         if rope is None:
             reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
         else:
@@ -108,12 +116,17 @@ class TritonAttentionBackend(AttentionBackend):
                 scale=self.spec.scale, max_query_len=meta.max_query_len,
                 split_keys=self._split_plan.split_keys, split_programs=programs,
                 num_reqs=meta.num_reqs)
-        if meta.is_uniform_decode:
-            return paged_attention_decode(
-                q, kv_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
-                scale=self.spec.scale, query_len=meta.max_query_len,
-                num_splits=self.num_splits(meta.num_reqs), num_reqs=meta.num_reqs,
-                merge_counts=self._merge_counts)
+        if decode:
+            return self._decode(q, kv_cache, meta, None)
         return paged_attention_varlen(
             q, kv_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
             scale=self.spec.scale, max_query_len=meta.max_query_len, num_reqs=meta.num_reqs)
+
+    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                rope: DecodeRope | None) -> torch.Tensor:
+        """The uniform decode kernel, its splits fixed by the batch's request count."""
+        return paged_attention_decode(
+            q, kv_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
+            scale=self.spec.scale, query_len=meta.max_query_len,
+            num_splits=self.num_splits(meta.num_reqs), num_reqs=meta.num_reqs,
+            merge_counts=self._merge_counts, rope=rope)
