@@ -27,13 +27,13 @@ import triton.language as tl
 
 import warmgate.server.kernels._decode_merge as _decode_merge
 from warmgate.server.kernels._attention_tile import LOG2E, M_INIT, attend_range
+from warmgate.server.kernels._decode_merge import merge_partials, split_chunk
 from warmgate.server.kernels._decode_rope import (
     DecodeRope,
     attend_new_keys,
     rope_launch_args,
     rope_rows,
 )
-from warmgate.server.kernels._decode_merge import merge_partials, split_chunk
 from warmgate.server.kernels._launch import ieee_dots, pow2, prepare_paged_attention, upcast_dots
 from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
 
