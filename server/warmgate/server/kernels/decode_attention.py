@@ -30,9 +30,9 @@ from warmgate.server.kernels._attention_tile import LOG2E, M_INIT, attend_range
 from warmgate.server.kernels._decode_merge import merge_partials, split_chunk
 from warmgate.server.kernels._decode_rope import (
     DecodeRope,
-    attend_new_keys,
+    cache_new_keys,
     rope_launch_args,
-    rope_rows,
+    rotated_rows,
 )
 from warmgate.server.kernels._launch import ieee_dots, pow2, prepare_paged_attention, upcast_dots
 from warmgate.server.kernels.pdl import launch_args, pdl_release, pdl_wait
@@ -117,16 +117,20 @@ def _decode_kernel(
     token = (q_start + draft).to(tl.int64)  # [BLOCK_M]
     q_off = token * stride_qt + head * stride_qh
     if ROPE:
-        q = rope_rows(q_ptr, q_off, row_mask, offs_d, d_mask,
-                      tl.load(positions_ptr + token, mask=row_mask, other=0), cos_sin_ptr,
-                      stride_cos, q_norm_ptr, eps, HEAD_DIM // 2,
-                      QK_NORM).to(q_ptr.dtype.element_ty)
-        # The cache holds the keys before this step's; the kernel attends to those last.
-        cached_hi = tl.minimum(hi, seq_len - q_len)
+        q = rotated_rows(q_ptr, q_off, row_mask,
+                         tl.load(positions_ptr + token, mask=row_mask, other=0), cos_sin_ptr,
+                         stride_cos, q_norm_ptr, eps, q_ptr.dtype.element_ty, BLOCK_M,
+                         HEAD_DIM // 2, QK_NORM)
+        cache_new_keys(
+            k_ptr, v_ptr, key_cache_ptr, value_cache_ptr, positions_ptr, cos_sin_ptr,
+            slot_mapping_ptr, k_norm_ptr, eps, num_slots, q_start, q_len, seq_len - q_len, lo,
+            hi, kv_head, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos,
+            stride_cb, stride_cs, stride_ch,
+            NEW_N=NEW_N, HALF=HEAD_DIM // 2, PAGE_SIZE=PAGE_SIZE, QK_NORM=QK_NORM)
+        tl.debug_barrier()  # the keys just written are read below, by other threads
     else:
         q = tl.load(q_ptr + q_off[:, None] + offs_d[None, :],
                     mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
-        cached_hi = hi
     pdl_release(USE_PDL)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -135,16 +139,8 @@ def _decode_kernel(
     acc, l_i, m_i = attend_range(
         acc, l_i, m_i, q, q_pos, seq_len - q_len,
         key_cache_ptr, value_cache_ptr, block_table_ptr + req.to(tl.int64) * stride_bt,
-        lo, cached_hi, kv_head, offs_d, d_mask, stride_cb, stride_cs, stride_ch, qk_scale,
+        lo, hi, kv_head, offs_d, d_mask, stride_cb, stride_cs, stride_ch, qk_scale,
         BLOCK_N=BLOCK_N, PAGE_SIZE=PAGE_SIZE, UPCAST=UPCAST, IEEE=IEEE)
-    if ROPE:
-        acc, l_i, m_i = attend_new_keys(
-            acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, key_cache_ptr, value_cache_ptr,
-            positions_ptr, cos_sin_ptr, slot_mapping_ptr, k_norm_ptr, eps, num_slots, q_start,
-            q_len, seq_len - q_len, lo, hi, kv_head, offs_d, d_mask, stride_kt, stride_kh,
-            stride_vt, stride_vh, stride_cos, stride_cb, stride_cs, stride_ch, qk_scale,
-            NEW_N=NEW_N, HALF=HEAD_DIM // 2, PAGE_SIZE=PAGE_SIZE, QK_NORM=QK_NORM,
-            UPCAST=UPCAST, IEEE=IEEE)
 
     # Rows that saw no key (a padding request) produce 0, never NaN.
     seen = l_i > 0.0

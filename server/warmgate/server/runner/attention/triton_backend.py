@@ -3,7 +3,9 @@
 forward = the cache write (with the rotary embedding, and Qwen3's per-head q/k norm, fused
 in: kernels.rope_cache), then the decode kernel for uniform decode batches (the CUDA-graph
 path: no host syncs, launch shapes from Python ints fixed per captured graph) or the varlen
-kernel for everything else. Under --deterministic every batch runs the fixed-split kernel
+kernel for everything else. A uniform decode's decode kernel rotates q and k and writes the
+cache itself (kernels/_decode_rope.py; a power-of-two head_dim), so its layers launch no
+rope-and-cache kernel. Under --deterministic every batch runs the fixed-split kernel
 instead (kernels.fixed_split_attention).
 """
 
@@ -13,7 +15,7 @@ import logging
 
 import torch
 
-from warmgate.server.kernels._decode_rope import DecodeRope
+from warmgate.server.kernels._decode_rope import DecodeRope, rotates_in_decode
 from warmgate.server.kernels.decode_attention import (
     choose_num_splits,
     merge_counts_for,
@@ -93,7 +95,7 @@ class TritonAttentionBackend(AttentionBackend):
                 rope: RopeInput | None = None) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hk, D]; kv_cache: [2, num_blocks, block_size, Hk, D]."""
         decode = meta.is_uniform_decode and not self.spec.deterministic
-        if decode and rope is not None:
+        if decode and rope is not None and rotates_in_decode(self.spec.head_dim):
             # The decode kernel rotates q and k and writes the cache itself: no rope-and-cache
             # launch a layer (kernels/_decode_rope.py).
             return self._decode(q, kv_cache, meta, DecodeRope(
