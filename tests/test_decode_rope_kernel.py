@@ -50,26 +50,27 @@ def _strided(batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return views[0], views[1], views[2]
 
 
-def _norms(head_dim: int, dtype: torch.dtype, on: bool
+def _norms(head_dim: int, dtype: torch.dtype, on: bool, device: torch.device
            ) -> tuple[torch.Tensor | None, torch.Tensor | None, float | None]:
     if not on:
         return None, None, None
     gen = torch.Generator().manual_seed(head_dim)
-    return ((torch.rand(head_dim, generator=gen) + 0.5).to(DEVICE, dtype),
-            (torch.rand(head_dim, generator=gen) + 0.5).to(DEVICE, dtype), EPS)
+    return ((torch.rand(head_dim, generator=gen) + 0.5).to(device, dtype),
+            (torch.rand(head_dim, generator=gen) + 0.5).to(device, dtype), EPS)
 
 
-def _both(batch: PagedBatch, q_len: int, num_splits: int, qk_norm: bool,
-          slot_mapping: torch.Tensor | None = None
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(fused output, its cache, the two launches' output, their cache) from the same batch."""
+def both_paths(batch: PagedBatch, q_len: int, num_splits: int, qk_norm: bool,
+               slot_mapping: torch.Tensor | None = None, max_pos: int = 256
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(fused output, its cache, the two launches' output, their cache) from the same batch,
+    on the batch's device."""
     q, k, v = _strided(batch)
-    head_dim = q.shape[2]
-    cos_sin = build_cos_sin_cache(256, head_dim, 10000.0, DEVICE)
-    qw, kw, eps = _norms(head_dim, q.dtype, qk_norm)
+    head_dim, device = q.shape[2], q.device
+    cos_sin = build_cos_sin_cache(max_pos, head_dim, 10000.0, device)
+    qw, kw, eps = _norms(head_dim, q.dtype, qk_norm, device)
     slots = batch.slot_mapping if slot_mapping is None else slot_mapping
     args = (batch.block_table, batch.seq_lens, batch.query_start_loc)
-    counts = merge_counts_for(batch.num_reqs, k.shape[1], torch.device(DEVICE))
+    counts = merge_counts_for(batch.num_reqs, k.shape[1], device)
     kw_decode = dict(scale=head_dim ** -0.5, query_len=q_len, num_splits=num_splits,
                      merge_counts=counts if num_splits > 1 else None)
     apart_cache = batch.kv_cache.clone()
@@ -91,7 +92,7 @@ def test_the_fused_decode_matches_rope_and_cache_then_decode(
         q_len: int, num_splits: int, qk_norm: bool) -> None:
     batch = make_paged_batch(30 + num_splits, [q_len] * len(CONTEXTS), CONTEXTS, num_heads,
                              num_kv_heads, head_dim, block_size, dtype, DEVICE)
-    fused, fused_cache, apart, apart_cache = _both(batch, q_len, num_splits, qk_norm)
+    fused, fused_cache, apart, apart_cache = both_paths(batch, q_len, num_splits, qk_norm)
     # The same arithmetic in the same order as the two launches: the same bits, in the
     # output and in every cache slot (the ones this step writes, and NaN in the rest).
     assert torch.isfinite(fused).all()
@@ -109,7 +110,7 @@ def test_a_token_without_a_slot_writes_nothing() -> None:
     slots = batch.slot_mapping.clone()
     skipped = int(slots[1])
     slots[1] = -1
-    fused, fused_cache, apart, apart_cache = _both(batch, 1, 2, False, slot_mapping=slots[:3])
+    fused, fused_cache, apart, apart_cache = both_paths(batch, 1, 2, False, slot_mapping=slots[:3])
     flat = fused_cache.flatten(1, 2)  # [2, slots, Hk, D]
     assert torch.isnan(flat[:, skipped]).all()
     assert torch.isnan(flat[:, int(batch.slot_mapping[3])]).all()
