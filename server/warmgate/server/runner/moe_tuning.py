@@ -15,6 +15,7 @@ import torch
 from warmgate.server.config.moe_kernel import MoELaunch
 from warmgate.server.jit import JitMonitor
 from warmgate.server.jit.events import AUTOTUNE
+from warmgate.server.runner.cuda_graphs import capturing
 
 if TYPE_CHECKING:
     from warmgate.server.runner.model import LlamaModel
@@ -22,8 +23,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Timed calls per candidate after the one that compiles it: the median of these is its time.
-TIMED_CALLS = 5
+# A candidate's time is a CUDA graph's of calls that route to experts of their own, replayed:
+# its weights stream from HBM as in a decode step, whose every layer reads other experts, and
+# no host launch overhead enters. Timed eagerly, a call at a time, a per-slot launch's 30-odd
+# us sat inside the host's launch overhead and the pick changed from process to process: on
+# an H100 the MoE's batch-1 step took 3.84-3.92 ms with one pick and 4.09-4.26 with others
+# (bench/results/h100-ab-rope-decode-moe*.txt).
+TIMED_REPLAYS = 5  # the median of these is the candidate's time
+MAX_ROUTES = 16  # calls a graph holds at most (Qwen3-30B-A3B at one token: 128 / 8)
 
 
 def attach_moe_tuning(model: LlamaModel, monitor: JitMonitor, max_tokens: int) -> None:
@@ -42,36 +49,57 @@ def _report(monitor: JitMonitor, name: str, seconds: float) -> None:
     monitor.record(AUTOTUNE, name=name, seconds=seconds)
 
 
+def route_sets(num_experts: int, top_k: int, num_tokens: int, device: torch.device,
+               gen: torch.Generator) -> list[torch.Tensor]:
+    """Expert ids [num_tokens, top_k] (distinct in a row) for the calls of one timing graph:
+    together they read every expert about once, so no call finds its weights in L2 from the
+    call before (at most MAX_ROUTES calls; one where a call's rows reach every expert)."""
+    calls = max(1, min(MAX_ROUTES, -(-num_experts // (num_tokens * top_k))))
+    order = torch.randperm(num_experts, generator=gen, device=gen.device).to(device)
+    slot = torch.arange(num_tokens * top_k, device=device).view(num_tokens, top_k)
+    return [order[(c * num_tokens * top_k + slot) % num_experts] for c in range(calls)]
+
+
 @torch.inference_mode()
 def time_launch(moe: MoEBlock, launch: MoELaunch, num_tokens: int) -> float:
-    """Seconds one fused_moe call at num_tokens takes with `launch` (CUDA events; the first
-    call compiles and is not timed). Routing is uniform over the experts, what a trained
-    router spreads a batch to on average."""
+    """Seconds one fused_moe call at num_tokens takes with `launch`: the median replay of a
+    CUDA graph of route_sets' calls over their count (the eager calls before the capture
+    compile it). Routing is uniform over the experts, what a trained router spreads a batch
+    to on average."""
     from triton.runtime.errors import OutOfResources  # imports triton: CUDA only
 
     from warmgate.server.kernels.fused_moe import fused_moe
 
     e, top_k = moe.w13.shape[0], moe.top_k
     device = moe.w13.device
-    gen = torch.Generator(device=device).manual_seed(num_tokens)
-    hidden = torch.randn(num_tokens, moe.w13.shape[2], device=device, dtype=moe.router.dtype,
-                         generator=gen)  # the served dtype (FP8 experts: not w13's)
-    # FP8 experts run (and are timed) with their block scales.
-    scales = {"w13_scale": moe.w13_scale, "w2_scale": moe.w2_scale}
-    ids = torch.rand(num_tokens, e, device=device, generator=gen).topk(top_k, dim=-1).indices
+    gen = torch.Generator().manual_seed(num_tokens)
+    hidden = torch.randn(num_tokens, moe.w13.shape[2], generator=gen).to(
+        device, moe.router.dtype)  # the served dtype (FP8 experts: not w13's)
+    routes = route_sets(e, top_k, num_tokens, device, gen)
     weights = torch.full((num_tokens, top_k), 1.0 / top_k, device=device)
+
+    def calls() -> None:
+        for ids in routes:  # FP8 experts run (and are timed) with their block scales
+            fused_moe(hidden, moe.w13, moe.w2, weights, ids, launch,
+                      w13_scale=moe.w13_scale, w2_scale=moe.w2_scale)
+
     try:
-        fused_moe(hidden, moe.w13, moe.w2, weights, ids, launch, **scales)
+        calls()
     except OutOfResources as exc:  # more shared memory or registers than the GPU has
         logger.info("fused MoE autotune: %s does not fit this GPU (%s); not a candidate",
                     launch, exc)
         return float("inf")
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with capturing(graph, None, torch.cuda.Stream(device)):
+        calls()
+    graph.replay()
     times = []
-    for _ in range(TIMED_CALLS):
+    for _ in range(TIMED_REPLAYS):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fused_moe(hidden, moe.w13, moe.w2, weights, ids, launch, **scales)
+        graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
+        times.append(start.elapsed_time(end) / 1e3 / len(routes))
     return sorted(times)[len(times) // 2]
