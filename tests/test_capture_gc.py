@@ -18,9 +18,11 @@ from warmgate.server.runner import cuda_graphs
 class _RecordingGraph:
     def __init__(self) -> None:
         self.gc_enabled_during: list[bool] = []
+        self.error_modes: list[str] = []
 
-    def capture_begin(self, pool: Any = None) -> None:
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
         self.gc_enabled_during.append(gc.isenabled())
+        self.error_modes.append(capture_error_mode)
 
     def capture_end(self) -> None:
         self.gc_enabled_during.append(gc.isenabled())
@@ -55,3 +57,15 @@ def test_a_collector_the_caller_turned_off_stays_off() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_capture_mode_is_the_callers() -> None:
+    """Global by default (a capture with the process to itself); the MoE autotune's graphs
+    ask for thread_local, since the GEMM sweep's thread may be running beside them."""
+    graph = _RecordingGraph()
+    with cuda_graphs.capturing(graph, None, None):  # type: ignore[arg-type]
+        pass
+    with cuda_graphs.capturing(graph, None, None,  # type: ignore[arg-type]
+                               error_mode="thread_local"):
+        pass
+    assert graph.error_modes == ["global", "thread_local"]

@@ -66,21 +66,24 @@ def _free_bytes(device: torch.device) -> int:
 
 
 @contextlib.contextmanager
-def capturing(graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream
-              ) -> Iterator[None]:
+def capturing(graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream,
+              error_mode: str = "global") -> Iterator[None]:
     """Record the work issued inside into `graph` (memory from `pool`), on a side stream as
     capture requires; what torch.cuda.graph does, minus emptying the allocator caches.
 
     The garbage collector stays off while recording: a collection that frees an unreachable
     CUDA graph or stream (an earlier runner's, a replaced capture's) calls an API a capture
     forbids, and the capture in progress is invalidated. CudaGraphRunner.capture collects
-    once before its first graph, as torch.cuda.graph does before each.
+    once before its first graph, as torch.cuda.graph does before each. error_mode
+    "thread_local" lets other threads go on with calls a capture forbids (the GEMM sweep's,
+    warmup/gemm_background.py, beside the MoE autotune's graphs); "global" forbids them in
+    every thread, for a capture that must have the process to itself.
     """
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         with torch.cuda.stream(stream):
-            graph.capture_begin(pool=pool)
+            graph.capture_begin(pool=pool, capture_error_mode=error_mode)
             try:
                 yield
             finally:

@@ -91,7 +91,8 @@ def time_launch(moe: MoEBlock, launch: MoELaunch, num_tokens: int) -> float:
         return float("inf")
     torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
-    with capturing(graph, None, torch.cuda.Stream(device)):
+    # The GEMM sweep may be running on its own thread (warmup/gemm_background.py).
+    with capturing(graph, None, torch.cuda.Stream(device), error_mode="thread_local"):
         calls()
     graph.replay()
     times = []
