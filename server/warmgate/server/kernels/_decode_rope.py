@@ -11,10 +11,11 @@ The decode kernel then reads the step's unrotated q, k and v from the fused proj
   with spills on sm_90: tests/test_decode_spills.py.)
 
 The arithmetic is kernels/rope_cache.py's, in the same halves (the rotation pairs element i
-with i + D/2) and the same order, so q, k and v come out the same bits: the "rotate half"
-layout, float32 cos/sin from runner.ops.build_cos_sin_cache, q rounded to its dtype and k and
-v to the cache's, the norm's output rounded to the activation dtype before the rotation. The
-kernel then joins q's two halves into whole rows, which needs a power-of-two head_dim (a
+with i + D/2) and the same order, so k and v reach the cache as the same bits: the "rotate
+half" layout, float32 cos/sin from runner.ops.build_cos_sin_cache, q rounded to its dtype and
+k and v to the cache's, the norm's output rounded to the activation dtype before the
+rotation. (The attention's output differed by a bf16 ulp in a few elements on an H100:
+tests/gpu/test_decode_rope_gpu.py.) The kernel then joins q's two halves into whole rows, which needs a power-of-two head_dim (a
 half of 64 lanes is a row's first 64 lanes): for any other, the backend keeps the separate
 rope-and-cache launch.
 """
