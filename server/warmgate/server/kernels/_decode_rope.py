@@ -15,9 +15,9 @@ with i + D/2) and the same order, so k and v reach the cache as the same bits: t
 half" layout, float32 cos/sin from runner.ops.build_cos_sin_cache, q rounded to its dtype and
 k and v to the cache's, the norm's output rounded to the activation dtype before the
 rotation. (The attention's output differed by a bf16 ulp in a few elements on an H100:
-tests/gpu/test_decode_rope_gpu.py.) The kernel then joins q's two halves into whole rows, which needs a power-of-two head_dim (a
-half of 64 lanes is a row's first 64 lanes): for any other, the backend keeps the separate
-rope-and-cache launch.
+tests/gpu/test_decode_rope_gpu.py.) The kernel then joins q's two halves into whole rows,
+which needs a power-of-two head_dim (a half of 64 lanes is a row's first 64 lanes): for any
+other, the backend keeps the separate rope-and-cache launch.
 """
 
 from __future__ import annotations
