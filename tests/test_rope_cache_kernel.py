@@ -134,15 +134,16 @@ def _meta(batch: object, uniform: bool) -> AttentionMetadata:
     )
 
 
-@pytest.mark.parametrize(("q_lens", "context_lens", "uniform"), [
-    ([1, 1, 1], [5, 17, 0], True),  # decode
-    ([2, 5], [9, 0], False),  # mixed: decode-ish + fresh prefill
+@pytest.mark.parametrize(("q_lens", "context_lens", "uniform", "head_dim"), [
+    ([1, 1, 1], [5, 17, 0], True, 16),  # decode: the decode kernel rotates and caches itself
+    ([1, 1, 1], [5, 17, 0], True, 24),  # a head_dim it cannot join: rope_and_cache first
+    ([2, 5], [9, 0], False, 16),  # mixed: decode-ish + fresh prefill
 ])
 def test_triton_backend_fused_rope_equals_rotate_then_attend(
-        q_lens: list[int], context_lens: list[int], uniform: bool) -> None:
+        q_lens: list[int], context_lens: list[int], uniform: bool, head_dim: int) -> None:
     """forward(q, k, v, rope) gives exactly what rotating first and caching after gives, and
     leaves the same cache."""
-    num_heads, num_kv_heads, head_dim, block_size = 8, 2, 16, 4
+    num_heads, num_kv_heads, block_size = 8, 2, 4
     batch = make_paged_batch(50, q_lens, context_lens, num_heads, num_kv_heads, head_dim,
                              block_size, torch.bfloat16, DEVICE)
     spec = AttentionSpec(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
