@@ -13,9 +13,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA device", allow_module_level=True)
-
 pytest.importorskip("triton")
 
 from triton.runtime.interpreter import InterpretedFunction
@@ -24,11 +21,10 @@ from tests.paged_reference import make_paged_batch, rel_err
 from tests.test_decode_rope_kernel import both_paths
 from warmgate.server.kernels.decode_attention import _decode_kernel
 
-if isinstance(_decode_kernel, InterpretedFunction):
-    pytest.skip("TRITON_INTERPRET=1 is set: unset it to test the compiled kernels",
-                allow_module_level=True)
-
-pytestmark = pytest.mark.gpu
+# Without CUDA, tests/gpu/conftest.py skips every test here.
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    isinstance(_decode_kernel, InterpretedFunction),
+    reason="TRITON_INTERPRET=1 is set: unset it to test the compiled kernels")]
 
 CASES = [
     # num_heads, num_kv_heads, head_dim, q_len, num_splits, qk_norm: the 8B, the 1B, Qwen3-MoE
