@@ -33,18 +33,6 @@ def mm(a, b, UPCAST: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
-def online_softmax(l_i, m_i, qk, visible):
-    """One tile's step of the running softmax: qk [BLOCK_M, N] scores (log2 domain), visible
-    [BLOCK_M, N] -> (p [BLOCK_M, N], the rescale alpha [BLOCK_M] of what came before, the new
-    l_i and m_i)."""
-    qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    return p, alpha, l_i * alpha + tl.sum(p, 1), m_new
-
-
-@triton.jit
 def attend_kv_tile(
     acc, l_i, m_i,  # [BLOCK_M, BLOCK_D] f32, [BLOCK_M] f32, [BLOCK_M] f32
     q,  # [BLOCK_M, BLOCK_D], input dtype
@@ -67,7 +55,11 @@ def attend_kv_tile(
     visible = n_mask[None, :]
     if CAUSAL:
         visible = visible & (offs_n[None, :] <= q_pos[:, None])
-    p, alpha, l_i, m_new = online_softmax(l_i, m_i, qk, visible)
+    qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])  # [BLOCK_M, BLOCK_N]
+    l_i = l_i * alpha + tl.sum(p, 1)
     v = tl.load(value_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
     acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, UPCAST, IEEE)
     return acc, l_i, m_new

@@ -25,10 +25,10 @@ logger = logging.getLogger(__name__)
 
 # A candidate's time is a CUDA graph's of calls that route to experts of their own, replayed:
 # its weights stream from HBM as in a decode step, whose every layer reads other experts, and
-# no host launch overhead enters. Timed eagerly, a call at a time, a per-slot launch's 30-odd
-# us sat inside the host's launch overhead and the pick changed from process to process: on
-# an H100 the MoE's batch-1 step took 3.84-3.92 ms with one pick and 4.09-4.26 with others
-# (bench/results/h100-ab-rope-decode-moe*.txt).
+# no host launch overhead enters. Timed eagerly, one call at a time on one set of experts
+# (its weights partly in L2, the host's launch overhead inside every time), the pick changed
+# from process to process, and with it the MoE's batch-1 step (bench/results/README.md,
+# run 29).
 TIMED_REPLAYS = 5  # the median of these is the candidate's time
 MAX_ROUTES = 16  # calls a graph holds at most (Qwen3-30B-A3B at one token: 128 / 8)
 
