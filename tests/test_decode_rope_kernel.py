@@ -3,8 +3,9 @@ with a DecodeRope), on the CPU through the Triton interpreter, against the two l
 replaces: kernels.rope_cache.rope_and_cache, then the decode kernel on the rotated q.
 
 make_paged_batch leaves every cache slot nobody wrote NaN, this step's slots included: a
-kernel that read this step's keys back from the cache instead of from its inputs, or left one
-unwritten, gives NaN.
+kernel that read one of this step's slots before writing it, or left one unwritten, gives NaN
+(in the interpreter the programs run one after another, so tests/gpu/test_decode_rope_gpu.py
+checks the order inside a program on the GPU).
 """
 
 from __future__ import annotations
@@ -134,11 +135,11 @@ def test_refuses_a_rope_it_cannot_apply() -> None:
     with pytest.raises(ValueError, match="positions"):
         paged_attention_decode(*args, scale=0.25, query_len=1, rope=DecodeRope(
             k, v, batch.positions[:1], cos_sin, batch.slot_mapping))
+    odd = make_paged_batch(43, [1], [3], 2, 1, 24, 4, torch.float32, DEVICE)  # head_dim 24
+    q, k, v = _strided(odd)
     with pytest.raises(ValueError, match="not a power of two"):
-        batch = make_paged_batch(43, [1], [3], 2, 1, 24, 4, torch.float32, DEVICE)
-        q, k, v = _strided(batch)
-        paged_attention_decode(q, batch.kv_cache, batch.block_table, batch.seq_lens,
-                               batch.query_start_loc, scale=0.25, query_len=1,
-                               rope=DecodeRope(k, v, batch.positions,
+        paged_attention_decode(q, odd.kv_cache, odd.block_table, odd.seq_lens,
+                               odd.query_start_loc, scale=0.25, query_len=1,
+                               rope=DecodeRope(k, v, odd.positions,
                                                build_cos_sin_cache(64, 24, 1e4, DEVICE),
-                                               batch.slot_mapping))
+                                               odd.slot_mapping))
