@@ -23,6 +23,7 @@ other, the backend keeps the separate rope-and-cache launch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -118,13 +119,22 @@ def rotates_in_decode(head_dim: int) -> bool:
     return head_dim >= 2 and head_dim & (head_dim - 1) == 0
 
 
+class RopeLaunch(NamedTuple):
+    """The decode kernel's rope arguments, in the places its signature takes them."""
+
+    pointers: tuple  # k, v, positions, cos_sin, slot_mapping, q_norm, k_norm
+    strides: tuple  # stride_kt, stride_kh, stride_vt, stride_vh, stride_cos
+    scalars: tuple  # num_slots, eps
+    flags: dict  # ROPE, QK_NORM, NEW_N
+
+
 def rope_launch_args(rope: DecodeRope | None, q: torch.Tensor, key_cache: torch.Tensor,
-                     query_len: int) -> tuple[tuple, dict]:
-    """The decode kernel's rope arguments: (k .. k_norm pointers, their strides, num_slots
-    and eps; the constexprs). Without a rope every pointer is q, never read (ROPE=False)."""
+                     query_len: int) -> RopeLaunch:
+    """The decode kernel's rope arguments. Without a rope every pointer is q, never read
+    (ROPE=False)."""
     if rope is None:
-        return ((q,) * 7 + (0,) * 5 + (0, 0.0),
-                dict(ROPE=False, QK_NORM=False, NEW_N=1))
+        return RopeLaunch((q,) * 7, (0,) * 5, (0, 0.0),
+                          dict(ROPE=False, QK_NORM=False, NEW_N=1))
     num_tokens, _, head_dim = q.shape
     qk_norm = check_rotation("paged_attention_decode", head_dim, rope.cos_sin_cache,
                              rope.q_norm_weight, rope.k_norm_weight, rope.eps)
@@ -143,7 +153,7 @@ def rope_launch_args(rope: DecodeRope | None, q: torch.Tensor, key_cache: torch.
     # Without the norm its weight pointers are never read (QK_NORM is a constexpr).
     q_norm = rope.q_norm_weight if qk_norm else q
     k_norm = rope.k_norm_weight if qk_norm else q
-    return ((k, v, rope.positions, cos_sin, rope.slot_mapping, q_norm, k_norm,
-             k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0),
-             num_slots, rope.eps if qk_norm else 0.0),
-            dict(ROPE=True, QK_NORM=qk_norm, NEW_N=pow2(query_len)))
+    return RopeLaunch((k, v, rope.positions, cos_sin, rope.slot_mapping, q_norm, k_norm),
+                      (k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0)),
+                      (num_slots, rope.eps if qk_norm else 0.0),
+                      dict(ROPE=True, QK_NORM=qk_norm, NEW_N=pow2(query_len)))

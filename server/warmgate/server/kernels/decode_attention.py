@@ -242,20 +242,20 @@ def paged_attention_decode(
                          f"{num_reqs} requests x {num_kv_heads} KV heads")
     merge = counts is not None
     part_out, part_lse = _split_partials(num_splits, q, out)
-    rope_args, rope_flags = rope_launch_args(rope, q, key_cache, query_len)
+    rope_args = rope_launch_args(rope, q, key_cache, query_len)
     common = dict(GROUP=group, Q_LEN=query_len, BLOCK_M=block_m, HEAD_DIM=head_dim,
                   BLOCK_D=block_d, **launch_args(q))
     _decode_kernel[(num_reqs, num_kv_heads, num_splits)](
         q, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-        out, part_out, part_lse, part_lse if counts is None else counts, *rope_args[:7],
+        out, part_out, part_lse, part_lse if counts is None else counts, *rope_args.pointers,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1), *rope_args[7:12],
-        scale * LOG2E, num_splits, *rope_args[12:],
+        part_lse.stride(0), part_lse.stride(1), *rope_args.strides,
+        scale * LOG2E, num_splits, *rope_args.scalars,
         BLOCK_N=block_n, PAGE_SIZE=block_size, SPLIT=split, MERGE=merge,
         UPCAST=upcast_dots(q), IEEE=ieee_dots(q.dtype),
-        num_warps=num_warps, num_stages=num_stages, **rope_flags, **common,
+        num_warps=num_warps, num_stages=num_stages, **rope_args.flags, **common,
     )
     if split and not merge:
         _decode_merge.merge_splits_kernel[(num_reqs, num_kv_heads)](

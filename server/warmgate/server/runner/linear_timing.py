@@ -33,7 +33,7 @@ ROUNDS = 3
 # GPU cycles of sleep ahead of a round: at ~1.5-2 GHz about 0.5 ms, several times what the host
 # takes to queue a round's launches.
 SLEEP_CYCLES = 1_000_000
-# The norm's epsilon in the timed calls: any model's costs the same.
+# The norm's epsilon in the timed calls and the compiles before them: any model's costs the same.
 NORM_EPS = 1e-6
 
 

@@ -133,6 +133,7 @@ def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool]) -> int:
     from warmgate.server.kernels.gemv_plan import rows_bucket
     from warmgate.server.kernels.linear_choices import LINEAR, NORM, SILU_MUL
     from warmgate.server.kernels.norm_gemv import norm_gemv
+    from warmgate.server.runner.linear_timing import NORM_EPS
 
     calls = 0
     for op, weights, ms in plan:
@@ -141,7 +142,8 @@ def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool]) -> int:
         for m in {rows_bucket(m): m for m in ms if wanted((op, n, k, w.dtype, m))}.values():
             x = torch.zeros(m, 2 * k if op == SILU_MUL else k, dtype=w.dtype, device=w.device)
             runs: list[tuple[Callable[..., object], tuple[object, ...]]] = (
-                [(norm_gemv, (x, x, x[0], 1e-6, w)), (norm_gemv, (x, None, x[0], 1e-6, w))]
+                [(norm_gemv, (x, x, x[0], NORM_EPS, w)),
+                 (norm_gemv, (x, None, x[0], NORM_EPS, w))]
                 if op == NORM else
                 [(dense_gemv if op == LINEAR else silu_mul_gemv, (x, w))])
             for fn, args in runs:
