@@ -25,7 +25,7 @@ from warmgate.server.cache.linear_choices import (
 from warmgate.server.kernels import dense_gemv as dense_gemv_module
 from warmgate.server.kernels import norm_gemv as norm_gemv_module
 from warmgate.server.kernels.gemv_plan import rows_bucket
-from warmgate.server.kernels.linear_choices import LINEAR, NORM, SILU_MUL, key_name
+from warmgate.server.kernels.linear_choices import LINEAR, NORM, NORM_ACT, SILU_MUL, key_name
 from warmgate.server.runner.linear_tuning import choose_linears, planned_keys
 from warmgate.server.runner.model_runner import ModelRunner
 from warmgate.server.warmup.graphs_phase import choose_kept_linears
@@ -119,8 +119,11 @@ def test_a_pair_preset_for_the_gemv_runs_it_once_before_ready(
     # The norm-fused GEMV twice: with a residual and without (layer 0's), a binary each.
     monkeypatch.setattr(norm_gemv_module, "norm_gemv", lambda x, r, nw, eps, w: ran.append(
         (f"{NORM} {'with' if r is not None else 'without'}", *w.shape, rows_bucket(x.shape[0]))))
+    monkeypatch.setattr(norm_gemv_module, "norm_act_gemv", lambda x, r, nw, eps, w: ran.append(
+        (NORM_ACT, *w.shape, rows_bucket(x.shape[0]))))
     assert choose_linears(warm)["timed"] == 0
     assert sorted(ran) == sorted({(name, n, k, rows_bucket(m)) for op, n, k, _, m in gemv
                                   for name in ([f"{NORM} with", f"{NORM} without"]
                                                if op == NORM else [op])})
-    assert {op for op, *_ in ran} == {LINEAR, SILU_MUL, f"{NORM} with", f"{NORM} without"}
+    assert {op for op, *_ in ran} == {LINEAR, SILU_MUL, f"{NORM} with", f"{NORM} without",
+                                      NORM_ACT}

@@ -34,7 +34,7 @@ from warmgate.server.kernels import norm_gemv as norm_gemv_module
 from warmgate.server.kernels import ops as triton_ops
 from warmgate.server.kernels.gemv_plan import rows_bucket
 from warmgate.server.kernels.invariant_ops import BatchInvariantOps
-from warmgate.server.kernels.linear_choices import LINEAR, NORM, SILU_MUL, LinearChoices
+from warmgate.server.kernels.linear_choices import LINEAR, NORM, NORM_ACT, SILU_MUL, LinearChoices
 from warmgate.server.kernels.ops import TritonOps
 from warmgate.server.runner import model_runner
 from warmgate.server.runner.linear_tuning import choose_linears, linear_plan
@@ -109,6 +109,8 @@ def test_the_plan_holds_every_row_count_a_cuda_forward_can_run(case: str) -> Non
         expected[(SILU_MUL, tuple(layer.down_proj.shape), len(model.layers))] = layer_ms
         for name in ("qkv_proj", "gate_up_proj"):
             expected[(NORM, tuple(getattr(layer, name).shape), len(model.layers))] = layer_ms
+        # and gate/up's norm and activation both
+        expected[(NORM_ACT, tuple(layer.gate_up_proj.shape), len(model.layers))] = layer_ms
     rows = settings.max_num_reqs * settings.decode_query_len  # every logits row count
     expected[(LINEAR, tuple(head.shape), 1)] = list(range(1, min(rows, 16) + 1))
     assert found == expected
@@ -127,11 +129,14 @@ def test_the_gemm_sweep_compiles_the_gemv_once_per_shape_and_row_bucket(
     normed: list[tuple[tuple[int, ...], bool]] = []
     monkeypatch.setattr(norm_gemv_module, "norm_gemv", lambda x, r, nw, eps, w: normed.append(
         (tuple(w.shape), r is not None)))
+    monkeypatch.setattr(norm_gemv_module, "norm_act_gemv", lambda x, r, nw, eps, w: ran.append(
+        (NORM_ACT, tuple(w.shape), rows_bucket(x.shape[0]))))
     gemm_shapes.sweep_gemm_shapes(runner, plan=[])
     expected = {(op, tuple(ws[0].shape), rows_bucket(m))
                 for op, ws, ms in linear_plan(runner, 16) if op != NORM for m in ms}
     assert sorted(ran) == sorted(expected)  # each once
-    assert len({(op, shape) for op, shape, _ in ran}) == 6  # 4 projections, fused down, head
+    # 4 projections, the fused down, gate/up with its norm and activation, the head
+    assert len({(op, shape) for op, shape, _ in ran}) == 7
     # The QKV and gate/up projections run with their norm fused in: with a residual, and
     # without (layer 0's QKV), each a binary of its own per row bucket.
     layer = runner.model.layers[0]

@@ -23,6 +23,7 @@ from warmgate.server.jit import JitMonitor
 from warmgate.server.kernels.activation import silu_and_mul
 from warmgate.server.kernels.dense_gemv import _gemv_kernel, dense_gemv, silu_mul_gemv
 from warmgate.server.kernels.linear_choices import LinearChoices
+from warmgate.server.kernels.norm_gemv import norm_act_gemv, norm_gemv
 from warmgate.server.warmup.plan import load_runner, run_warmup_plan
 
 DEV = torch.device("cuda")
@@ -62,6 +63,24 @@ def test_silu_mul_fused_is_the_unfused_gemv_to_the_bit(n: int, k: int) -> None:
         assert torch.equal(fused, dense_gemv(act, w)), (n, k, m)
         ref = F.linear(act.float(), w.float())
         assert ((fused.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize(("two_i", "k"), [(16384, 2048), (28672, 4096)])
+def test_norm_and_act_fused_are_the_norm_gemv_then_silu_and_mul_to_the_bit(
+        two_i: int, k: int) -> None:
+    """llama-3.2-1b's and llama-3.1-8b's gate/up projections with their RMSNorm: half the
+    program's weight rows gate rows and half up rows, each product rounded as norm_gemv
+    stores it, then the activation as silu_and_mul computes it; the residual rms_norm's."""
+    gen = torch.Generator(device=DEV).manual_seed(two_i)
+    w = torch.randn(two_i, k, device=DEV, generator=gen, dtype=torch.bfloat16) / k ** 0.5
+    norm_w = torch.randn(k, device=DEV, generator=gen, dtype=torch.bfloat16)
+    for m in (1, 3, 8, 16):
+        x, res = (torch.randn(m, k, device=DEV, generator=gen, dtype=torch.bfloat16)
+                  for _ in range(2))
+        act, new_res = norm_act_gemv(x, res, norm_w, 1e-5, w)
+        gate_up, want_res = norm_gemv(x, res, norm_w, 1e-5, w)
+        assert torch.equal(act, silu_and_mul(gate_up)), (two_i, k, m)
+        assert torch.equal(new_res, want_res)
 
 
 def test_one_binary_per_shape_and_row_bucket() -> None:

@@ -1,6 +1,7 @@
-"""The dense GEMV kernel's pieces (kernels/dense_gemv.py): how a tile's total is stored, how
-its x tile is loaded (SiLU-and-mul computed in the load), the early read of a first weight
-tile, and the one-row norm's prologue."""
+"""The dense GEMV kernel's pieces (kernels/dense_gemv.py): which weight rows a program reads,
+how a tile's total is stored (SiLU-and-mul computed on it with ACT), how its x tile is loaded
+(SiLU-and-mul computed in the load), the early read of a first weight tile, and the one-row
+norm's prologue."""
 
 from __future__ import annotations
 
@@ -11,12 +12,44 @@ from warmgate.server.kernels._row_norm import residual_sum, rstd_of
 
 
 @triton.jit
+def tile_rows(N: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr):
+    """(the weight rows this program reads [BLOCK_N], their mask). ACT: the weight is gate/up
+    [2N, K], and the program reads BLOCK_N // 2 gate rows and the up rows N below them, in
+    that order, for the BLOCK_N // 2 output columns it owns; else BLOCK_N rows of w [N, K]."""
+    offs = tl.arange(0, BLOCK_N)
+    if ACT:
+        half: tl.constexpr = BLOCK_N // 2
+        cols = tl.program_id(0) * half + offs % half
+        return cols + (offs >= half).to(tl.int32) * N, cols < N
+    rows = tl.program_id(0) * BLOCK_N + offs
+    return rows, rows < N
+
+
+@triton.jit
+def silu_mul_tile(total, offs_m, m_mask, out_ptr, N: tl.constexpr, BLOCK_N: tl.constexpr):
+    """ACT's store: total [rows, BLOCK_N] holds the gate columns then the up columns
+    (tile_rows); each is rounded to out's dtype as the GEMV would store it, then
+    silu(gate) * up as kernels/activation.py computes and rounds it -> out [M, N]."""
+    half: tl.constexpr = BLOCK_N // 2
+    rows: tl.constexpr = total.shape[0]
+    gate, up = tl.split(tl.permute(tl.reshape(total, (rows, 2, half)), (0, 2, 1)))
+    g = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
+    u = up.to(out_ptr.dtype.element_ty).to(tl.float32)
+    act = g / (1.0 + tl.exp(-g))
+    cols = tl.program_id(0) * half + tl.arange(0, half)
+    tl.store(out_ptr + offs_m[:, None] * N + cols[None, :],
+             (act * u).to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & (cols < N)[None, :])
+
+
+@triton.jit
 def finish(total, offs_m, offs_n, m_mask, n_mask, bias_ptr, out_ptr, ws_ptr, M, has_bias,
-           N: tl.constexpr, SPLITS: tl.constexpr):
+           N: tl.constexpr, SPLITS: tl.constexpr, ACT: tl.constexpr, BLOCK_N: tl.constexpr):
     """total [rows, BLOCK_N] float32 -> out (plus the bias, cast), or with a K split this
-    range's partial -> ws [SPLITS, M, N] float32."""
+    range's partial -> ws [SPLITS, M, N] float32; ACT (no split, no bias): silu_mul_tile."""
     mask = m_mask[:, None] & n_mask[None, :]
-    if SPLITS == 1:
+    if ACT:
+        silu_mul_tile(total, offs_m, m_mask, out_ptr, N, BLOCK_N)
+    elif SPLITS == 1:
         if has_bias:
             total += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :],

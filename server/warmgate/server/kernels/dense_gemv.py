@@ -28,7 +28,13 @@ import triton
 import triton.language as tl
 
 from warmgate.server.kernels._attention_tile import mm
-from warmgate.server.kernels._gemv_tiles import finish, row_rstd, warm_first_tile, x_tile
+from warmgate.server.kernels._gemv_tiles import (
+    finish,
+    row_rstd,
+    tile_rows,
+    warm_first_tile,
+    x_tile,
+)
 from warmgate.server.kernels._launch import ieee_dots, upcast_dots
 from warmgate.server.kernels._row_norm import normed_rows, normed_tile, rows_rstd
 from warmgate.server.kernels.gemv_plan import (
@@ -54,7 +60,7 @@ def _gemv_kernel(
     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr,
     SPLITS: tl.constexpr, K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, ACT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Grid (N tiles, SPLITS). x [M, X_STRIDE] (X_STRIDE = K, or 2K with SILU_MUL: x is
     gate_up, see _gemv_tiles.x_tile), w [N, K], out [M, N], all contiguous. EVEN_K: K is a
@@ -63,9 +69,10 @@ def _gemv_kernel(
     NORM: the product's input is rms_norm(x (+ res), norm_w, eps), computed per tile from x,
     res [M, K] and norm_w [K] after a prologue that takes each row's sum of squares (one row:
     at once, BLOCK_H being K's power of two; 16 rows: in BLOCK_K chunks), the residual sums
-    stored to res_out [M, K] by the grid's first program (see kernels/norm_gemv.py)."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    stored to res_out [M, K] by the grid's first program (see kernels/norm_gemv.py).
+    ACT (one K range, no bias): w is gate/up [2N, K] and out [M, N] is silu(gate) * up of the
+    product, each program owning BLOCK_N // 2 columns (_gemv_tiles.tile_rows)."""
+    offs_n, n_mask = tile_rows(N, BLOCK_N, ACT)
     offs_k = tl.arange(0, BLOCK_K)
     if SPLITS == 1:
         k_lo = 0
@@ -99,7 +106,7 @@ def _gemv_kernel(
             acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         offs_m = tl.arange(0, 1)
         finish(tl.sum(acc, axis=1)[None, :], offs_m, offs_n, offs_m < 1, n_mask, bias_ptr,
-               out_ptr, ws_ptr, M, has_bias, N, SPLITS)
+               out_ptr, ws_ptr, M, has_bias, N, SPLITS, ACT, BLOCK_N)
     else:
         offs_m = tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
@@ -127,7 +134,7 @@ def _gemv_kernel(
                 x = x_tile(x_rows + ks[None, :], x_mask, K, SILU_MUL)
             total += mm(x, tl.trans(w), UPCAST, IEEE)
         finish(total, offs_m, offs_n, m_mask, n_mask, bias_ptr, out_ptr, ws_ptr, M,
-               has_bias, N, SPLITS)
+               has_bias, N, SPLITS, ACT, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M", "has_bias"])
@@ -207,9 +214,25 @@ class GemvNorm:
     residual_out: torch.Tensor
 
 
+def launch_for(x: torch.Tensor, weight: torch.Tensor, launch: GemvLaunch | None,
+               sm_count: int | None) -> GemvLaunch:
+    """The launch given (checked against x's rows), else gemv_plan's for weight and x's rows
+    on this device (or sm_count SMs)."""
+    if launch is None:
+        sms = device_sm_count(x.device) if sm_count is None else sm_count
+        return _planned(weight.shape[0], weight.shape[1], rows_bucket(x.shape[0]),
+                        x.element_size(), sms)
+    if launch.block_m < x.shape[0]:
+        raise ValueError(f"dense_gemv: a launch of {launch.block_m} rows for {x.shape[0]} "
+                         "rows")
+    return launch
+
+
 def run_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool,
-             launch: GemvLaunch | None, sm_count: int | None, norm: GemvNorm | None = None
-             ) -> torch.Tensor:
+             launch: GemvLaunch | None, sm_count: int | None, norm: GemvNorm | None = None,
+             act: bool = False) -> torch.Tensor:
+    """The kernel on checked arguments. act: weight is gate/up [2N, K] and the result
+    silu(gate) * up of the product, [M, N] (the launch planned for the whole weight, unsplit)."""
     if not gemv_applies(x, weight, bias, silu_mul):
         raise ValueError(f"dense_gemv: x {tuple(x.shape)} {x.dtype}, weight "
                          f"{tuple(weight.shape)} {weight.dtype}, bias "
@@ -218,12 +241,12 @@ def run_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
                          "its width")
     m = x.shape[0]
     n, k = weight.shape
+    launch = launch_for(x, weight, launch, sm_count)
+    if act and (n % 2 or bias is not None or launch.splits > 1 or launch.block_n < 2):
+        raise ValueError(f"dense_gemv: SiLU-and-mul of the product needs gate/up rows of even "
+                         f"count ({n}), no bias and one K range ({launch.splits})")
+    n = n // 2 if act else n  # the output's width
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)  # [M, N]
-    if launch is None:
-        sms = device_sm_count(x.device) if sm_count is None else sm_count
-        launch = _planned(n, k, rows_bucket(m), x.element_size(), sms)
-    elif launch.block_m < m:
-        raise ValueError(f"dense_gemv: a launch of {launch.block_m} rows for {m} rows")
     # Unread stand-ins keep one signature per shape: the bias slot holds out without a bias,
     # the workspace slot out without a split.
     ws = (torch.empty((launch.splits, m, n), dtype=torch.float32, device=x.device)
@@ -234,7 +257,8 @@ def run_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
     # Without a norm its three arguments are unread stand-ins (x, whose alignment is already
     # in the binary's key); without a residual, two of them.
     res_in = x if norm is None or norm.residual is None else norm.residual
-    _gemv_kernel[(triton.cdiv(n, launch.block_n), launch.splits)](
+    columns = launch.block_n // 2 if act else launch.block_n  # output columns a program
+    _gemv_kernel[(triton.cdiv(n, columns), launch.splits)](
         x, weight, bias_arg, out, ws, res_in, x if norm is None else norm.weight,
         x if norm is None else norm.residual_out, m, has_bias,
         0.0 if norm is None else norm.eps,
@@ -243,7 +267,7 @@ def run_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
         BLOCK_H=pow2_at_least(k, 16) if norm is not None else 16, SPLITS=launch.splits,
         K_PER_SPLIT=launch.k_per_split, EVEN_K=k % launch.block_k == 0,
         BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
-        UPCAST=upcast_dots(x), IEEE=ieee_dots(x.dtype),
+        UPCAST=upcast_dots(x), IEEE=ieee_dots(x.dtype), ACT=act,
         num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl)
     if launch.splits > 1:
         _sum_splits_kernel[(m, triton.cdiv(n, _SUM_BLOCK_N))](

@@ -9,10 +9,13 @@ that the choice is a dictionary lookup on the host: a captured CUDA graph holds 
 was captured with, and nothing is timed or compiled at serve time. A (shape, M) the warmup did
 not time runs cuBLAS, as every linear did before, and is counted and logged once as a miss.
 
-Three ops: LINEAR, x @ w^T (the GEMV against cuBLAS); SILU_MUL, the MLP's silu_and_mul then
+Four ops: LINEAR, x @ w^T (the GEMV against cuBLAS); SILU_MUL, the MLP's silu_and_mul then
 its down projection (the GEMV with the activation fused in, dense_gemv.silu_mul_gemv, against
 the two launches, the projection on the better of its two kernels); NORM, a layer's RMSNorm
-then its QKV or gate/up projection (kernels/norm_gemv.py against the two launches, likewise).
+then its QKV or gate/up projection (kernels/norm_gemv.py against the two launches, likewise);
+NORM_ACT, the MLP's RMSNorm, gate/up projection and silu_and_mul (norm_gemv.norm_act_gemv,
+one launch, against NORM's candidates and the activation's launch), which runs only where
+SILU_MUL is not chosen: the activation goes into one projection or the other.
 Each fused op is timed as itself: a fused launch can lose where its plain GEMV wins (the 8B's
 norm-fused gate/up at 8 rows on an H100, bench/results/h100-ab-merge-step-kernels.txt), so a
 choice read off LINEAR could give a step its slowest launch.
@@ -37,10 +40,13 @@ MARGIN = 0.01
 LINEAR = "linear"
 SILU_MUL = "silu_mul"
 NORM = "norm"
+NORM_ACT = "norm_act"
 # What each op's decision weighs, for the log lines: (the default, the Triton kernel).
 _CANDIDATES = {LINEAR: ("cuBLAS", "Triton GEMV"),
                SILU_MUL: ("SiLU-and-mul then the linear", "the fused Triton GEMV"),
-               NORM: ("RMSNorm then the linear", "the norm-fused Triton GEMV")}
+               NORM: ("RMSNorm then the linear", "the norm-fused Triton GEMV"),
+               NORM_ACT: ("RMSNorm, the linear, then SiLU-and-mul",
+                          "the norm- and activation-fused Triton GEMV")}
 
 Key = tuple[str, int, int, torch.dtype, int]  # (op, N, K, dtype, M)
 # (the weights of one shape, every layer's, M, op) -> (default seconds, Triton seconds) per
@@ -65,8 +71,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def key_name(key: Key) -> str:
-    """"NxK:dtype:mM" (a fused op's pair: "silu_mul:" or "norm:" before it), as reports and
-    the compile cache entry name a pair."""
+    """"NxK:dtype:mM" (a fused op's pair: "silu_mul:", "norm:" or "norm_act:" before it), as
+    reports and the compile cache entry name a pair."""
     op, n, k, dtype, m = key
     return f"{'' if op == LINEAR else op + ':'}{n}x{k}:{dtype_name(dtype)}:m{m}"
 

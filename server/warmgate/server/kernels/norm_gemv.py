@@ -1,11 +1,18 @@
 """The dense GEMV with the RMSNorm in front of it (kernels/dense_gemv.py's kernel with NORM):
-a layer's QKV or gate/up projection at decode sizes without the rms_norm launch."""
+a layer's QKV or gate/up projection at decode sizes without the rms_norm launch; for gate/up,
+SiLU-and-mul on the product too (ACT), without the activation's launch."""
 
 from __future__ import annotations
 
 import torch
 
-from warmgate.server.kernels.dense_gemv import GemvNorm, aligned, gemv_applies, run_gemv
+from warmgate.server.kernels.dense_gemv import (
+    GemvNorm,
+    aligned,
+    gemv_applies,
+    launch_for,
+    run_gemv,
+)
 from warmgate.server.kernels.gemv_plan import MAX_ROWS, GemvLaunch
 
 
@@ -43,3 +50,32 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
     res_out = x if residual is None else torch.empty_like(x)  # [M, K]
     return run_gemv(x, weight, bias, False, launch, sm_count,
                     GemvNorm(residual, norm_weight, eps, res_out)), res_out
+
+
+def norm_act_applies(x: torch.Tensor, residual: torch.Tensor | None,
+                     norm_weight: torch.Tensor, gate_up: torch.Tensor) -> bool:
+    """Whether norm_act_gemv takes these: norm_gemv's arguments without a bias, gate/up rows
+    of even count, and a plan that leaves K in one range (gate/up weights are wide: theirs
+    always does)."""
+    return (norm_gemv_applies(x, residual, norm_weight, gate_up, None)
+            and gate_up.shape[0] % 2 == 0
+            and launch_for(x, gate_up, None, None).splits == 1)
+
+
+def norm_act_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                  eps: float, gate_up: torch.Tensor, *, launch: GemvLaunch | None = None,
+                  sm_count: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """norm_gemv on the gate/up weight [2I, K], then kernels.activation.silu_and_mul, in one
+    launch: (silu(gate) * up [M, I], the new residual [M, K]). Each program reads as many
+    weight rows as norm_gemv's, half of them gate rows and half the up rows of the same
+    columns, and rounds both products as norm_gemv stores them before the activation, so
+    the result is silu_and_mul(norm_gemv(...)[0]) to the bit with the same launch."""
+    if not norm_gemv_applies(x, residual, norm_weight, gate_up, None):
+        raise ValueError(f"norm_act_gemv: x {tuple(x.shape)} {x.dtype}, residual "
+                         f"{None if residual is None else tuple(residual.shape)}, norm weight "
+                         f"{tuple(norm_weight.shape)}, gate/up {tuple(gate_up.shape)}: not "
+                         f"1..{MAX_ROWS} contiguous rows with a norm weight of their width and "
+                         "dtype")
+    res_out = x if residual is None else torch.empty_like(x)  # [M, K]
+    return run_gemv(x, gate_up, None, False, launch, sm_count,
+                    GemvNorm(residual, norm_weight, eps, res_out), act=True), res_out

@@ -10,8 +10,13 @@ import torch.nn.functional as F
 
 from warmgate.server.kernels.activation import silu_and_mul
 from warmgate.server.kernels.dense_gemv import dense_gemv, gemv_applies, silu_mul_gemv
-from warmgate.server.kernels.linear_choices import NORM, SILU_MUL, LinearChoices
-from warmgate.server.kernels.norm_gemv import norm_gemv, norm_gemv_applies
+from warmgate.server.kernels.linear_choices import NORM, NORM_ACT, SILU_MUL, LinearChoices
+from warmgate.server.kernels.norm_gemv import (
+    norm_act_applies,
+    norm_act_gemv,
+    norm_gemv,
+    norm_gemv_applies,
+)
 from warmgate.server.kernels.rms_norm import rms_norm
 from warmgate.server.kernels.rotary import rotary_embedding
 
@@ -102,6 +107,23 @@ class TritonOps:
                 and gemv_applies(gate_up, weight, None, silu_mul=True)):
             return silu_mul_gemv(gate_up, weight)
         return self.linear(self.silu_and_mul(gate_up), weight)
+
+    def norm_mlp(self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                 eps: float, gate_up: torch.Tensor, down: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The SwiGLU MLP with its norm -> (out [T, H], new_residual [T, H]). Where the
+        activation is not fused into the down projection (silu_mul_linear's choice) and the
+        warmup timed it faster for these rows, the norm, gate/up and SiLU-and-mul run as one
+        launch (kernels.norm_gemv.norm_act_gemv) and the down projection takes its output;
+        else norm_linear then silu_mul_linear."""
+        choices, m = self.linear_choices, x.shape[0]
+        if (choices is not None and not choices.use_gemv(m, down, SILU_MUL)
+                and choices.use_gemv(m, gate_up, NORM_ACT)
+                and norm_act_applies(x, residual, norm_weight, gate_up)):
+            act, residual = norm_act_gemv(x, residual, norm_weight, eps, gate_up)
+            return self.linear(act, down), residual
+        gate_up_out, residual = self.norm_linear(x, residual, norm_weight, eps, gate_up)
+        return self.silu_mul_linear(gate_up_out, down), residual
 
     def rotary(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

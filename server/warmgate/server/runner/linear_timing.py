@@ -2,7 +2,8 @@
 at one row count, on the device, as a decode step would run them; for the MLP's down
 projection, SiLU-and-mul then either linear against the GEMV with the activation fused in;
 for the QKV and gate/up projections, the RMSNorm then either linear against the GEMV with the
-norm fused in (kernels/norm_gemv.py).
+norm fused in (kernels/norm_gemv.py); for gate/up, those and SiLU-and-mul after each against
+the GEMV with both fused in.
 
 - Cold weights: a decode step reads each layer's weight once, after the other layers' weights
   went through L2, so the calls cycle through every layer's weight of the shape, across rounds
@@ -56,11 +57,12 @@ def _candidates(op: str, first: torch.Tensor, m: int) -> list[LinearFn]:
     """The defaults, then the Triton kernel last, each a call on one weight at m rows of
     seeded random inputs. LINEAR: F.linear, dense_gemv. SILU_MUL (x is gate_up [m, 2K]):
     silu_and_mul then either linear, silu_mul_gemv. NORM (x and a residual [m, K], a norm
-    weight [K]): kernels.rms_norm then either linear, norm_gemv."""
+    weight [K]): kernels.rms_norm then either linear, norm_gemv. NORM_ACT (the same inputs, w
+    gate/up): NORM's three, each then silu_and_mul, norm_act_gemv."""
     from warmgate.server.kernels.activation import silu_and_mul
     from warmgate.server.kernels.dense_gemv import dense_gemv, silu_mul_gemv
-    from warmgate.server.kernels.linear_choices import LINEAR, NORM
-    from warmgate.server.kernels.norm_gemv import norm_gemv
+    from warmgate.server.kernels.linear_choices import LINEAR, NORM, NORM_ACT
+    from warmgate.server.kernels.norm_gemv import norm_act_gemv, norm_gemv
     from warmgate.server.kernels.rms_norm import rms_norm
 
     gen = torch.Generator(device=first.device).manual_seed(m)
@@ -72,11 +74,16 @@ def _candidates(op: str, first: torch.Tensor, m: int) -> list[LinearFn]:
     if op == LINEAR:
         x = rand(m, k)
         return [lambda w: F.linear(x, w), lambda w: dense_gemv(x, w)]
-    if op == NORM:
+    if op in (NORM, NORM_ACT):
         x, residual, norm_weight = rand(m, k), rand(m, k), rand(k)
-        return [lambda w: F.linear(rms_norm(x, norm_weight, NORM_EPS, residual)[0], w),
-                lambda w: dense_gemv(rms_norm(x, norm_weight, NORM_EPS, residual)[0], w),
-                lambda w: norm_gemv(x, residual, norm_weight, NORM_EPS, w)[0]]
+        norm_fns: list[LinearFn] = [
+            lambda w: F.linear(rms_norm(x, norm_weight, NORM_EPS, residual)[0], w),
+            lambda w: dense_gemv(rms_norm(x, norm_weight, NORM_EPS, residual)[0], w),
+            lambda w: norm_gemv(x, residual, norm_weight, NORM_EPS, w)[0]]
+        if op == NORM:
+            return norm_fns
+        return [*(lambda w, fn=fn: silu_and_mul(fn(w)) for fn in norm_fns),
+                lambda w: norm_act_gemv(x, residual, norm_weight, NORM_EPS, w)[0]]
     gate_up = rand(m, 2 * k)
     return [lambda w: F.linear(silu_and_mul(gate_up), w),
             lambda w: dense_gemv(silu_and_mul(gate_up), w),

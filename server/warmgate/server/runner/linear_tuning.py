@@ -80,12 +80,14 @@ def _layer_weights(model: LlamaModel, names: tuple[str, ...]) -> list[list[torch
 
 def linear_plan(runner: TuningRunner, max_m: int) -> LinearPlan:
     """Every (op, shape's weights, row counts <= max_m) the ops can meet after ready: each
-    projection's linear, the down projection's SiLU-and-mul fused in too (ops.silu_mul_linear)
-    and the QKV and gate/up projections' RMSNorm (ops.norm_linear); a linear alone is what
-    runs where its fused op is not chosen, and what the GEMM sweep runs."""
+    projection's linear, the down projection's SiLU-and-mul fused in too (ops.silu_mul_linear),
+    the QKV and gate/up projections' RMSNorm (ops.norm_linear), and gate/up's RMSNorm and
+    SiLU-and-mul both (ops.norm_mlp) where that launch takes the weight; a linear alone is
+    what runs where its fused op is not chosen, and what the GEMM sweep runs."""
     from warmgate.server.kernels.linear_choices import (  # the ops imported it
         LINEAR,
         NORM,
+        NORM_ACT,
         SILU_MUL,
     )
 
@@ -100,11 +102,25 @@ def linear_plan(runner: TuningRunner, max_m: int) -> LinearPlan:
         plan += [(LINEAR, ws, ms) for ws in _layer_weights(model, PROJECTIONS)] if ms else []
         plan += [(SILU_MUL, ws, ms) for ws in _layer_weights(model, ("down_proj",))] if ms else []
         plan += [(NORM, ws, ms) for ws in _layer_weights(model, NORM_FUSED)] if ms else []
+        plan += [(NORM_ACT, ws, ms) for ws in _layer_weights(model, ("gate_up_proj",))
+                 if ms and _act_fuses(ws[0], ms)]
     if not runner.is_pooling_model:
         head = model.embed_tokens if model.lm_head is None else model.lm_head
         rows = min(budget, runner.max_num_reqs * q)
         plan.append((LINEAR, [head], list(range(1, rows + 1))))
     return plan
+
+
+def _act_fuses(gate_up: torch.Tensor, ms: list[int]) -> bool:
+    """Whether norm_act_gemv takes this gate/up weight at every row count of ms: its launch
+    must leave K in one range (a weight of an odd row count or a narrow one it refuses)."""
+    from warmgate.server.kernels.gemv_plan import rows_bucket
+    from warmgate.server.kernels.norm_gemv import norm_act_applies
+
+    norm_weight = gate_up.new_empty(gate_up.shape[1])
+    return all(norm_act_applies(x, x, norm_weight, gate_up)
+               for x in {rows_bucket(m): gate_up.new_empty(m, gate_up.shape[1])
+                         for m in ms}.values())
 
 
 def planned_keys(runner: TuningRunner, max_m: int) -> list[Key]:
@@ -131,8 +147,8 @@ def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool]) -> int:
 
     from warmgate.server.kernels.dense_gemv import dense_gemv, silu_mul_gemv
     from warmgate.server.kernels.gemv_plan import rows_bucket
-    from warmgate.server.kernels.linear_choices import LINEAR, NORM, SILU_MUL
-    from warmgate.server.kernels.norm_gemv import norm_gemv
+    from warmgate.server.kernels.linear_choices import LINEAR, NORM, NORM_ACT, SILU_MUL
+    from warmgate.server.kernels.norm_gemv import norm_act_gemv, norm_gemv
     from warmgate.server.runner.linear_timing import NORM_EPS
 
     calls = 0
@@ -145,6 +161,7 @@ def _run_gemv_once(plan: LinearPlan, wanted: Callable[[Key], bool]) -> int:
                 [(norm_gemv, (x, x, x[0], NORM_EPS, w)),
                  (norm_gemv, (x, None, x[0], NORM_EPS, w))]
                 if op == NORM else
+                [(norm_act_gemv, (x, x, x[0], NORM_EPS, w))] if op == NORM_ACT else
                 [(dense_gemv if op == LINEAR else silu_mul_gemv, (x, w))])
             for fn, args in runs:
                 try:

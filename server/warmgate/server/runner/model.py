@@ -204,14 +204,20 @@ class DecoderLayer(nn.Module):
         if self.moe is not None:
             return ops.norm_moe(x, residual, self.post_attention_layernorm, self.eps, self.moe)
         assert self.gate_up_proj is not None and self.down_proj is not None
-        gate_up, residual = _norm_linear(ops, x, residual, self.post_attention_layernorm,
-                                         self.eps, self.gate_up_proj, self.gate_up_proj_scale,
-                                         self.gate_up_proj_input_scale)  # [T, 2I]
-        if self.down_proj_scale is None:  # the ops may fuse the activation into the linear
-            x = ops.silu_mul_linear(gate_up, self.down_proj)
+        if self.gate_up_proj_scale is None and self.down_proj_scale is None:
+            # the ops may fuse the norm and the activation into the projections
+            x, residual = ops.norm_mlp(x, residual, self.post_attention_layernorm, self.eps,
+                                       self.gate_up_proj, self.down_proj)
         else:
-            x = _linear(ops, ops.silu_and_mul(gate_up), self.down_proj, self.down_proj_scale,
-                        self.down_proj_input_scale)
+            gate_up, residual = _norm_linear(ops, x, residual, self.post_attention_layernorm,
+                                             self.eps, self.gate_up_proj,
+                                             self.gate_up_proj_scale,
+                                             self.gate_up_proj_input_scale)  # [T, 2I]
+            if self.down_proj_scale is None:  # the ops may fuse the activation into it
+                x = ops.silu_mul_linear(gate_up, self.down_proj)
+            else:
+                x = _linear(ops, ops.silu_and_mul(gate_up), self.down_proj,
+                            self.down_proj_scale, self.down_proj_input_scale)
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         return x, residual

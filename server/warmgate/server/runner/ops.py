@@ -88,6 +88,15 @@ class TorchOps:
         activation and down projection, which an ops object may run as one kernel."""
         return self.linear(self.silu_and_mul(gate_up), weight)
 
+    def norm_mlp(self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                 eps: float, gate_up: torch.Tensor, down: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """rms_norm, the gate/up projection [2I, H], SiLU-and-mul and the down projection
+        [H, I]: (out [T, H], new_residual [T, H]), the SwiGLU MLP with its norm, which an ops
+        object may run in fewer kernels (norm_linear then silu_mul_linear here)."""
+        gate_up_out, residual = self.norm_linear(x, residual, norm_weight, eps, gate_up)
+        return self.silu_mul_linear(gate_up_out, down), residual
+
     def rotary(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """NeoX/Llama "rotate half" rotary embedding.
