@@ -27,7 +27,12 @@ from warmgate.server.kernels.dense_gemv import (
     silu_mul_gemv,
 )
 from warmgate.server.kernels.gemv_plan import MAX_ROWS, GemvLaunch, cdiv, gemv_launch
-from warmgate.server.kernels.norm_gemv import norm_gemv, norm_gemv_applies
+from warmgate.server.kernels.norm_gemv import (
+    norm_act_applies,
+    norm_act_gemv,
+    norm_gemv,
+    norm_gemv_applies,
+)
 from warmgate.server.kernels.rms_norm import rms_norm
 
 DEVICE = kernel_device(_gemv_kernel)
@@ -198,6 +203,46 @@ def test_what_the_norm_fused_gemv_takes_and_refuses() -> None:
         assert not norm_gemv_applies(xx, rr, nn, w, b), why
         with pytest.raises(ValueError, match="norm_gemv"):
             norm_gemv(xx, rr, nn, 1e-6, w, b)
+
+
+# ---------------------------------------------------------------- RMSNorm and SiLU-and-mul
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("inter", "k"), [(24, 80), (37, 300), (64, 256)])
+@pytest.mark.parametrize("m", [1, 3, MAX_ROWS])
+def test_norm_and_act_fused_are_norm_gemv_then_silu_and_mul_to_the_bit(
+        dtype: torch.dtype, inter: int, k: int, m: int) -> None:
+    """Each program's gate rows and the up rows of the same columns, rounded as norm_gemv
+    stores the product, then the activation as silu_and_mul computes it: the same bits, a
+    partial last tile of columns (37) included; the new residual is rms_norm's."""
+    x, w, _ = _operands(m, 2 * inter, k, dtype, seed=inter + m)
+    gen = torch.Generator().manual_seed(k)
+    res = torch.randn(m, k, generator=gen).to(DEVICE, dtype)
+    norm_w = torch.randn(k, generator=gen).to(DEVICE, dtype)
+    assert norm_act_applies(x, res, norm_w, w)
+    act, new_res = norm_act_gemv(x, res, norm_w, 1e-6, w)
+    gate_up, want_res = norm_gemv(x, res, norm_w, 1e-6, w)
+    assert act.shape == (m, inter)
+    assert torch.equal(act, silu_and_mul(gate_up)), (inter, k, m, dtype)
+    assert torch.equal(new_res, want_res)
+
+
+def test_what_the_norm_and_act_fused_gemv_refuses() -> None:
+    """An odd count of gate/up rows has no halves; a launch that splits K would need the
+    activation after the splits' sum, which this kernel does not do: refused, and
+    norm_act_applies says so beforehand for the plan's launch."""
+    x, w, _ = _operands(1, 48, 80, torch.bfloat16)
+    norm_w = torch.ones(80, dtype=torch.bfloat16, device=DEVICE)
+    assert not norm_act_applies(x, x, norm_w, w[:47].contiguous())
+    with pytest.raises(ValueError, match="even count"):
+        norm_act_gemv(x, x, norm_w, 1e-6, w[:47].contiguous())
+    split = GemvLaunch(block_m=1, block_n=8, block_k=16, splits=2, k_per_split=48,
+                       num_warps=4, num_stages=1)
+    with pytest.raises(ValueError, match="one K range"):
+        norm_act_gemv(x, x, norm_w, 1e-6, w, launch=split)
+    narrow = _operands(1, 8, 4096, torch.bfloat16)[1]  # 8 rows: the plan splits K
+    wide_x = torch.zeros(1, 4096, dtype=torch.bfloat16, device=DEVICE)
+    assert not norm_act_applies(wide_x, wide_x, torch.ones_like(wide_x[0]), narrow)
 
 
 # ---------------------------------------------------------------- the plan

@@ -25,6 +25,7 @@ from warmgate.server.kernels.linear_choices import (
     LINEAR,
     MAX_M,
     NORM,
+    NORM_ACT,
     SILU_MUL,
     LinearChoices,
 )
@@ -190,6 +191,40 @@ def test_norm_linear_fuses_the_norm_where_its_own_key_says_so(
     cublas.linear_choices.decide((LINEAR, 48, 80, BF16, 1), default_s=2.0, gemv_s=1.0)
     cublas.norm_linear(torch.randn(1, 80).to(BF16), None, norm_w, 1e-6, w)
     assert fused == [1] and gemv_calls == [(2, False), (1, False)]
+
+
+def test_norm_mlp_fuses_norm_and_activation_where_the_down_projection_does_not_take_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows whose NORM_ACT key says the fused launch and whose SILU_MUL key leaves the
+    activation out of the down projection: norm_act_gemv, then the down projection on its
+    output. Where the down projection takes the activation (one launch saved either way), where
+    the key says the unfused path, and above 16 rows: norm_linear then silu_mul_linear."""
+    fused: list[int] = []
+    real = triton_ops.norm_act_gemv
+
+    def recording(x: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        fused.append(x.shape[0])
+        return real(x, *args)
+
+    monkeypatch.setattr(triton_ops, "norm_act_gemv", recording)
+    ops = TritonOps()
+    choices = ops.linear_choices
+    assert choices is not None
+    gate_up, down, norm_w = _weight(48, 80), _weight(80, 24), torch.randn(80).to(BF16)
+    for m, act_fused, down_takes_act in ((1, True, False), (2, True, True), (3, False, False)):
+        choices.decide((NORM_ACT, 48, 80, BF16, m), 2.0, 1.0 if act_fused else 3.0)
+        choices.decide((SILU_MUL, 80, 24, BF16, m), 2.0, 1.0 if down_takes_act else 3.0)
+    for m in (1, 2, 3, 20):
+        x, residual = torch.randn(m, 80).to(BF16), torch.randn(m, 80).to(BF16)
+        out, new_residual = ops.norm_mlp(x, residual, norm_w, 1e-6, gate_up, down)
+        up, want_residual = ops.norm_linear(x, residual, norm_w, 1e-6, gate_up)
+        assert torch.equal(new_residual, want_residual)
+        if m == 1:  # norm_gemv's product, then silu_and_mul, to the bit
+            up = triton_ops.norm_gemv(x, residual, norm_w, 1e-6, gate_up)[0]
+            assert torch.equal(out, ops.linear(ops.silu_and_mul(up), down))
+        else:
+            assert torch.equal(out, ops.silu_mul_linear(up, down)), m
+    assert fused == [1]
 
 
 def test_the_batch_invariant_ops_have_no_choices() -> None:

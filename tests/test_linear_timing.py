@@ -27,7 +27,7 @@ from triton.runtime.errors import OutOfResources
 
 from warmgate.server.kernels import activation
 from warmgate.server.kernels import dense_gemv as dense_gemv_module
-from warmgate.server.kernels.linear_choices import LINEAR, NORM, SILU_MUL
+from warmgate.server.kernels.linear_choices import LINEAR, NORM, NORM_ACT, SILU_MUL
 from warmgate.server.runner import linear_timing
 
 # The modules, not the functions the package exports under the same names.
@@ -40,11 +40,12 @@ class FakeGpu:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, cublas_us: float, gemv_us: float,
                  slow_round: int | None = None, fused_us: float = 0.0,
-                 silu_us: float = 0.0, norm_us: float = 0.0) -> None:
+                 silu_us: float = 0.0, norm_us: float = 0.0, act_us: float = 0.0) -> None:
         self.now_ms = 0.0
         self.reads: list[tuple[str, int]] = []  # (candidate, weight id)
         self.cublas_us, self.gemv_us = cublas_us, gemv_us
         self.fused_us, self.silu_us, self.norm_us = fused_us, silu_us, norm_us
+        self.act_us = act_us
         self.slow_round = slow_round  # this cuBLAS round (0-based, timed ones) is 10x slower
         self.cublas_rounds = -1
         self.gemv_fits = True
@@ -81,6 +82,7 @@ class FakeGpu:
         monkeypatch.setattr(activation, "silu_and_mul", self.silu)
         monkeypatch.setattr(rms_norm_module, "rms_norm", self.norm)
         monkeypatch.setattr(norm_gemv_module, "norm_gemv", self.norm_fused)
+        monkeypatch.setattr(norm_gemv_module, "norm_act_gemv", self.act_fused)
         self.round_started = False
 
     def cublas(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -110,6 +112,15 @@ class FakeGpu:
         self.round_started = False
         self.now_ms += self.fused_us / 1e3
         self.reads.append(("fused", id(w)))
+        return x, residual
+
+    def act_fused(self, x: torch.Tensor, residual: torch.Tensor | None,
+                  weight: torch.Tensor, eps: float, w: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert residual is not None
+        self.round_started = False
+        self.now_ms += self.act_us / 1e3
+        self.reads.append(("act", id(w)))
         return x, residual
 
     def fused(self, gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -175,3 +186,14 @@ def test_fused_norm_against_the_norm_then_the_better_linear(
     default_s, fused_s = linear_timing.time_linears(_weights(4), 8, NORM)
     assert default_s == pytest.approx(23e-6) and fused_s == pytest.approx(26e-6)
     assert {c for c, _ in gpu.reads} == {"cublas", "gemv", "fused"}
+
+
+def test_norm_and_act_fused_against_the_best_norm_path_then_the_activation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """gate/up's one launch against each of NORM's three candidates followed by the
+    activation's launch: the norm-fused GEMV then SiLU-and-mul is the best of those here."""
+    gpu = FakeGpu(monkeypatch, cublas_us=30.0, gemv_us=20.0, fused_us=19.0, norm_us=3.0,
+                  silu_us=2.0, act_us=20.5)
+    default_s, act_s = linear_timing.time_linears(_weights(4), 8, NORM_ACT)
+    assert default_s == pytest.approx(21e-6) and act_s == pytest.approx(20.5e-6)
+    assert {c for c, _ in gpu.reads} == {"cublas", "gemv", "fused", "act"}
