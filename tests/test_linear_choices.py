@@ -154,19 +154,25 @@ def test_silu_mul_linear_fuses_where_chosen(monkeypatch: pytest.MonkeyPatch,
     assert gemv_calls == [(3, False), (3, False)]  # M=3 unfused, and its reference
 
 
+def _rows_of_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """The row counts of every call the ops make to kernels.ops.<name>, which still runs."""
+    rows: list[int] = []
+    real = getattr(triton_ops, name)
+
+    def recording(x: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        rows.append(x.shape[0])
+        return real(x, *args)
+
+    monkeypatch.setattr(triton_ops, name, recording)
+    return rows
+
+
 def test_norm_linear_fuses_the_norm_where_its_own_key_says_so(
         monkeypatch: pytest.MonkeyPatch, gemv_calls: list[tuple[int, bool]]) -> None:
     """Rows whose norm-fused GEMV the warmup timed faster than the two ops: norm_gemv, one
     launch, whatever the linear alone's key says. Else, or above 16 rows: rms_norm, then the
     linear as its own key says."""
-    fused: list[int] = []
-    real = triton_ops.norm_gemv
-
-    def recording(x: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        fused.append(x.shape[0])
-        return real(x, *args)
-
-    monkeypatch.setattr(triton_ops, "norm_gemv", recording)
+    fused = _rows_of_calls(monkeypatch, "norm_gemv")
     ops = TritonOps()
     assert ops.linear_choices is not None
     w, norm_w = _weight(), torch.randn(80).to(BF16)
@@ -199,14 +205,7 @@ def test_norm_mlp_fuses_norm_and_activation_where_the_down_projection_does_not_t
     activation out of the down projection: norm_act_gemv, then the down projection on its
     output. Where the down projection takes the activation (one launch saved either way), where
     the key says the unfused path, and above 16 rows: norm_linear then silu_mul_linear."""
-    fused: list[int] = []
-    real = triton_ops.norm_act_gemv
-
-    def recording(x: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        fused.append(x.shape[0])
-        return real(x, *args)
-
-    monkeypatch.setattr(triton_ops, "norm_act_gemv", recording)
+    fused = _rows_of_calls(monkeypatch, "norm_act_gemv")
     ops = TritonOps()
     choices = ops.linear_choices
     assert choices is not None

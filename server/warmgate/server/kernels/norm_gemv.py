@@ -41,15 +41,8 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
     through memory; it is rms_norm's arithmetic, its rounding of the residual sum included
     (the residual is that kernel's to the bit; the normalised rows within an ulp where the
     sums of squares add in another order)."""
-    if not norm_gemv_applies(x, residual, norm_weight, weight, bias):
-        raise ValueError(f"norm_gemv: x {tuple(x.shape)} {x.dtype}, residual "
-                         f"{None if residual is None else tuple(residual.shape)}, norm weight "
-                         f"{tuple(norm_weight.shape)}, weight {tuple(weight.shape)}: not "
-                         f"1..{MAX_ROWS} contiguous rows with a norm weight of their width and "
-                         "dtype")
-    res_out = x if residual is None else torch.empty_like(x)  # [M, K]
-    return run_gemv(x, weight, bias, False, launch, sm_count,
-                    GemvNorm(residual, norm_weight, eps, res_out)), res_out
+    return _run_normed("norm_gemv", x, residual, norm_weight, eps, weight, bias, launch,
+                       sm_count, act=False)
 
 
 def norm_act_applies(x: torch.Tensor, residual: torch.Tensor | None,
@@ -70,12 +63,21 @@ def norm_act_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: t
     weight rows as norm_gemv's, half of them gate rows and half the up rows of the same
     columns, and rounds both products as norm_gemv stores them before the activation, so
     the result is silu_and_mul(norm_gemv(...)[0]) to the bit with the same launch."""
-    if not norm_gemv_applies(x, residual, norm_weight, gate_up, None):
-        raise ValueError(f"norm_act_gemv: x {tuple(x.shape)} {x.dtype}, residual "
+    return _run_normed("norm_act_gemv", x, residual, norm_weight, eps, gate_up, None, launch,
+                       sm_count, act=True)
+
+
+def _run_normed(name: str, x: torch.Tensor, residual: torch.Tensor | None,
+                norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                bias: torch.Tensor | None, launch: GemvLaunch | None, sm_count: int | None,
+                act: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Either function's checks and launch: (its output, the new residual)."""
+    if not norm_gemv_applies(x, residual, norm_weight, weight, bias):
+        raise ValueError(f"{name}: x {tuple(x.shape)} {x.dtype}, residual "
                          f"{None if residual is None else tuple(residual.shape)}, norm weight "
-                         f"{tuple(norm_weight.shape)}, gate/up {tuple(gate_up.shape)}: not "
+                         f"{tuple(norm_weight.shape)}, weight {tuple(weight.shape)}: not "
                          f"1..{MAX_ROWS} contiguous rows with a norm weight of their width and "
                          "dtype")
     res_out = x if residual is None else torch.empty_like(x)  # [M, K]
-    return run_gemv(x, gate_up, None, False, launch, sm_count,
-                    GemvNorm(residual, norm_weight, eps, res_out), act=True), res_out
+    return run_gemv(x, weight, bias, False, launch, sm_count,
+                    GemvNorm(residual, norm_weight, eps, res_out), act=act), res_out
