@@ -5,6 +5,7 @@ served`'s output; then a real run on the CPU."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -394,6 +395,13 @@ def test_a_row_reads_the_served_output_and_names_its_faults() -> None:
     strict = SmokeRow(clean.config, 0, 1.0, 1.08, 0, 0, 0, 0, ttft_limit=1.05)
     assert strict.faults() == ["first/steady TTFT 1.08 > 1.05"]
     assert not SmokeRow(clean.config, 0, 1.0, 1.08, 0, 0, 0, 0).faults()
+    # The SM clock as each TTFT request went out (the first, then the steady ones): a slow
+    # first one sent at lower clocks says so in its fault.
+    clocked = read_served(SmokeRow(clean.config, exit_code=0),
+                          SERVED.replace("first/steady 1.06", "first/steady 1.40")
+                          + "ttft sm clock MHz: 345 1980 1980 1755 1980 1980\n")
+    assert clocked.ttft_clocks == (345, 1980)
+    assert "first/steady TTFT 1.40 > 1.15 (first at 345 MHz, steady 1980)" in clocked.faults()
 
 
 @pytest.mark.slow
@@ -438,3 +446,18 @@ def test_served_writes_the_servers_log_when_the_server_fails(tmp_path: Path) -> 
         "--server-args", "--model tiny --device cuda", "--server-log", str(log)], timeout=120)
     assert result.returncode != 0
     assert "CUDA is not available" in log.read_text(), result.stdout + result.stderr
+
+
+def test_the_sm_clock_is_read_through_nvidia_smi_without_nvml(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without pynvml the query tool answers; its failure, or no tool at all, reads None."""
+    clock = load_script("bench/lib/gpu_clock.py")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text('#!/bin/sh\n[ "$2" = 3 ] && echo 1755 || exit 9\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert clock.sm_clock_reader(3)() == 1755
+    assert clock.sm_clock_reader(0)() is None  # the tool failed
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert clock.sm_clock_reader(3)() is None

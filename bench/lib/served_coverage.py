@@ -41,6 +41,7 @@ from typing import Any
 
 from first_request_generate import _warm_client, server_process, timed_stream
 from first_request_options import AFTER_READY, METRICS_PORT, scrape_metrics
+from gpu_clock import sm_clock_reader
 
 from warmgate.server.devtools.random_batches import random_features, random_params
 from warmgate.server.devtools.server_process import ServerProcess
@@ -227,9 +228,12 @@ def _serve(args: argparse.Namespace, server: ServerProcess, vocab: int, max_prom
             return [rng.randrange(vocab) for _ in range(min(args.prompt_len, max_prompt))]
 
         timed = []  # (client TTFT, server TTFT) per request, the first one first
+        sm_clock = sm_clock_reader()
+        clocks = []  # the SM clock (MHz) read as each request is sent
         with _gated(args.ttft_gate, args.ready_timeout):
             for _ in range(args.repeats + 1):
                 time.sleep(args.gap_s)
+                clocks.append(sm_clock())
                 timed.append(timed_stream(client, ttft_prompt(), args.ttft_tokens,
                                           args.request_timeout, ignore_eos=True))
         ttfts = [c for c, _ in timed]
@@ -241,6 +245,8 @@ def _serve(args: argparse.Namespace, server: ServerProcess, vocab: int, max_prom
         print("ttft samples ms: " + "; ".join(
             f"{side} {' '.join(f'{t[i] * 1e3:.2f}' for t in timed)}"
             for i, side in ((0, "client"), (1, "server"))), flush=True)
+        if any(c is not None for c in clocks):  # whether a slow first one ran at low clocks
+            print("ttft sm clock MHz: " + " ".join(str(c) for c in clocks), flush=True)
         requests = draw_requests(rng, args.requests, vocab, max_prompt, args.max_tokens)
         start = time.perf_counter()
         tokens, errors, waves = asyncio.run(run_waves(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import re
+import statistics
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -115,6 +116,8 @@ class SmokeRow:
     peak_bytes: int | None = None  # device memory its processes held at most; None: unread
     tail: list[str] = field(default_factory=list)
     ttft_limit: float = TTFT_LIMIT  # first/steady TTFT above it is a fault
+    # The SM clock (MHz) as the first TTFT request was sent, and the steady ones' median.
+    ttft_clocks: tuple[int, float] | None = None
 
     @property
     def clean(self) -> bool:
@@ -128,13 +131,16 @@ class SmokeRow:
             if value != 0:
                 out.append(f"{name.replace('_', ' ')} {'unread' if value is None else value}")
         if self.ttft_ratio is None or self.ttft_ratio > self.ttft_limit:
-            out.append("TTFT unread" if self.ttft_ratio is None
-                       else f"first/steady TTFT {self.ttft_ratio:.2f} > {self.ttft_limit}")
+            clocks = ("" if self.ttft_clocks is None else
+                      " (first at {} MHz, steady {:.0f})".format(*self.ttft_clocks))
+            out.append("TTFT unread" if self.ttft_ratio is None else
+                       f"first/steady TTFT {self.ttft_ratio:.2f} > {self.ttft_limit}{clocks}")
         return out
 
 
 _READY = re.compile(r"^ready in ([\d.]+) s", re.M)
 _TTFT = re.compile(r"^ttft: .* first/steady ([\d.]+)", re.M)
+_CLOCKS = re.compile(r"^ttft sm clock MHz: (\d+)((?: \d+)+)$", re.M)
 _ERRORS = re.compile(r"^workload: .* errors (0|\{.*\})$", re.M)
 _AFTER = re.compile(r"^after_ready: compiles (\d+) \((.*)\) graph_misses (\d+)", re.M)
 _KIND = re.compile(r"(\w+) (\d+)")
@@ -146,6 +152,8 @@ def read_served(row: SmokeRow, output: str) -> SmokeRow:
         row.ready_s = float(m.group(1))
     if m := _TTFT.search(output):
         row.ttft_ratio = float(m.group(1))
+    if m := _CLOCKS.search(output):
+        row.ttft_clocks = (int(m.group(1)), statistics.median(map(int, m.group(2).split())))
     if m := _ERRORS.search(output):
         row.errors = 0 if m.group(1) == "0" else sum(
             int(n) for n in re.findall(r": (\d+)", m.group(1)))
