@@ -229,11 +229,13 @@ def _serve(args: argparse.Namespace, server: ServerProcess, vocab: int, max_prom
 
         timed = []  # (client TTFT, server TTFT) per request, the first one first
         sm_clock = sm_clock_reader()
-        clocks = []  # the SM clock (MHz) read as each request is sent
+        # The SM clock (MHz) before each request's idle gap: a query tool run just before the
+        # request would time its own start-up into the request's TTFT.
+        clocks = []
         with _gated(args.ttft_gate, args.ready_timeout):
             for _ in range(args.repeats + 1):
-                time.sleep(args.gap_s)
                 clocks.append(sm_clock())
+                time.sleep(args.gap_s)
                 timed.append(timed_stream(client, ttft_prompt(), args.ttft_tokens,
                                           args.request_timeout, ignore_eos=True))
         ttfts = [c for c, _ in timed]

@@ -116,7 +116,7 @@ class SmokeRow:
     peak_bytes: int | None = None  # device memory its processes held at most; None: unread
     tail: list[str] = field(default_factory=list)
     ttft_limit: float = TTFT_LIMIT  # first/steady TTFT above it is a fault
-    # The SM clock (MHz) as the first TTFT request was sent, and the steady ones' median.
+    # The SM clock (MHz) before the first TTFT request's gap, and the steady ones' median.
     ttft_clocks: tuple[int, float] | None = None
 
     @property
