@@ -4,8 +4,9 @@ A first request after a server sat idle may run while the GPU's clocks are still
 driver lowers them when nothing runs and raises them again once work comes. A TTFT of a few
 milliseconds (the tiny model's) moves with that by more than the smoke's 15 %, so the smoke
 prints the clock read before each timed request's idle gap beside its TTFT: the first one's
-after the server sat idle since ready, the steady ones' just after the request before. NVML (pynvml) where the
-image has it, else one `nvidia-smi` query; None on a machine with neither (a CPU run).
+after the server sat idle since ready, the steady ones' just after the request before. NVML
+(pynvml) where the image has it, else one `nvidia-smi` query; None on a machine with neither
+(a CPU run).
 """
 
 from __future__ import annotations
