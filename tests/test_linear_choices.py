@@ -224,6 +224,14 @@ def test_norm_mlp_fuses_norm_and_activation_where_the_down_projection_does_not_t
         else:
             assert torch.equal(out, ops.silu_mul_linear(up, down)), m
     assert fused == [1]
+    # A gate/up weight the launch cannot take was never timed for it: no lookup, no miss.
+    choices.filled = True
+    for op, n, k in ((SILU_MUL, 80, 24), (NORM, 48, 80), (LINEAR, 48, 80), (LINEAR, 80, 24)):
+        choices.decide((op, n, k, BF16, 4), 1.0, 2.0)
+    monkeypatch.setattr(triton_ops, "norm_act_applies", lambda *args: False)
+    x = torch.randn(4, 80).to(BF16)
+    ops.norm_mlp(x, x, norm_w, 1e-6, gate_up, down)
+    assert choices.misses == 0 and fused == [1]
 
 
 def test_the_batch_invariant_ops_have_no_choices() -> None:

@@ -117,9 +117,11 @@ class TritonOps:
         launch (kernels.norm_gemv.norm_act_gemv) and the down projection takes its output;
         else norm_linear then silu_mul_linear."""
         choices, m = self.linear_choices, x.shape[0]
+        # Whether the launch takes these first: a weight it cannot take was never timed, and
+        # its lookup would count as a miss.
         if (choices is not None and not choices.use_gemv(m, down, SILU_MUL)
-                and choices.use_gemv(m, gate_up, NORM_ACT)
-                and norm_act_applies(x, residual, norm_weight, gate_up)):
+                and norm_act_applies(x, residual, norm_weight, gate_up)
+                and choices.use_gemv(m, gate_up, NORM_ACT)):
             act, residual = norm_act_gemv(x, residual, norm_weight, eps, gate_up)
             return self.linear(act, down), residual
         gate_up_out, residual = self.norm_linear(x, residual, norm_weight, eps, gate_up)
