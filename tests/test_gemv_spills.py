@@ -6,28 +6,16 @@ local memory would fail here, where on a GPU it would only be slower."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("triton")
 
+from tests.probe_run import run_probe
 from warmgate.server.config.runner_config import ModelConfig, preset_names
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_norm_and_act_fused_gemv_spills_nothing_for_any_dense_preset() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(str(ROOT / p) for p in ("", "client", "server"))
-    proc = subprocess.run([sys.executable, "-m", "tests.gemv_spill_probe"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    reports = [json.loads(line) for line in proc.stdout.splitlines()]
+    reports = run_probe("tests.gemv_spill_probe")
     dense = {name for name in preset_names()
              if not ModelConfig.from_preset(name).num_experts
              and ModelConfig.from_preset(name).fp8 is None}

@@ -7,28 +7,16 @@ a previous kernel's output, or overwrote its input, before the wait would race."
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("triton")
 
 from tests.pdl_sites import CONVERTED
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.probe_run import run_probe
 
 
 def test_every_pdl_kernel_waits_before_touching_what_another_kernel_wrote() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(str(ROOT / p) for p in ("", "client", "server"))
-    proc = subprocess.run([sys.executable, "-m", "tests.pdl_ptx_probe"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=240, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    reports = [json.loads(line) for line in proc.stdout.splitlines()]
+    reports = run_probe("tests.pdl_ptx_probe", timeout_s=240)
     assert {r["kernel"] for r in reports} == {name for _, name in CONVERTED}
     for r in reports:
         assert r["launch_pdl"] and r["wait"] and r["release"] and not r["problems"], r
