@@ -395,11 +395,11 @@ def test_a_row_reads_the_served_output_and_names_its_faults() -> None:
     strict = SmokeRow(clean.config, 0, 1.0, 1.08, 0, 0, 0, 0, ttft_limit=1.05)
     assert strict.faults() == ["first/steady TTFT 1.08 > 1.05"]
     assert not SmokeRow(clean.config, 0, 1.0, 1.08, 0, 0, 0, 0).faults()
-    # The SM clock as each TTFT request went out (the first, then the steady ones): a slow
-    # first one sent at lower clocks says so in its fault.
+    # The SM clock before each TTFT request's gap (the first, then the steady ones, whose
+    # median the row keeps): a slow first one sent at lower clocks says so in its fault.
     clocked = read_served(SmokeRow(clean.config, exit_code=0),
                           SERVED.replace("first/steady 1.06", "first/steady 1.40")
-                          + "ttft sm clock MHz: 345 1980 1980 1755 1980 1980\n")
+                          + "ttft sm clock MHz: 345 1500 1980 1755 1980 1980\n")
     assert clocked.ttft_clocks == (345, 1980)
     assert "first/steady TTFT 1.40 > 1.15 (first at 345 MHz, steady 1980)" in clocked.faults()
 
