@@ -18,6 +18,7 @@ from warmgate.client.errors import WarmgateRpcError
 from warmgate.client.generate import Generation
 from warmgate.server.app import RunningServer, create_server
 from warmgate.server.runner.model_runner import ModelRunner
+from warmgate.server.serving.loop import STEP_KINDS
 from warmgate.v1 import generate_pb2 as gen_pb
 
 SERVING = 1  # grpc.health.v1 SERVING
@@ -44,7 +45,9 @@ ENGINE = pytest.mark.parametrize("engine", ["--no-engine-process", "--engine-pro
 
 def _steps(s: RunningServer) -> float:
     """Serving steps so far, wherever the loop runs."""
-    return s.metrics.registry.get_sample_value("warmgate_step_duration_seconds_count") or 0.0
+    return sum(s.metrics.registry.get_sample_value("warmgate_step_duration_seconds_count",
+                                                   {"kind": kind}) or 0.0
+               for kind in STEP_KINDS)
 
 
 @ENGINE

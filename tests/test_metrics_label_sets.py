@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
+from warmgate.server.serving.loop import STEP_KINDS
 from warmgate.server.telemetry.metrics import CACHES, COMPILE_KINDS, Metrics
 from warmgate.server.telemetry.serving_metrics import (
     FINISH_REASONS,
@@ -31,6 +32,9 @@ def test_known_label_sets_are_exported_at_zero_before_any_event() -> None:
         assert f'warmgate_generate_request_features_total{{feature="{feature}"}} 0.0' in text
     for outcome in GRAMMAR_COMPILE_OUTCOMES:
         assert f'warmgate_grammar_compile_seconds_count{{outcome="{outcome}"}} 0.0' in text
+    for kind in STEP_KINDS:
+        assert f'warmgate_step_duration_seconds_count{{kind="{kind}"}} 0.0' in text
+        assert f'warmgate_step_prompt_tokens_total{{kind="{kind}"}} 0.0' in text
 
 
 def test_every_tensor_parallel_rank_has_its_jit_series_at_zero() -> None:

@@ -19,6 +19,9 @@ concurrent users; `window s` gives its length. Roofline (warmgate.server.devtool
 a decode step must read every weight and each stream's KV cache (prompt + half the output on
 average) at --hbm-tbps, so `roofline step` is the least ITL at that batch and `roofline tok/s`
 the most tokens/s; `ITL / roofline` and `tok/s / roofline` say how close the engine comes.
+Each round also prints the server's steps over it by kind (bench/lib/step_kinds.py): decode,
+mixed (prompt chunks beside decodes, which set the ITL tail) and prefill, their mean time and
+the prompt tokens each carried.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from first_request_options import METRICS_PORT, scrape_metrics
 from load_gen import run_load
+from step_kinds import between, describe, step_totals
 
 from warmgate.server.config.startup_checks import SERVED_DTYPE_BYTES
 from warmgate.server.devtools.gpu_card import detect
@@ -131,7 +136,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         raise SystemExit("--streams >= 1, --prompt-len >= 1, --output-len >= 2, --rounds >= 1, "
                          "--requests-per-stream >= 1")
     closed_loop = args.requests_per_stream > 1
-    flags = shlex.split(args.server_args)
+    flags = [*shlex.split(args.server_args), "--metrics-port", "0"]
     config = load_server_config(flags, environ={})  # the model's shapes, for the roofline
     model = config.runner.model
     dtype_bytes = SERVED_DTYPE_BYTES[config.runner.device.dtype]
@@ -147,6 +152,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if client.wait_ready(READY_TIMEOUT_S) is not WaitResult.READY:
             raise SystemExit("not ready: " + client.get_status().failure_reason + "\n"
                              + server.log_tail())
+        metrics_port = int(server.wait_for(METRICS_PORT).group(1))
         for n in streams:
             roofline = Roofline.of(model, n, mean_context, bytes_per_s=args.hbm_tbps * 1e12,
                                    dtype_bytes=dtype_bytes)
@@ -157,9 +163,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     prompt_len=parse_distribution(f"fixed:{args.prompt_len}"),
                     output_len=parse_distribution(f"fixed:{args.output_len}"),
                     vocab=model.vocab_size, seed=args.seed * 1000 + r)
+                before = step_totals(scrape_metrics(metrics_port))
                 results = asyncio.run(run_load(server.target, specs, concurrency=n,
                                                timeout=args.request_timeout, ignore_eos=True))
                 rounds.append(row_of(n, results, roofline, closed_loop))
+                after = step_totals(scrape_metrics(metrics_port))
+                print(f"{n} streams, round {r + 1}: {describe(between(before, after))}",
+                      flush=True)
             best = max(rounds, key=lambda row: (not math.isnan(row.tokens_per_s),
                                                 row.tokens_per_s))
             print(f"{n} streams: {statistics.median(r.tokens_per_s for r in rounds):.0f} "

@@ -40,6 +40,10 @@ class Occupancy:
     num_blocks_usable: int
 
 
+# StepStats.kind's values, the label of the step metrics.
+STEP_KINDS = ("decode", "mixed", "prefill")
+
+
 @dataclass(frozen=True)
 class StepStats:
     """One step, for metrics: how big it was and how long it took."""
@@ -54,6 +58,15 @@ class StepStats:
     # With async scheduling: why this step did not overlap with the one before it
     # (serving/overlap.py SERIAL_REASONS), None when it did.
     serial_reason: str | None = None
+    num_prompt_tokens: int = 0  # of num_tokens, prompt chunks (the rest decode)
+
+    @property
+    def kind(self) -> str:
+        """decode: no prompt tokens; prefill: nothing but prompt tokens; mixed: prompt chunks
+        beside decodes, the steps whose prompts every decoding stream waits for."""
+        if not self.num_prompt_tokens:
+            return "decode"
+        return "prefill" if self.num_prompt_tokens == self.num_tokens else "mixed"
 
 
 class _Ready:
@@ -213,7 +226,8 @@ class ServingLoop:
             self._on_step(StepStats(end - step.start_s, so.num_reqs,
                                     so.total_num_scheduled_tokens, len(s.running),
                                     len(s.waiting), s.num_blocks_used, s.pool.num_usable,
-                                    step.serial_reason if self.async_scheduling else None))
+                                    step.serial_reason if self.async_scheduling else None,
+                                    plan.num_prompt_tokens))
 
     def _take_inbox(self) -> None:
         with self._lock:

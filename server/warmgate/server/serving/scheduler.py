@@ -124,7 +124,7 @@ class Scheduler:
                 if req.status is not RequestStatus.RUNNING:
                     break  # it was the newest: it waits, and so does everything after it
                 continue  # the same request again, now that a newer one gave up its blocks
-            work.append(ScheduledWork(req, n, tuple(drafts)))
+            work.append(ScheduledWork(req, n, tuple(drafts), prompt=prefill))
             budget -= n
             prompt_room -= n if prefill else 0
             i += 1
@@ -138,7 +138,7 @@ class Scheduler:
             self.waiting.popleft()
             req.block_ids, req.status = blocks, RequestStatus.RUNNING
             self.running.append(req)
-            work.append(ScheduledWork(req, n))
+            work.append(ScheduledWork(req, n, prompt=True))
             budget -= n
             prompt_room -= n
         for w in work:

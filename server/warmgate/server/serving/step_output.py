@@ -44,6 +44,8 @@ class ScheduledWork:
     req: ServingRequest
     num_tokens: int  # drafts included
     draft_token_ids: tuple[int, ...] = ()
+    # A chunk of the request's prompt (or of its recompute after a preemption), not a decode.
+    prompt: bool = False
 
 
 @dataclass
@@ -59,6 +61,10 @@ class StepPlan:
     @property
     def is_empty(self) -> bool:
         return not self.work
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(w.num_tokens for w in self.work if w.prompt)
 
 
 def blocks_needed(req: TrackedRequest, num_new_tokens: int, block_size: int) -> int:

@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from warmgate.server.runner.sampling_features import SAMPLING_FEATURES, sampling_features
 from warmgate.server.runner.scheduler_output import SamplingParams
-from warmgate.server.serving.loop import Occupancy, StepStats
+from warmgate.server.serving.loop import STEP_KINDS, Occupancy, StepStats
 from warmgate.server.serving.overlap import SERIAL_REASONS
 from warmgate.server.serving.request import FinishReason, Usage
 
@@ -55,9 +55,19 @@ class ServingMetrics:
         self.preemptions = Counter("warmgate_preemptions_total",
                                    "Requests preempted (KV blocks freed, recomputed later).",
                                    registry=r)
-        self.step_duration = Histogram("warmgate_step_duration_seconds",
-                                       "One scheduler step: schedule, forward, sample.",
-                                       buckets=STEP_BUCKETS, registry=r)
+        # By kind, since a decoding stream's next token waits for every prompt chunk of its
+        # step: the mixed steps' times are the inter-token latency's tail.
+        self.step_duration = Histogram(
+            "warmgate_step_duration_seconds", "One scheduler step: schedule, forward, sample; "
+            "by kind: decode (no prompt tokens), mixed (prompt chunks beside decodes), prefill "
+            "(prompt tokens only).", ["kind"], buckets=STEP_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(
+            "warmgate_step_prompt_tokens_total", "Prompt tokens run through the model (a "
+            "preempted request's recompute included), by the kind of step that ran them.",
+            ["kind"], registry=r)
+        for kind in STEP_KINDS:
+            self.step_duration.labels(kind=kind)
+            self.prompt_tokens.labels(kind=kind)
         self.grammar_compile = Histogram(
             "warmgate_grammar_compile_seconds", "Grammar compiles of Generate requests (one per "
             "distinct grammar: cached ones and ones shared by concurrent requests compile once), "
@@ -84,7 +94,9 @@ class ServingMetrics:
 
     def observe_step(self, stats: StepStats) -> None:
         """Called on the worker thread; prometheus_client is thread-safe."""
-        self.step_duration.observe(stats.seconds)
+        self.step_duration.labels(kind=stats.kind).observe(stats.seconds)
+        if stats.num_prompt_tokens:
+            self.prompt_tokens.labels(kind=stats.kind).inc(stats.num_prompt_tokens)
         if stats.serial_reason is not None:
             self.serial_steps.labels(reason=stats.serial_reason).inc()
         self.observe_occupancy(Occupancy(stats.num_running, stats.num_waiting,
