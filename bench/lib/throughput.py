@@ -19,6 +19,9 @@ concurrent users; `window s` gives its length. Roofline (warmgate.server.devtool
 a decode step must read every weight and each stream's KV cache (prompt + half the output on
 average) at --hbm-tbps, so `roofline step` is the least ITL at that batch and `roofline tok/s`
 the most tokens/s; `ITL / roofline` and `tok/s / roofline` say how close the engine comes.
+Prompts take compute the decode roofline leaves out, so `ceiling` (devtools.served_ceiling) is
+the most tokens/s of the whole workload at the card's peak FLOP/s and bandwidth, and `ratio`
+the served figure over it.
 Each round also prints the server's steps over it by kind (bench/lib/step_kinds.py): decode,
 mixed (prompt chunks beside decodes, which set the ITL tail) and prefill, their mean time and
 the prompt tokens each carried.
@@ -44,6 +47,7 @@ from warmgate.server.config.startup_checks import SERVED_DTYPE_BYTES
 from warmgate.server.devtools.gpu_card import detect
 from warmgate.server.devtools.load_stats import RequestResult, Stats, summarize
 from warmgate.server.devtools.roofline import Roofline
+from warmgate.server.devtools.served_ceiling import PEAK_BF16_FLOPS, ServedCeiling
 from warmgate.server.devtools.server_process import ServerProcess
 from warmgate.server.devtools.steady_window import steady_window
 from warmgate.server.devtools.workload import build_workload, parse_distribution
@@ -63,6 +67,7 @@ class Row:
     roofline_step_s: float
     roofline_tokens_per_s: float
     window_s: float  # the seconds tokens/s and ITL were read over
+    ceiling_tokens_per_s: float = math.nan  # devtools.served_ceiling; NaN without a peak
 
     @property
     def itl_over_roofline(self) -> float:
@@ -72,9 +77,13 @@ class Row:
     def tokens_over_roofline(self) -> float:
         return self.tokens_per_s / self.roofline_tokens_per_s
 
+    @property
+    def tokens_over_ceiling(self) -> float:
+        return self.tokens_per_s / self.ceiling_tokens_per_s
+
 
 def row_of(streams: int, results: Sequence[RequestResult], roofline: Roofline,
-           closed_loop: bool) -> Row:
+           closed_loop: bool, ceiling: ServedCeiling | None = None) -> Row:
     """A burst's row over its whole wall time; a closed loop's over its steady window (NaN
     figures when the run had none)."""
     summary = summarize(results)
@@ -85,21 +94,23 @@ def row_of(streams: int, results: Sequence[RequestResult], roofline: Roofline,
                                        if window is not None else (math.nan, Stats.of([]), 0.0))
     return Row(streams, summary.output_tokens, summary.num_requests - summary.num_ok,
                tokens_per_s, itl.p50, itl.p99, summary.ttft_s.p50, roofline.step_s,
-               roofline.tokens_per_s, window_s)
+               roofline.tokens_per_s, window_s,
+               math.nan if ceiling is None else ceiling.tokens_per_s)
 
 
 def format_rows(rows: list[Row]) -> list[str]:
     lines = [f"{'streams':>7} {'tok/s':>9} {'roofline':>9} {'ratio':>6} {'ITL p50':>9} "
              f"{'ITL p99':>9} {'roofline':>9} {'ITL/roof':>8} {'TTFT p50':>9} {'tokens':>7} "
-             f"{'errors':>6} {'window':>7}",
+             f"{'errors':>6} {'window':>7} {'ceiling':>9} {'ratio':>6}",
              f"{'':>7} {'':>9} {'tok/s':>9} {'':>6} {'ms':>9} {'ms':>9} {'step ms':>9} "
-             f"{'':>8} {'ms':>9} {'':>7} {'':>6} {'s':>7}"]
+             f"{'':>8} {'ms':>9} {'':>7} {'':>6} {'s':>7} {'tok/s':>9} {'':>6}"]
     for r in rows:
         lines.append(f"{r.streams:7d} {r.tokens_per_s:9.0f} {r.roofline_tokens_per_s:9.0f} "
                      f"{r.tokens_over_roofline:6.2f} {r.itl_p50_s * 1e3:9.2f} "
                      f"{r.itl_p99_s * 1e3:9.2f} {r.roofline_step_s * 1e3:9.2f} "
                      f"{r.itl_over_roofline:8.2f} {r.ttft_p50_s * 1e3:9.2f} "
-                     f"{r.output_tokens:7d} {r.errors:6d} {r.window_s:7.2f}")
+                     f"{r.output_tokens:7d} {r.errors:6d} {r.window_s:7.2f} "
+                     f"{r.ceiling_tokens_per_s:9.0f} {r.tokens_over_ceiling:6.2f}")
     return lines
 
 
@@ -119,6 +130,9 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     p.add_argument("--hbm-tbps", type=float, default=None,
                    help="device memory bandwidth for the roofline, TB/s (default: the "
                         "detected card's, devtools.gpu_card)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="dense bfloat16 peak for the served ceiling, TFLOP/s (default: the "
+                        "detected card's, devtools.served_ceiling; none on a CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--json", default=None, help="also write the rows to this file")
@@ -145,6 +159,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         card = detect(config.runner.device.device)
         print(card.describe(), flush=True)
         args.hbm_tbps = card.bytes_per_s / 1e12
+        if args.peak_tflops is None and card.slug in PEAK_BF16_FLOPS:
+            args.peak_tflops = PEAK_BF16_FLOPS[card.slug] / 1e12
     rows: list[Row] = []
     with ServerProcess(flags, device=None, start_timeout_s=READY_TIMEOUT_S,
                        stop_signal=signal.SIGTERM) as server, \
@@ -156,6 +172,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         for n in streams:
             roofline = Roofline.of(model, n, mean_context, bytes_per_s=args.hbm_tbps * 1e12,
                                    dtype_bytes=dtype_bytes)
+            ceiling = (ServedCeiling.of(model, n, args.prompt_len, args.output_len,
+                                        bytes_per_s=args.hbm_tbps * 1e12,
+                                        flops_per_s=args.peak_tflops * 1e12,
+                                        dtype_bytes=dtype_bytes)
+                       if args.peak_tflops is not None and model.fp8 is None else None)
             rounds = []
             for r in range(args.rounds):
                 specs = build_workload(
@@ -166,7 +187,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 before = step_totals(scrape_metrics(metrics_port))
                 results = asyncio.run(run_load(server.target, specs, concurrency=n,
                                                timeout=args.request_timeout, ignore_eos=True))
-                rounds.append(row_of(n, results, roofline, closed_loop))
+                rounds.append(row_of(n, results, roofline, closed_loop, ceiling))
                 after = step_totals(scrape_metrics(metrics_port))
                 print(f"{n} streams, round {r + 1}: {describe(between(before, after))}",
                       flush=True)
@@ -181,12 +202,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
           + (f"closed loop of {args.requests_per_stream} requests a stream, read over its "
              f"steady window; " if closed_loop else "one burst a round; ")
           + f"roofline at {args.hbm_tbps:g} TB/s, "
-          f"{dtype_bytes}-byte weights and KV")
+          f"{dtype_bytes}-byte weights and KV; ceiling: "
+          + ("none (no peak FLOP/s for this card)" if args.peak_tflops is None else
+             f"the decodes and their share of prompts, projections and attention each at the "
+             f"longer of {args.peak_tflops:g} TFLOP/s and the bandwidth"))
     print("\n".join(format_rows(rows)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{**asdict(r), "itl_over_roofline": r.itl_over_roofline,
-                        "tokens_over_roofline": r.tokens_over_roofline} for r in rows], f,
+                        "tokens_over_roofline": r.tokens_over_roofline,
+                        "tokens_over_ceiling": r.tokens_over_ceiling} for r in rows], f,
                       indent=1)
     return 1 if any(r.errors for r in rows) else 0
 
