@@ -18,7 +18,7 @@ import torch
 
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.runner.attention.base import AttentionBackend
-from warmgate.server.runner.compile_buckets import compile_buckets
+from warmgate.server.runner.compile_buckets import ragged_buckets
 from warmgate.server.runner.cuda_graphs import capturable_sizes
 
 EAGER_TOKEN_GRANULE = 16
@@ -72,12 +72,19 @@ def eager_token_counts(runner: TokenSettings) -> list[int]:
 
 def ragged_graph_buckets(runner: TokenSettings) -> tuple[int, ...]:
     """Token buckets to capture ragged-batch graphs for: torch.compile's (so a replayed
-    compiled forward never pads twice), or none when the configuration or the backend rules
-    them out. Asked before the backend exists too (the runner's on_model_built, for the
-    dense-GEMM sweep's token counts): then the backend's class answers."""
+    compiled forward never pads twice), else compile_buckets.ragged_buckets, fine up to the
+    largest step beside decodes; or none when the configuration or the backend rules them
+    out. Asked before the backend exists too (the runner's on_model_built, for the dense-GEMM
+    sweep's token counts): then the backend's class answers."""
     backend = getattr(runner, "attention_backend", runner.attention_backend_class)
     cfg = runner.config.compilation
     if not cfg.ragged_cuda_graphs or runner.is_pooling_model or not backend.supports_ragged_graphs:
         return ()
-    return runner.compile_buckets or compile_buckets(
-        cfg.cuda_graph_sizes or (), runner.decode_query_len, runner.max_num_tokens)
+    if runner.compile_buckets:
+        return runner.compile_buckets
+    q, budget = runner.decode_query_len, runner.max_num_tokens
+    # A step beside decodes holds at most the prompt bound and every request's decode tokens
+    # (serving/scheduler.py); without a bound, anything up to the budget.
+    bound = runner.config.scheduler.max_prefill_tokens_while_decoding
+    mixed = budget if not bound else bound + runner.max_num_reqs * q
+    return ragged_buckets(cfg.cuda_graph_sizes or (), q, budget, mixed)
