@@ -42,6 +42,12 @@ def test_without_a_bound_every_step_past_fine_from_pads_by_an_eighth_at_most() -
     assert buckets[-1] == 3000 and bucket_for(buckets, 2900) == 3000
 
 
+def test_a_bound_under_fine_from_keeps_the_compile_buckets() -> None:
+    # Steps beside decodes fit 256 tokens: the prompt-only steps above keep powers of two.
+    sizes = (1, 2, 4, 8)
+    assert ragged_buckets(sizes, 1, 4096, 200) == compile_buckets(sizes, 1, 4096)
+
+
 @pytest.mark.parametrize(("budget", "mixed"), [(64, 64), (512, 1040), (300, 200)])
 def test_small_budgets_keep_the_budget_as_the_last_bucket(budget: int, mixed: int) -> None:
     buckets = ragged_buckets((1, 2, 4, 8), 1, budget, mixed)

@@ -67,7 +67,9 @@ def ragged_buckets(capture_sizes: Sequence[int], decode_query_len: int,
         fine += [base * m // FINE_PER_OCTAVE
                  for m in range(FINE_PER_OCTAVE, 2 * FINE_PER_OCTAVE)]
         base *= 2
-    covering = min([b for b in fine if b >= top] + [max_num_batched_tokens])
+    # The first bucket that holds every step beside decodes (a small bound: one of the compile
+    # buckets); powers of two go on from it.
+    covering = min([b for b in (*small, *fine) if b >= top] + [max_num_batched_tokens])
     fine = [b for b in fine if b <= covering]
     above = []
     b = _next_pow2(covering + 1)
