@@ -6,13 +6,9 @@ from __future__ import annotations
 import pytest
 
 from warmgate.server.config.runner_config import ModelConfig
-from warmgate.server.devtools.gpu_card import KNOWN_CARDS
+from warmgate.server.devtools.gpu_card import KNOWN_CARDS, PEAK_BF16_FLOPS
 from warmgate.server.devtools.roofline import Roofline
-from warmgate.server.devtools.served_ceiling import (
-    PEAK_BF16_FLOPS,
-    ServedCeiling,
-    projection_flops_per_token,
-)
+from warmgate.server.devtools.served_ceiling import ServedCeiling, projection_flops_per_token
 
 H100_BYTES, H100_FLOPS = 3.35e12, 989e12
 
@@ -68,7 +64,9 @@ def test_longer_prompts_lower_the_ceiling() -> None:
 
 
 def test_every_known_card_has_a_peak_and_fp8_weights_are_refused() -> None:
-    assert {slug for _, slug, _ in KNOWN_CARDS} == set(PEAK_BF16_FLOPS)
+    assert {slug for _, slug, _, _ in KNOWN_CARDS} == set(PEAK_BF16_FLOPS)
+    assert all(peak > 0 for peak in PEAK_BF16_FLOPS.values())
+    assert PEAK_BF16_FLOPS["h100"] == PEAK_BF16_FLOPS["h200"] == H100_FLOPS
     with pytest.raises(ValueError, match="FP8"):
         ServedCeiling.of(ModelConfig.from_preset("llama-3.1-8b-fp8"), 8, 512, 256,
                          bytes_per_s=H100_BYTES, flops_per_s=H100_FLOPS)

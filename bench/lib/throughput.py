@@ -44,10 +44,10 @@ from load_gen import run_load
 from step_kinds import between, describe, step_totals
 
 from warmgate.server.config.startup_checks import SERVED_DTYPE_BYTES
-from warmgate.server.devtools.gpu_card import detect
+from warmgate.server.devtools.gpu_card import PEAK_BF16_FLOPS, detect
 from warmgate.server.devtools.load_stats import RequestResult, Stats, summarize
 from warmgate.server.devtools.roofline import Roofline
-from warmgate.server.devtools.served_ceiling import PEAK_BF16_FLOPS, ServedCeiling
+from warmgate.server.devtools.served_ceiling import ServedCeiling
 from warmgate.server.devtools.server_process import ServerProcess
 from warmgate.server.devtools.steady_window import steady_window
 from warmgate.server.devtools.workload import build_workload, parse_distribution

@@ -20,23 +20,26 @@ import re
 import time
 from dataclasses import dataclass
 
-# (pattern on the driver's name, slug, bytes/s), the most specific first: an H100 NVL's name
-# contains "H100" too. Figures are the vendors' data-sheet bandwidths.
-KNOWN_CARDS: tuple[tuple[str, str, float], ...] = (
-    (r"GH200.*144|GH200.*HBM3e", "gh200-144gb", 4.9e12),
-    (r"GH200", "gh200", 4.0e12),
-    (r"H200", "h200", 4.8e12),
-    (r"H100.*NVL", "h100-nvl", 3.9e12),
-    (r"H100.*PCIe", "h100-pcie", 2.0e12),
-    (r"H100", "h100", 3.35e12),  # SXM, 80 GB HBM3
-    (r"H800", "h800", 3.35e12),
-    (r"H20\b", "h20", 4.0e12),
-    (r"B200", "b200", 8.0e12),
-    (r"A100.*80GB", "a100-80gb", 2.039e12),
-    (r"A100", "a100", 1.555e12),
-    (r"L40S", "l40s", 0.864e12),
-    (r"L4\b", "l4", 0.3e12),
+# (pattern on the driver's name, slug, bytes/s, dense bfloat16 FLOP/s), the most specific
+# first: an H100 NVL's name contains "H100" too. Figures are the vendors' data-sheet ones (the
+# FLOP/s dense, half the sparse figure; devtools.served_ceiling divides by them).
+KNOWN_CARDS: tuple[tuple[str, str, float, float], ...] = (
+    (r"GH200.*144|GH200.*HBM3e", "gh200-144gb", 4.9e12, 989e12),
+    (r"GH200", "gh200", 4.0e12, 989e12),
+    (r"H200", "h200", 4.8e12, 989e12),
+    (r"H100.*NVL", "h100-nvl", 3.9e12, 835e12),
+    (r"H100.*PCIe", "h100-pcie", 2.0e12, 756e12),
+    (r"H100", "h100", 3.35e12, 989e12),  # SXM, 80 GB HBM3
+    (r"H800", "h800", 3.35e12, 989e12),
+    (r"H20\b", "h20", 4.0e12, 148e12),
+    (r"B200", "b200", 8.0e12, 2250e12),
+    (r"A100.*80GB", "a100-80gb", 2.039e12, 312e12),
+    (r"A100", "a100", 1.555e12, 312e12),
+    (r"L40S", "l40s", 0.864e12, 362e12),
+    (r"L4\b", "l4", 0.3e12, 121e12),
 )
+# Each known card's dense bfloat16 peak by slug.
+PEAK_BF16_FLOPS: dict[str, float] = {slug: peak for _, slug, _, peak in KNOWN_CARDS}
 # Bytes each copy of the check moves one way; large enough that launch overhead vanishes
 # (on a CPU, whose memory the roofline of a CPU run divides by, a quarter of it).
 COPY_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}
@@ -73,7 +76,7 @@ class Card:
 
 def known_card(name: str) -> tuple[str, float | None]:
     """(slug, bytes/s) of a driver name; an unknown card's slug is its name made file-safe."""
-    for pattern, slug, bandwidth in KNOWN_CARDS:
+    for pattern, slug, bandwidth, _ in KNOWN_CARDS:
         if re.search(pattern, name, re.IGNORECASE):
             return slug, bandwidth
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower().removeprefix("nvidia ")).strip("-")

@@ -22,18 +22,24 @@ def expert_params(model: ModelConfig) -> int:
     return 3 * model.hidden_size * model.moe_intermediate_size if model.is_moe else 0
 
 
-def layer_params(model: ModelConfig) -> int:
-    """Parameters of one decoder layer: attention projections, MLP (a MoE layer's router and
-    all its experts), the two norms."""
+def attention_projection_params(model: ModelConfig) -> int:
+    """Weights of one layer's q, k, v and o projections (their biases left out)."""
     h, hd = model.hidden_size, model.head_dim
     q = h * model.num_heads * hd
     kv = 2 * h * model.num_kv_heads * hd
     o = model.num_heads * hd * h
+    return q + kv + o
+
+
+def layer_params(model: ModelConfig) -> int:
+    """Parameters of one decoder layer: attention projections, MLP (a MoE layer's router and
+    all its experts), the two norms."""
+    h, hd = model.hidden_size, model.head_dim
     mlp = (model.num_experts * (expert_params(model) + h) if model.is_moe
            else 3 * h * model.intermediate_size)
     bias = (model.num_heads + 2 * model.num_kv_heads) * hd if model.qkv_bias else 0
     qk_norm = 2 * hd if model.qk_norm else 0
-    return q + kv + o + mlp + 2 * h + bias + qk_norm
+    return attention_projection_params(model) + mlp + 2 * h + bias + qk_norm
 
 
 def num_params(model: ModelConfig) -> int:

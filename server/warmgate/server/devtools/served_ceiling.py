@@ -16,8 +16,8 @@ kernels run one after the other:
 
 No kernel reaches either peak, so a served figure over this says how much of the card a whole
 workload gets, where the decode roofline's tokens/s is out of reach by construction whenever
-prompts take compute. The peak is the vendor's dense (not sparse) bfloat16 figure, by the slug
-devtools.gpu_card names the card; FP8 weights are outside this model and get no ceiling.
+prompts take compute. The peak is the vendor's dense (not sparse) bfloat16 figure, from
+devtools.gpu_card's table of known cards; FP8 weights are outside this model and get no ceiling.
 """
 
 from __future__ import annotations
@@ -26,27 +26,20 @@ from dataclasses import dataclass
 
 from warmgate.server.config.runner_config import ModelConfig
 from warmgate.server.devtools.roofline import (
+    attention_projection_params,
     expert_params,
     kv_bytes_per_token,
     weight_bytes_per_step,
 )
 
-# Data-sheet dense bfloat16 tensor FLOP/s by gpu_card slug (half the sparse figures).
-PEAK_BF16_FLOPS: dict[str, float] = {
-    "gh200-144gb": 989e12, "gh200": 989e12, "h200": 989e12, "h100-nvl": 835e12,
-    "h100-pcie": 756e12, "h100": 989e12, "h800": 989e12, "h20": 148e12, "b200": 2250e12,
-    "a100-80gb": 312e12, "a100": 312e12, "l40s": 362e12, "l4": 121e12,
-}
-
 
 def projection_flops_per_token(model: ModelConfig) -> float:
     """FLOPs of one token through every layer's projections (q, k, v, o and the MLP, or a MoE
     layer's router and its top-k experts); the head is counted per logits row."""
-    h, hd = model.hidden_size, model.head_dim
-    attention = h * model.num_heads * hd * 2 + 2 * h * model.num_kv_heads * hd
+    h = model.hidden_size
     mlp = (model.num_experts_per_tok * expert_params(model) + model.num_experts * h
            if model.is_moe else 3 * h * model.intermediate_size)
-    return 2.0 * model.num_layers * (attention + mlp)
+    return 2.0 * model.num_layers * (attention_projection_params(model) + mlp)
 
 
 def attention_flops(model: ModelConfig, context: float) -> float:
