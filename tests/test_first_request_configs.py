@@ -61,3 +61,32 @@ def test_a_configuration_whose_server_fails_is_reported_and_the_run_exits_1() ->
         "--repeats", "1", "--max-tokens", "4", "--gap-s", "0.01"], timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED:" in proc.stdout and "failed: torch k=0" in proc.stdout
+
+
+class _Message:
+    def __init__(self, token_ids: list[int]) -> None:
+        self.token_ids = token_ids
+
+
+class _Client:
+    """Generate's stream as a loaded reader gets it: the tokens in the messages given."""
+
+    def __init__(self, messages: list[list[int]]) -> None:
+        self.messages = messages
+
+    def generate(self, prompt: list[int], **kwargs: object) -> list[_Message]:
+        return [_Message(ids) for ids in self.messages]
+
+
+def test_a_stream_coalesced_into_one_message_times_no_decode_step() -> None:
+    coalesced = configs.timed_request(_Client([[1, 2, 3, 4]]), [5], 4, 10)
+    assert coalesced.ttft_s > 0 and coalesced.decode_step_s != coalesced.decode_step_s  # NaN
+    spread = configs.timed_request(_Client([[1], [2, 3], [4]]), [5], 4, 10)
+    assert spread.decode_step_s > 0
+    shape = configs.parse_shape("0 4 256 512 16 8")
+    result = configs.ConfigResult("torch", shape, 1.0, spread, [coalesced, spread])
+    assert result.steady_step_s == spread.decode_step_s  # the untimed one left out
+    untimed = configs.ConfigResult("torch", shape, 1.0, spread, [coalesced, coalesced])
+    lines = configs.report([untimed, result])
+    assert lines[-1].startswith("torch: 2 configurations; first/steady TTFT worst ")
+    assert "decode step worst 1.00, median 1.00" in lines[-1]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import shlex
 import statistics
@@ -104,7 +105,7 @@ class ConfigResult:
 
     @property
     def steady_step_s(self) -> float:
-        return statistics.median(t.decode_step_s for t in self.steady)
+        return _finite_median([t.decode_step_s for t in self.steady])
 
     @property
     def ttft_ratio(self) -> float:
@@ -113,6 +114,12 @@ class ConfigResult:
     @property
     def step_ratio(self) -> float:
         return self.first.decode_step_s / self.steady_step_s
+
+
+def _finite_median(values: Sequence[float]) -> float:
+    """The median of the values that are numbers; NaN when none is."""
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.median(finite) if finite else math.nan
 
 
 def timed_request(client: object, prompt: list[int], max_tokens: int, timeout: float) -> Timed:
@@ -125,7 +132,10 @@ def timed_request(client: object, prompt: list[int], max_tokens: int, timeout: f
     if len(arrivals) < 2:
         raise RuntimeError(f"the stream produced {len(arrivals)} tokens; need 2 to time a "
                            "decode step")
-    return Timed(arrivals[0] - start, (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1))
+    # A reader slower than the steps gets queued tokens in one message (the server coalesces
+    # them): with every token in the first message there is no gap to time, NaN and not 0.
+    spread = arrivals[-1] - arrivals[0]
+    return Timed(arrivals[0] - start, spread / (len(arrivals) - 1) if spread else math.nan)
 
 
 def measure(backend: str, shape: ServerShape, args: argparse.Namespace,
@@ -160,6 +170,11 @@ def measure(backend: str, shape: ServerShape, args: argparse.Namespace,
                         graph_misses_after_ready=int(after_ready["graph_misses"]))
 
 
+def _nan_last(value: float) -> float:
+    """A sort key that puts an untimed (NaN) ratio below every timed one."""
+    return -math.inf if math.isnan(value) else value
+
+
 def report(results: Sequence[ConfigResult]) -> list[str]:
     lines = [f"{'backend':<11} {'configuration':<58} {'ready s':>7} {'TTFT first':>10} "
              f"{'steady':>8} {'ratio':>6} {'step first':>10} {'steady':>8} {'ratio':>6} "
@@ -175,7 +190,8 @@ def report(results: Sequence[ConfigResult]) -> list[str]:
         steps = [r.step_ratio for r in results if r.backend == backend]
         lines.append(f"{backend}: {len(ratios)} configurations; first/steady TTFT worst "
                      f"{max(ratios):.2f}, median {statistics.median(ratios):.2f}; first/steady "
-                     f"decode step worst {max(steps):.2f}, median {statistics.median(steps):.2f}")
+                     f"decode step worst {max(steps, key=_nan_last):.2f}, median "
+                     f"{_finite_median(steps):.2f}")
     return lines
 
 
