@@ -2,10 +2,14 @@
 the served models' head shapes, against rope_and_cache then the decode kernel, over many
 launches. Every cache slot this step writes starts as NaN, so a program that read one of them
 back before its threads had written it (the barrier in kernels/_decode_rope.py) would give NaN
-somewhere in the output. The cache must be the same bits. The outputs are not always: on an
-H100 14 of 49,152 elements differed by one bf16 ulp, at contexts of 511 keys and more
-(bench/results/h100-decode-rope-bits.txt), so they are held to a relative error and a share of
-differing elements a rounding can explain.
+somewhere in the output. Compiled apart, the two kernels may contract the rotation's multiply
+and add differently, so neither the cache nor the output is always the same bits: on an H100
+up to 2 of 11.6 million cache elements differed, each by one bf16 ulp, and 0.29% of the
+output's, at a relative error of 1.5e-4 at most (tests/gpu/decode_rope_bits_probe.py,
+bench/results/h100-decode-rope-bits-cases.txt). So each cache element is held to one ulp, and
+the output, whose elements sum many products (an element near zero can differ by many of its
+own ulps), to a relative error and a share of differing elements; a slot read before it was
+written is off by far more.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ CASES = [
     (32, 4, 128, 1, 16, True),
     (32, 4, 128, 4, 8, True),
 ]
+CONTEXTS = [0, 1, 15, 16, 63, 64, 65, 200, 511, 1000, 1500, 2000]
+SEEDS = 20
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim", "q_len", "num_splits",
@@ -41,14 +47,21 @@ CASES = [
 def test_the_fused_decode_gives_the_two_launches_bits(num_heads: int, num_kv_heads: int,
                                                       head_dim: int, q_len: int,
                                                       num_splits: int, qk_norm: bool) -> None:
-    contexts = [0, 1, 15, 16, 63, 64, 65, 200, 511, 1000, 1500, 2000]
-    for seed in range(20):
-        batch = make_paged_batch(seed, [q_len] * len(contexts), contexts, num_heads,
+    for seed in range(SEEDS):
+        batch = make_paged_batch(seed, [q_len] * len(CONTEXTS), CONTEXTS, num_heads,
                                  num_kv_heads, head_dim, 16, torch.bfloat16, "cuda")
         fused, fused_cache, apart, apart_cache = both_paths(batch, q_len, num_splits, qk_norm,
                                                             max_pos=4096)
         assert torch.isfinite(fused).all(), seed
-        assert torch.equal(fused_cache.nan_to_num(nan=7.0), apart_cache.nan_to_num(nan=7.0))
+        assert torch.equal(torch.isnan(fused_cache), torch.isnan(apart_cache))
+        assert within_ulps(fused_cache.nan_to_num(nan=7.0), apart_cache.nan_to_num(nan=7.0), 1)
         assert rel_err(fused, apart) <= 1e-3, seed
         differing = (fused != apart).float().mean().item()
-        assert differing <= 1e-3, (seed, differing)
+        assert differing <= 1e-2, (seed, differing)
+
+
+def within_ulps(out: torch.Tensor, ref: torch.Tensor, ulps: int) -> bool:
+    """Each bf16 element of out within `ulps` units in the last place of the larger of the two."""
+    larger = torch.maximum(out.float().abs(), ref.float().abs()).clamp(min=2.0 ** -126)
+    ulp = torch.exp2(torch.floor(torch.log2(larger)) - 7)
+    return bool(((out.float() - ref.float()).abs() <= ulps * ulp).all())
