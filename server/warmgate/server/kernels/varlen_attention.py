@@ -3,10 +3,17 @@
 Every key and value, the cached prefix and this step's new tokens alike, is read from the paged
 cache (reshape_and_cache runs first), so a request with a cached prefix needs no special path.
 
-Grid: (cdiv(max_query_len, BLOCK_Q), num_reqs, num_kv_heads). A program holds BLOCK_M rows:
-BLOCK_Q = BLOCK_M // group consecutive query tokens times the group query heads of one KV
-head (row r = token r // group, head r % group), so GQA heads share each K/V tile. Programs
-past their request's query length exit at once.
+A program holds BLOCK_M rows: BLOCK_Q = BLOCK_M // group consecutive query tokens times the
+group query heads of one KV head (row r = token r // group, head r % group), so GQA heads
+share each K/V tile.
+
+Grid: (num_tokens // BLOCK_Q + num_reqs, num_kv_heads). Request r owns the query blocks from
+B_r = query_start_loc[r] // BLOCK_Q + r up to B_{r+1}, at least cdiv(q_len_r, BLOCK_Q) of
+them, and a program finds its request as the last whose B_r is at or before its own index
+(B_r strictly increases with r). A grid of (cdiv(max_query_len, BLOCK_Q), num_reqs, ...)
+gives every request the longest one's blocks: a CUDA graph of a 1,152-token mixed bucket,
+whose longest query is the bucket, launched 36 blocks for each of its 128 requests, nearly all
+of them programs that only exit, each holding an SM's shared memory while it starts.
 """
 
 from __future__ import annotations
@@ -18,24 +25,41 @@ import triton.language as tl
 from warmgate.server.kernels._attention_tile import LOG2E, M_INIT, attend_range
 from warmgate.server.kernels._launch import ieee_dots, pow2, prepare_paged_attention, upcast_dots
 
+# Requests whose first blocks a program compares at once while it looks for its own.
+REQ_CHUNK = 128
+
 
 @triton.jit
+def _owning_request(query_start_loc_ptr, num_reqs, block, BLOCK_Q: tl.constexpr,
+                    REQ_CHUNK: tl.constexpr):
+    """The last request r < num_reqs whose first block B_r is at or before `block`."""
+    at_or_before = tl.zeros([], dtype=tl.int32)
+    for chunk in range(0, num_reqs, REQ_CHUNK):
+        r = chunk + tl.arange(0, REQ_CHUNK)
+        valid = r < num_reqs
+        first_block = tl.load(query_start_loc_ptr + r, mask=valid, other=0) // BLOCK_Q + r
+        at_or_before += tl.sum((valid & (first_block <= block)).to(tl.int32), axis=0)
+    return at_or_before - 1  # B_0 = 0: every block has an owner
+
+
+@triton.jit(do_not_specialize=["num_reqs"])
 def _varlen_kernel(
     q_ptr, key_cache_ptr, value_cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
     out_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_cs, stride_ch,
-    qk_scale,
+    qk_scale, num_reqs,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, REQ_CHUNK: tl.constexpr,
 ):
-    q_block = tl.program_id(0)
-    req = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    req = _owning_request(query_start_loc_ptr, num_reqs, block, BLOCK_Q, REQ_CHUNK)
     q_start = tl.load(query_start_loc_ptr + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
-    first = q_block * BLOCK_Q  # this program's first query token within the request
+    # This program's first query token within the request.
+    first = (block - (q_start // BLOCK_Q + req)) * BLOCK_Q
     if first >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + req)
@@ -99,8 +123,9 @@ def paged_attention_varlen(
     """Causal attention for requests with any query lengths, K/V read from the paged cache.
 
     Request i's queries are rows query_start_loc[i]:query_start_loc[i+1], at positions
-    seq_lens[i] - q_len_i .. seq_lens[i] - 1. max_query_len (a host int) sizes the grid only;
-    rows that no request owns are left untouched. num_reqs defaults to len(seq_lens).
+    seq_lens[i] - q_len_i .. seq_lens[i] - 1, within q's rows. max_query_len (a host int) at
+    0 launches nothing; rows that no request owns are left untouched. num_reqs defaults to
+    len(seq_lens).
     """
     head_dim = q.shape[2]
     launch = prepare_paged_attention(q, kv_cache, seq_lens, num_reqs, out)
@@ -112,15 +137,16 @@ def paged_attention_varlen(
     block_m, block_n, num_warps, num_stages = varlen_tiles(head_dim, q.dtype, q.is_cuda)
     block_m = max(block_m, pow2(group))  # at least one token's worth of heads per program
     block_q = block_m // group
-    grid = (triton.cdiv(max_query_len, block_q), num_reqs, num_kv_heads)
+    # The last request's last block is at most q.shape[0] // block_q + num_reqs - 1.
+    grid = (q.shape[0] // block_q + num_reqs, num_kv_heads)
     _varlen_kernel[grid](
         q, key_cache, value_cache, block_table, seq_lens, query_start_loc, out,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        scale * LOG2E,
+        scale * LOG2E, num_reqs,
         GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, HEAD_DIM=head_dim,
         BLOCK_D=pow2(head_dim, 16), PAGE_SIZE=block_size,
-        UPCAST=upcast_dots(q), IEEE=ieee_dots(q.dtype),
+        UPCAST=upcast_dots(q), IEEE=ieee_dots(q.dtype), REQ_CHUNK=REQ_CHUNK,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out
