@@ -39,6 +39,7 @@ from warmgate.server.kernels.fixed_split_plan import (
     fixed_split_plan,
 )
 from warmgate.server.kernels.invariant_ops import BatchInvariantOps
+from warmgate.server.kernels.varlen_attention import _varlen_kernel
 from warmgate.server.runner.attention import AttentionSpec, triton_backend
 from warmgate.server.runner.attention.triton_backend import TritonAttentionBackend
 from warmgate.server.runner.model_runner import ModelRunner
@@ -80,15 +81,17 @@ def test_a_launch_splits_apart_only_while_its_grid_leaves_sms_idle() -> None:
 
 def test_batch_varying_ints_are_never_specialised_on() -> None:
     # An int the compiler specialises on (== 1, % 16) would compile another binary for another
-    # batch after ready: num_tokens follows T, the other two the decode's batch size.
+    # batch after ready: num_tokens follows T, num_reqs the batch, the other two the
+    # decode's batch size. The varlen kernel's num_reqs too.
     def unspecialised(kernel: object) -> set[str]:
         names = (kernel.kwargs.get("do_not_specialize", []) if isinstance(  # type: ignore[attr-defined]
             kernel, InterpretedFunction) else kernel.do_not_specialize)  # type: ignore[attr-defined]
         return set(names)
 
-    assert unspecialised(_fixed_split_kernel) >= {"num_tokens", "split_programs",
+    assert unspecialised(_fixed_split_kernel) >= {"num_tokens", "num_reqs", "split_programs",
                                                    "write_partials"}
-    assert unspecialised(_fold_partials_kernel) >= {"num_tokens"}
+    assert unspecialised(_fold_partials_kernel) >= {"num_tokens", "num_reqs"}
+    assert unspecialised(_varlen_kernel) >= {"num_reqs"}
 
 
 TILE = key_tile(16, torch.float32, DEVICE == "cuda")
@@ -103,9 +106,9 @@ def test_the_backend_runs_small_batches_apart_with_the_same_bits(
                          dtype=torch.float32, device=torch.device(DEVICE), deterministic=True)
     assert fixed_split_plan(TABLE_WIDTH * 4, TILE).split_keys == SPLIT_KEYS
     backend = TritonAttentionBackend(spec)
-    assert backend.split_programs(1, 1, 1) > 1 and backend.split_programs(3, 4, 12) > 1
-    assert backend.split_programs(1000, 1, 1000) == 1  # a grid that already fills 132 SMs
-    assert backend.split_programs(1, 1, 1 << 20) == 1  # a workspace past the bound
+    assert backend.split_programs(1, 1) > 1 and backend.split_programs(3, 12) > 1
+    assert backend.split_programs(1000, 1000) == 1  # a grid that already fills 132 SMs
+    assert backend.split_programs(1, 1 << 20) == 1  # a workspace past the bound
     seen: list[int] = []
 
     def spy(*args: object, **kwargs: object) -> torch.Tensor:
@@ -127,7 +130,7 @@ def test_the_backend_runs_small_batches_apart_with_the_same_bits(
             scale=spec.scale, max_query_len=max(q_lens), split_keys=c)
         assert torch.equal(out, walked)  # walked in one program: the same bits
     # Apart for the verification and for the small mixed batch.
-    assert seen == [backend.split_programs(3, 4, 12), backend.split_programs(3, 6, 9)]
+    assert seen == [backend.split_programs(3, 12), backend.split_programs(3, 9)]
     assert min(seen) > 1
 
 

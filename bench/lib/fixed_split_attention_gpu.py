@@ -27,7 +27,7 @@ from warmgate.server.kernels import choose_num_splits, paged_attention_decode
 from warmgate.server.kernels.fixed_split_attention import (
     key_tile,
     paged_attention_fixed_split,
-    query_blocks,
+    query_programs,
     split_bytes,
 )
 from warmgate.server.kernels.fixed_split_plan import FixedSplitPlan, fixed_split_plan
@@ -102,7 +102,7 @@ def decode_table(heads: tuple[int, int, int], capacity: int, split_keys: list[in
             for c in split_keys:
                 plan = FixedSplitPlan(split_keys=c, max_splits=-(-capacity // c))
                 programs = plan.programs(
-                    batch * hk * query_blocks(1, hq // hk, d, torch.bfloat16, True), sms,
+                    hk * query_programs(batch, batch, hq // hk, d, torch.bfloat16, True), sms,
                     split_bytes(batch, hq, d))
                 walked = graph_us(lambda i, s=s, c=c: fixed(s, i, c, 1), s.layers)
                 apart = graph_us(lambda i, s=s, c=c, n=programs: fixed(s, i, c, n), s.layers)

@@ -6,9 +6,9 @@ configuration only). A query row at position p attends splits 0 .. p // C: each 
 online-softmax state, over the same BLOCK_N key tiles from the split's start (causal mask
 inside), then the splits are folded into one state in the order 0, 1, 2, ... by
 _split_state.fold_split. Two ways to run it, with the same bits:
-(a) one program per (query block, request, KV head) walks its splits in order and folds each
-    as it ends (`split_programs` = 1);
-(b) `split_programs` = P > 1 programs share a (query block, request, KV head): program i
+(a) one program per (query block, KV head) walks its splits in order and folds each as it
+    ends (`split_programs` = 1);
+(b) `split_programs` = P > 1 programs share a (query block, KV head): program i
     computes splits i, i + P, ... and stores each split's state (float32 acc, m, l) to a
     workspace [max_splits, T, Hq, ...]; `_fold_partials_kernel` then folds splits 0 .. p // C
     of each row in order. Only splits the program's rows reach are computed and stored; the
@@ -17,7 +17,9 @@ Rows, query block (BLOCK_M, BLOCK_Q), key tile (BLOCK_N) and warps are the varle
 (varlen_tiles), the same for every query length, so a token's per-tile arithmetic is the
 same in every batch; one compiled binary serves both ways (the way is a runtime argument).
 The fold kernel has rows of its own (fold_rows): it does no dot, only elementwise float32
-operations per row, so how rows are grouped into programs never changes a bit.
+operations per row, so how rows are grouped into programs never changes a bit. Both grids hold
+a program for each query block a request needs, each finding its request on the device
+(kernels/_query_blocks.py); where a program runs never changes its arithmetic either.
 
 No host sync, and the workspace's shape comes from q's token count and the block table's
 width: safe to capture in a CUDA graph. Runtime ints that vary with the batch are never
@@ -32,6 +34,7 @@ import triton.language as tl
 
 from warmgate.server.kernels._attention_tile import LOG2E, M_INIT, attend_range
 from warmgate.server.kernels._launch import ieee_dots, pow2, prepare_paged_attention, upcast_dots
+from warmgate.server.kernels._query_blocks import REQ_CHUNK, locate_block, query_block_programs
 from warmgate.server.kernels._split_state import fold_split, normalised, query_rows
 from warmgate.server.kernels.fixed_split_plan import cdiv
 from warmgate.server.kernels.varlen_attention import varlen_tiles
@@ -47,23 +50,23 @@ FOLD_TILE_ELEMENTS = 2048
 FOLD_WARPS = 4
 
 
-@triton.jit(do_not_specialize=["num_tokens", "split_programs", "write_partials"])
+@triton.jit(do_not_specialize=["num_tokens", "num_reqs", "split_programs", "write_partials"])
 def _fixed_split_kernel(
     q_ptr, key_cache_ptr, value_cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_cs, stride_ch,
-    qk_scale, num_tokens, split_programs, write_partials,
+    qk_scale, num_tokens, num_reqs, split_programs, write_partials,
     GROUP: tl.constexpr, NUM_HEADS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT_KEYS: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr, REQ_CHUNK: tl.constexpr,
 ):
-    """Grid (query blocks, requests, KV heads * split_programs)."""
-    q_block = tl.program_id(0)
-    req = tl.program_id(1)
-    kv_head = tl.program_id(2) // split_programs
-    first_split = tl.program_id(2) % split_programs
+    """Grid (query block programs, KV heads * split_programs)."""
+    req, q_block = locate_block(query_start_loc_ptr, num_reqs, tl.program_id(0), BLOCK_Q,
+                                REQ_CHUNK)
+    kv_head = tl.program_id(1) // split_programs
+    first_split = tl.program_id(1) % split_programs
     token, head, row_mask, q_pos, first_pos, hi, q_len = query_rows(
         q_block, req, kv_head, seq_lens_ptr, query_start_loc_ptr, GROUP, BLOCK_M, BLOCK_Q)
     if q_block * BLOCK_Q >= q_len:
@@ -108,19 +111,19 @@ def _fixed_split_kernel(
                  mask=io_mask)
 
 
-@triton.jit(do_not_specialize=["num_tokens"])
+@triton.jit(do_not_specialize=["num_tokens", "num_reqs"])
 def _fold_partials_kernel(
     part_acc_ptr, part_m_ptr, part_l_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
-    stride_ot, stride_oh, num_tokens,
+    stride_ot, stride_oh, num_tokens, num_reqs,
     GROUP: tl.constexpr, NUM_HEADS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT_KEYS: tl.constexpr,
+    SPLIT_KEYS: tl.constexpr, REQ_CHUNK: tl.constexpr,
 ):
-    """Grid (query blocks, requests, KV heads): each row folds its splits 0 .. q_pos // C
+    """Grid (query block programs, KV heads): each row folds its splits 0 .. q_pos // C
     from the workspace in order, as way (a) folds them, then normalises and stores."""
-    q_block = tl.program_id(0)
-    req = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    req, q_block = locate_block(query_start_loc_ptr, num_reqs, tl.program_id(0), BLOCK_Q,
+                                REQ_CHUNK)
+    kv_head = tl.program_id(1)
     token, head, row_mask, q_pos, _first_pos, hi, q_len = query_rows(
         q_block, req, kv_head, seq_lens_ptr, query_start_loc_ptr, GROUP, BLOCK_M, BLOCK_Q)
     if q_block * BLOCK_Q >= q_len:
@@ -149,11 +152,12 @@ def key_tile(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> int:
     return varlen_tiles(head_dim, dtype, on_gpu)[1]
 
 
-def query_blocks(query_len: int, group: int, head_dim: int, dtype: torch.dtype,
-                 on_gpu: bool) -> int:
-    """Programs along the query axis for `query_len` tokens a request (grid axis 0)."""
+def query_programs(num_tokens: int, num_reqs: int, group: int, head_dim: int,
+                   dtype: torch.dtype, on_gpu: bool) -> int:
+    """Programs along the query axis (grid axis 0) for a batch of num_tokens rows and
+    num_reqs requests."""
     block_m = max(varlen_tiles(head_dim, dtype, on_gpu)[0], pow2(group))
-    return cdiv(query_len, block_m // group)
+    return query_block_programs(num_tokens, num_reqs, block_m // group)
 
 
 def fold_rows(block_m: int, group: int, block_d: int) -> int:
@@ -184,10 +188,10 @@ def paged_attention_fixed_split(
     """Causal attention for requests with any query lengths, keys cut every `split_keys`.
 
     Request i's queries are rows query_start_loc[i]:query_start_loc[i+1], at positions
-    seq_lens[i] - q_len_i .. seq_lens[i] - 1. max_query_len (a host int) sizes the grid only;
-    rows no request owns are left untouched. split_programs = 1 runs way (a), more way (b)
-    (at most one program per split: the workspace holds cdiv(block table capacity,
-    split_keys) splits). The bits are the same for every split_programs."""
+    seq_lens[i] - q_len_i .. seq_lens[i] - 1, within q's rows. max_query_len (a host int) at 0
+    launches nothing; rows no request owns are left untouched. split_programs = 1 runs way
+    (a), more way (b) (at most one program per split: the workspace holds cdiv(block table
+    capacity, split_keys) splits). The bits are the same for every split_programs."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_m, block_n, num_warps, num_stages = varlen_tiles(head_dim, q.dtype, q.is_cuda)
     if split_keys < 1 or split_keys % block_n:
@@ -214,24 +218,25 @@ def paged_attention_fixed_split(
         part_acc = part_m = part_l = torch.empty(1, dtype=torch.float32, device=q.device)
     consts = dict(GROUP=group, NUM_HEADS=num_heads, BLOCK_M=block_m, BLOCK_Q=block_q,
                   HEAD_DIM=head_dim, BLOCK_D=pow2(head_dim, 16), SPLIT_KEYS=split_keys)
-    q_blocks = triton.cdiv(max_query_len, block_q)
     key_cache, value_cache = launch.key_cache, launch.value_cache
-    _fixed_split_kernel[(q_blocks, num_reqs, launch.num_kv_heads * programs)](
+    _fixed_split_kernel[(query_block_programs(num_tokens, num_reqs, block_q),
+                         launch.num_kv_heads * programs)](
         q, key_cache, value_cache, block_table, seq_lens, query_start_loc,
         out, part_acc, part_m, part_l,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        scale * LOG2E, num_tokens, programs, int(programs > 1),
+        scale * LOG2E, num_tokens, num_reqs, programs, int(programs > 1),
         BLOCK_N=block_n, PAGE_SIZE=launch.block_size,
-        UPCAST=upcast_dots(q), IEEE=ieee_dots(q.dtype),
+        UPCAST=upcast_dots(q), IEEE=ieee_dots(q.dtype), REQ_CHUNK=REQ_CHUNK,
         num_warps=num_warps, num_stages=num_stages, **consts,
     )
     if programs > 1:
         fold_m = fold_rows(block_m, group, consts["BLOCK_D"])
         fold_consts = dict(consts, BLOCK_M=fold_m, BLOCK_Q=fold_m // group)
-        _fold_partials_kernel[(triton.cdiv(max_query_len, fold_m // group), num_reqs,
+        _fold_partials_kernel[(query_block_programs(num_tokens, num_reqs, fold_m // group),
                                launch.num_kv_heads)](
             part_acc, part_m, part_l, seq_lens, query_start_loc, out,
-            out.stride(0), out.stride(1), num_tokens, num_warps=FOLD_WARPS, **fold_consts,
+            out.stride(0), out.stride(1), num_tokens, num_reqs, REQ_CHUNK=REQ_CHUNK,
+            num_warps=FOLD_WARPS, **fold_consts,
         )
     return out

@@ -7,13 +7,8 @@ A program holds BLOCK_M rows: BLOCK_Q = BLOCK_M // group consecutive query token
 group query heads of one KV head (row r = token r // group, head r % group), so GQA heads
 share each K/V tile.
 
-Grid: (num_tokens // BLOCK_Q + num_reqs, num_kv_heads). Request r owns the query blocks from
-B_r = query_start_loc[r] // BLOCK_Q + r up to B_{r+1}, at least cdiv(q_len_r, BLOCK_Q) of
-them, and a program finds its request as the last whose B_r is at or before its own index
-(B_r strictly increases with r). A grid of (cdiv(max_query_len, BLOCK_Q), num_reqs, ...)
-gives every request the longest one's blocks: a CUDA graph of a 1,152-token mixed bucket,
-whose longest query is the bucket, launched 36 blocks for each of its 128 requests, nearly all
-of them programs that only exit, each holding an SM's shared memory while it starts.
+Grid: (num_tokens // BLOCK_Q + num_reqs, num_kv_heads): a program for each query block a
+request needs, each finding its request on the device (kernels/_query_blocks.py).
 """
 
 from __future__ import annotations
@@ -24,22 +19,7 @@ import triton.language as tl
 
 from warmgate.server.kernels._attention_tile import LOG2E, M_INIT, attend_range
 from warmgate.server.kernels._launch import ieee_dots, pow2, prepare_paged_attention, upcast_dots
-
-# Requests whose first blocks a program compares at once while it looks for its own.
-REQ_CHUNK = 128
-
-
-@triton.jit
-def _owning_request(query_start_loc_ptr, num_reqs, block, BLOCK_Q: tl.constexpr,
-                    REQ_CHUNK: tl.constexpr):
-    """The last request r < num_reqs whose first block B_r is at or before `block`."""
-    at_or_before = tl.zeros([], dtype=tl.int32)
-    for chunk in range(0, num_reqs, REQ_CHUNK):
-        r = chunk + tl.arange(0, REQ_CHUNK)
-        valid = r < num_reqs
-        first_block = tl.load(query_start_loc_ptr + r, mask=valid, other=0) // BLOCK_Q + r
-        at_or_before += tl.sum((valid & (first_block <= block)).to(tl.int32), axis=0)
-    return at_or_before - 1  # B_0 = 0: every block has an owner
+from warmgate.server.kernels._query_blocks import REQ_CHUNK, locate_block, query_block_programs
 
 
 @triton.jit(do_not_specialize=["num_reqs"])
@@ -53,13 +33,12 @@ def _varlen_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr, REQ_CHUNK: tl.constexpr,
 ):
-    block = tl.program_id(0)
+    req, q_block = locate_block(query_start_loc_ptr, num_reqs, tl.program_id(0), BLOCK_Q,
+                                REQ_CHUNK)
     kv_head = tl.program_id(1)
-    req = _owning_request(query_start_loc_ptr, num_reqs, block, BLOCK_Q, REQ_CHUNK)
     q_start = tl.load(query_start_loc_ptr + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
-    # This program's first query token within the request.
-    first = (block - (q_start // BLOCK_Q + req)) * BLOCK_Q
+    first = q_block * BLOCK_Q  # this program's first query token within the request
     if first >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + req)
@@ -137,8 +116,7 @@ def paged_attention_varlen(
     block_m, block_n, num_warps, num_stages = varlen_tiles(head_dim, q.dtype, q.is_cuda)
     block_m = max(block_m, pow2(group))  # at least one token's worth of heads per program
     block_q = block_m // group
-    # The last request's last block is at most q.shape[0] // block_q + num_reqs - 1.
-    grid = (q.shape[0] // block_q + num_reqs, num_kv_heads)
+    grid = (query_block_programs(q.shape[0], num_reqs, block_q), num_kv_heads)
     _varlen_kernel[grid](
         q, key_cache, value_cache, block_table, seq_lens, query_start_loc, out,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),

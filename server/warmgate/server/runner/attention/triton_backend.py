@@ -24,7 +24,7 @@ from warmgate.server.kernels.decode_attention import (
 from warmgate.server.kernels.fixed_split_attention import (
     key_tile,
     paged_attention_fixed_split,
-    query_blocks,
+    query_programs,
     split_bytes,
 )
 from warmgate.server.kernels.fixed_split_plan import fixed_split_plan
@@ -78,15 +78,15 @@ class TritonAttentionBackend(AttentionBackend):
                          num_reqs, splits, self._num_sms, self._max_context_len)
         return self._splits[num_reqs]
 
-    def split_programs(self, num_reqs: int, max_query_len: int, num_tokens: int) -> int:
-        """--deterministic: programs per (query block, request, KV head), from the launch's
+    def split_programs(self, num_reqs: int, num_tokens: int) -> int:
+        """--deterministic: programs per (query block, KV head), from the launch's
         host ints only (fixed per captured graph). More than one runs the splits apart with a
         merge; the bits are the same either way. The interpreter plans as for an H100
         (device_sm_count), so the CPU tests take the GPU's decisions."""
         spec = self.spec
-        unsplit = num_reqs * spec.num_kv_heads * query_blocks(
-            max_query_len, spec.num_heads // spec.num_kv_heads, spec.head_dim, spec.dtype,
-            spec.device.type == "cuda")
+        unsplit = spec.num_kv_heads * query_programs(
+            num_tokens, num_reqs, spec.num_heads // spec.num_kv_heads, spec.head_dim,
+            spec.dtype, spec.device.type == "cuda")
         return self._split_plan.programs(unsplit, self._invariant_sms,
                                          split_bytes(num_tokens, spec.num_heads, spec.head_dim))
 
@@ -112,7 +112,7 @@ class TritonAttentionBackend(AttentionBackend):
         # length, so a token's attention is the same bits in a prefill chunk, a decode or a
         # verification, alone or batched (the decode kernel's splits follow seq_len).
         if self.spec.deterministic:
-            programs = self.split_programs(meta.num_reqs, meta.max_query_len, q.shape[0])
+            programs = self.split_programs(meta.num_reqs, q.shape[0])
             return paged_attention_fixed_split(
                 q, kv_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
                 scale=self.spec.scale, max_query_len=meta.max_query_len,
