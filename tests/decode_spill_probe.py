@@ -5,7 +5,7 @@ each binary's resource usage:
 a kernel that holds too large a tile spills registers to local memory (a merge that loaded a
 [splits, BLOCK_M, BLOCK_D] float32 tile of 8,192 elements spilled at BLOCK_M 32). Prints one
 JSON line per distinct shape: {"presets", "GROUP", "Q_LEN", "BLOCK_M", "HEAD_DIM", "MERGE",
-"ROPE", "QK_NORM", "REG", "STACK"}.
+"ROPE", "QK_NORM", "REG", "STACK", "MMA"} (MMA: the tensor cores' products in the PTX).
 
 A program, run by tests/test_decode_spills.py without TRITON_INTERPRET; tests/sm90_compile.py
 compiles without a GPU.
@@ -61,12 +61,13 @@ def main() -> int:
             if fn.fn.__name__ != "_decode_kernel":
                 continue  # the split merge runs in the decode kernel: no other launch
             c = constants(fn, spec)
-            usage = resource_usage(compile_for_hopper(fn, spec, ("num_warps", "num_stages"))
-                                   .asm["cubin"])
+            compiled = compile_for_hopper(fn, spec, ("num_warps", "num_stages"))
+            usage = resource_usage(compiled.asm["cubin"])
             print(json.dumps({"presets": presets, "GROUP": c["GROUP"], "Q_LEN": c["Q_LEN"],
                               "BLOCK_M": c["BLOCK_M"], "HEAD_DIM": c["HEAD_DIM"],
                               "MERGE": c["MERGE"], "ROPE": c["ROPE"], "QK_NORM": c["QK_NORM"],
-                              "REG": usage["REG"], "STACK": usage["STACK"]}), flush=True)
+                              "REG": usage["REG"], "STACK": usage["STACK"],
+                              "MMA": "mma." in compiled.asm["ptx"]}), flush=True)
     return 0
 
 

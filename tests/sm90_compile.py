@@ -56,9 +56,16 @@ def record_launches(launch: Callable[[], None]) -> list[tuple[Any, dict[str, Any
 
 
 def compile_for_hopper(fn: Any, spec: dict[str, Any], option_names: tuple[str, ...]) -> Any:
-    """The CompiledKernel of one recorded launch, with the launch's own `option_names`."""
+    """The CompiledKernel of one recorded launch, with the launch's own `option_names`.
+
+    The probe's tensors are on the CPU, so a kernel with an UPCAST flag (kernels/_launch.py's
+    upcast_dots: the interpreter's float32 products instead of tl.dot) was recorded with it
+    on; the GPU runs it off, and that binary is the one compiled here."""
     options = json.loads(spec["specialization_data"])["options"]
-    src = ASTSource(fn, spec["signature"], spec["constants"], spec["configs"][0])
+    constants = dict(spec["constants"])
+    if "UPCAST" in fn.arg_names:
+        constants[(fn.arg_names.index("UPCAST"),)] = False
+    src = ASTSource(fn, spec["signature"], constants, spec["configs"][0])
     return triton.compile(src, target=HOPPER, options={k: options[k] for k in option_names})
 
 

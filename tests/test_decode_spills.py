@@ -20,5 +20,6 @@ def test_the_decode_kernel_with_its_merge_spills_nothing_for_any_preset() -> Non
     covered = {p for r in reports for p in r["presets"]}
     assert covered == {f"{name} k{k}" for name in preset_names() for k in (0, 3)}
     for r in reports:
+        assert r["MMA"], r  # the GPU's binary, not the interpreter's float32 products
         assert r["MERGE"] and r["ROPE"] and r["STACK"] == 0, r
         assert r["BLOCK_M"] > 16 or r["REG"] <= 128, r

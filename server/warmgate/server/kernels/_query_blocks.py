@@ -8,7 +8,8 @@ its index. num_tokens // BLOCK_Q + num_reqs programs cover any batch of num_toke
 num_reqs requests. A grid of the longest query's blocks for every request is what this
 replaces: a CUDA graph of a ragged bucket takes the bucket as its longest query, so at 1,152
 tokens and 128 requests it launched 36 blocks a request, nearly all of them programs that only
-exit, each holding an SM's shared memory while it starts.
+exit, each holding an SM while it starts (on an H100, the varlen kernel's 216 registers a
+thread in 8 warps leave room for one program an SM).
 """
 
 from __future__ import annotations
