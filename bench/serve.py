@@ -15,6 +15,8 @@ COMMANDS = {
                                        "end-to-end percentiles, output tokens/s"),
     "throughput": Command("throughput.py", "output tok/s, ITL and TTFT at a sweep of "
                                            "concurrent streams against the HBM roofline"),
+    "frontend-cost": Command("frontend_cost.py", "CPU time per streamed message in the server's "
+                                                 "front, its engine process and the client"),
     "host-step": Command("host_step.py", "host time per served step on the CPU, split into "
                                          "schedule, prepare, forward, sample, update, respond"),
     "decode-latency": Command("decode_latency.py", "decode step time: CUDA graphs vs eager, "
