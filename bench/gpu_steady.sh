@@ -9,7 +9,9 @@
 #   throughput  bench/serve.py throughput for each SERVE entry (model:backend:streams), once
 #               per arm of ARMS (';'-separated extra server flags; "-" is the defaults), the
 #               arms of one entry back to back so they are compared side by side;
-#               PER_STREAM=R > 1 makes each round a closed loop of R requests a stream
+#               PER_STREAM=R > 1 makes each round a closed loop of R requests a stream;
+#               CLIENTS=P deals the streams over P client processes (a Python client reads
+#               about 20,000 messages a second: bench/lib/client_processes.py)
 #   OUT=/tmp/out PARTS="kernels" bash bench/gpu_steady.sh
 # Every output lands in one tarball, $OUT/gpu-steady.tgz (one file to copy back from the GPU
 # machine); the summaries go to stdout.
@@ -66,7 +68,7 @@ throughput)
       stage "throughput $model $backend streams $streams ${extra:-(defaults)}"
       timeout "${SERVE_TIMEOUT:-240}" python3 bench/serve.py throughput --streams "$streams" \
         --prompt-len 512 --output-len 256 --rounds "${ROUNDS:-2}" \
-        --requests-per-stream "${PER_STREAM:-1}" \
+        --requests-per-stream "${PER_STREAM:-1}" --client-processes "${CLIENTS:-1}" \
         --server-args "--model $model --attention-backend $backend --max-num-seqs 128 --max-num-batched-tokens 8192 --max-model-len 1024 $extra" \
         --json "$OUT/$CARD-$name.json" 2>"$OUT/$CARD-$name.err" | tee "$OUT/$CARD-$name.txt"
       tail -3 "$OUT/$CARD-$name.err"

@@ -89,8 +89,10 @@ def test_a_sweep_against_a_server_process_gives_every_token(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_a_closed_loop_reads_its_rows_over_the_steady_window(tmp_path: Path) -> None:
+    # Read by two client processes (bench/lib/client_processes.py): one stream each.
     stdout, (row,) = _throughput(tmp_path, "--streams", "2", "--output-len", "6",
-                                 "--requests-per-stream", "3", "--peak-tflops", "1")
+                                 "--requests-per-stream", "3", "--peak-tflops", "1",
+                                 "--client-processes", "2")
     assert (row["streams"], row["output_tokens"], row["errors"]) == (2, 36, 0)
     # Prompts only add work: the served ceiling is under the decode roofline.
     assert 0 < row["ceiling_tokens_per_s"] < row["roofline_tokens_per_s"]

@@ -32,7 +32,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,16 +125,19 @@ async def _one(client: Any, spec: RequestSpec, start: float, gate: asyncio.Semap
 
 async def run_load(target: str, specs: Sequence[RequestSpec], *,
                    concurrency: int | None = None, temperature: float = 0.0,
-                   timeout: float | None = None, ignore_eos: bool = False
-                   ) -> list[RequestResult]:
+                   timeout: float | None = None, ignore_eos: bool = False,
+                   connected: Callable[[], None] | None = None) -> list[RequestResult]:
     """Replay `specs` against `target`; one result per spec, in spec order. With
-    `ignore_eos` every stream runs to its max_tokens (fixed output lengths)."""
+    `ignore_eos` every stream runs to its max_tokens (fixed output lengths). `connected`
+    runs once the channel is up, before the clock starts (client_processes' barrier)."""
     from warmgate.client.aio import AsyncWarmgateClient
 
     gate = asyncio.Semaphore(concurrency) if concurrency else None
     async with AsyncWarmgateClient(target, timeout=timeout) as client:
         # Connect before the clock starts, so the first request does not pay the handshake.
         await client.health(timeout=30, wait_for_ready=True)
+        if connected is not None:
+            connected()
         start = time.perf_counter()
         return list(await asyncio.gather(*(_one(client, spec, start, gate, temperature, timeout,
                                                 ignore_eos) for spec in specs)))

@@ -7,7 +7,8 @@ of concurrent streams, each against the HBM roofline of its batch.
         [--hbm-tbps 4.8] [--json FILE]
 
 A real `warmgate-server` process starts from --server-args and warms up; this process is only
-its client (grpc.aio, one channel). For each stream count, --rounds rounds of that many
+its client (grpc.aio, one channel; with --client-processes P, P processes each with its
+own, the streams dealt among them). For each stream count, --rounds rounds of that many
 requests arrive at once (random prompts of --prompt-len tokens, greedy, `ignore_eos`, exactly
 --output-len tokens each). Per round: output tokens / the round's wall time, the median and
 p99 gap between a stream's tokens (ITL), the median TTFT; the table shows the best round by
@@ -30,7 +31,6 @@ the prompt tokens each carried.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import shlex
@@ -39,8 +39,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from client_processes import run_load_processes
 from first_request_options import METRICS_PORT, scrape_metrics
-from load_gen import run_load
 from step_kinds import between, describe, step_totals
 
 from warmgate.server.config.startup_checks import SERVED_DTYPE_BYTES
@@ -134,6 +134,10 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
                    help="dense bfloat16 peak for the served ceiling, TFLOP/s (default: the "
                         "detected card's, devtools.served_ceiling; none on a CPU)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--client-processes", type=int, default=1,
+                   help="client processes the streams are dealt over, at most one a stream "
+                        "(one Python client reads about 20,000 messages a second on a small "
+                        "CPU: bench/lib/client_processes.py)")
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--json", default=None, help="also write the rows to this file")
     return p
@@ -146,9 +150,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = _parser(prog).parse_args(argv)
     streams = [int(s) for s in args.streams.split(",")]
     if (min(streams) < 1 or args.prompt_len < 1 or args.output_len < 2 or args.rounds < 1
-            or args.requests_per_stream < 1):
+            or args.requests_per_stream < 1 or args.client_processes < 1):
         raise SystemExit("--streams >= 1, --prompt-len >= 1, --output-len >= 2, --rounds >= 1, "
-                         "--requests-per-stream >= 1")
+                         "--requests-per-stream >= 1, --client-processes >= 1")
     closed_loop = args.requests_per_stream > 1
     flags = [*shlex.split(args.server_args), "--metrics-port", "0"]
     config = load_server_config(flags, environ={})  # the model's shapes, for the roofline
@@ -185,8 +189,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     output_len=parse_distribution(f"fixed:{args.output_len}"),
                     vocab=model.vocab_size, seed=args.seed * 1000 + r)
                 before = step_totals(scrape_metrics(metrics_port))
-                results = asyncio.run(run_load(server.target, specs, concurrency=n,
-                                               timeout=args.request_timeout, ignore_eos=True))
+                results = run_load_processes(
+                    server.target, specs, processes=min(args.client_processes, n), concurrency=n,
+                    timeout=args.request_timeout, ignore_eos=True)
                 rounds.append(row_of(n, results, roofline, closed_loop, ceiling))
                 after = step_totals(scrape_metrics(metrics_port))
                 print(f"{n} streams, round {r + 1}: {describe(between(before, after))}",
