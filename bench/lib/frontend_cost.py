@@ -8,7 +8,9 @@ process and this client, in CPU time per message, against the tokens a second se
 A real `warmgate-server` starts from --server-args (its engine process as configured) and
 warms up; for each stream count one burst of that many requests (random prompts, greedy,
 `ignore_eos`) runs to the end. Each process's CPU seconds over the burst come from
-/proc/PID/stat (Linux), this client's from time.process_time. `us/msg` is CPU time per
+/proc/PID/stat (Linux): the front's, and its child processes' summed as `engine` (the engine
+process; any other child, a grammar compile helper, idles), this client's from
+time.process_time. `us/msg` is CPU time per
 message with tokens; `busy` is CPU seconds per wall second, a core's share: a process near
 1.0 is what the burst waits on. A message carries every token its stream's queue held when
 the front got to it (api/generation.py's _coalesce), so `tok/msg` above 1 says the front fell
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     streams = [int(s) for s in args.streams.split(",")]
     if min(streams) < 1 or args.prompt_len < 1 or args.output_len < 1:
         raise SystemExit("--streams >= 1, --prompt-len >= 1, --output-len >= 1")
-    flags = shlex.split(args.server_args)
+    flags = [*shlex.split(args.server_args), "--metrics-port", "0"]  # a free port
     if "--max-num-seqs" not in flags:
         flags += ["--max-num-seqs", str(max(streams))]
     vocab = load_server_config(flags, environ={}).runner.model.vocab_size
