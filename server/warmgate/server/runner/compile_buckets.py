@@ -20,17 +20,22 @@ def _next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+def _powers_of_two_above(n: int, limit: int) -> list[int]:
+    """The powers of two greater than n and less than limit, ascending."""
+    powers = []
+    b = _next_pow2(n + 1)
+    while b < limit:
+        powers.append(b)
+        b *= 2
+    return powers
+
+
 def compile_buckets(capture_sizes: Sequence[int], decode_query_len: int,
                     max_num_batched_tokens: int) -> tuple[int, ...]:
     decode = {s * decode_query_len for s in capture_sizes
               if 1 <= s * decode_query_len <= max_num_batched_tokens}
-    buckets = set(decode)
-    b = _next_pow2(max(decode, default=0) + 1)
-    while b < max_num_batched_tokens:
-        buckets.add(b)
-        b *= 2
-    buckets.add(max_num_batched_tokens)
-    return tuple(sorted(buckets))
+    above = _powers_of_two_above(max(decode, default=0), max_num_batched_tokens)
+    return tuple(sorted({*decode, *above, max_num_batched_tokens}))
 
 
 def bucket_for(buckets: Sequence[int], num_tokens: int) -> int:
@@ -71,9 +76,5 @@ def ragged_buckets(capture_sizes: Sequence[int], decode_query_len: int,
     # buckets); powers of two go on from it.
     covering = min([b for b in (*small, *fine) if b >= top] + [max_num_batched_tokens])
     fine = [b for b in fine if b <= covering]
-    above = []
-    b = _next_pow2(covering + 1)
-    while b < max_num_batched_tokens:
-        above.append(b)
-        b *= 2
+    above = _powers_of_two_above(covering, max_num_batched_tokens)
     return tuple(sorted({*small, *fine, *above, max_num_batched_tokens}))
