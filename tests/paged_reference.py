@@ -117,3 +117,27 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def tolerance(dtype: torch.dtype) -> float:
     return 1e-4 if dtype == torch.float32 else 1e-2
+
+
+def within_ulps(out: torch.Tensor, ref: torch.Tensor, ulps: int) -> bool:
+    """Each bf16 element of out within `ulps` units in the last place of the larger of the two."""
+    larger = torch.maximum(out.float().abs(), ref.float().abs()).clamp(min=2.0 ** -126)
+    ulp = torch.exp2(torch.floor(torch.log2(larger)) - 7)
+    return bool(((out.float() - ref.float()).abs() <= ulps * ulp).all())
+
+
+def assert_fused_decode_close(out: torch.Tensor, ref: torch.Tensor, cache: torch.Tensor,
+                              ref_cache: torch.Tensor, context: object = None) -> None:
+    """The decode kernel that rotates q and k and writes the cache itself, against the
+    rope-and-cache launch then the decode kernel: compiled apart, the two may contract the
+    rotation's multiply and add differently (tests/gpu/test_decode_rope_gpu.py says how far
+    apart an H100 put them). Each cache element within one bf16 ulp, NaN where the other is
+    (a slot nobody writes); the output, whose elements sum many products, within a relative
+    error of 1e-3 and at most 1% of its elements differing. A cache slot read before it was
+    written is off by far more."""
+    assert torch.isfinite(out).all(), context
+    assert torch.equal(torch.isnan(cache), torch.isnan(ref_cache)), context
+    assert within_ulps(cache.nan_to_num(nan=7.0), ref_cache.nan_to_num(nan=7.0), 1), context
+    assert rel_err(out, ref) <= 1e-3, context
+    differing = (out != ref).float().mean().item()
+    assert differing <= 1e-2, (context, differing)
