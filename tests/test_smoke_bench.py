@@ -4,6 +4,7 @@ served`'s output; then a real run on the CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -397,11 +398,26 @@ def test_a_row_reads_the_served_output_and_names_its_faults() -> None:
     assert not SmokeRow(clean.config, 0, 1.0, 1.08, 0, 0, 0, 0).faults()
     # The SM clock before each TTFT request's gap (the first, then the steady ones, whose
     # median the row keeps): a slow first one sent at lower clocks says so in its fault.
-    clocked = read_served(SmokeRow(clean.config, exit_code=0),
-                          SERVED.replace("first/steady 1.06", "first/steady 1.40")
-                          + "ttft sm clock MHz: 345 1500 1980 1755 1980 1980\n")
+    clocked_output = (SERVED.replace("first/steady 1.06", "first/steady 1.40")
+                      + "ttft sm clock MHz: 345 1500 1980 1755 1980 1980\n")
+    clocked = read_served(SmokeRow(clean.config, exit_code=0), clocked_output)
     assert clocked.ttft_clocks == (345, 1980)
     assert "first/steady TTFT 1.40 > 1.15 (first at 345 MHz, steady 1980)" in clocked.faults()
+    # Every request's TTFT: the first, then the steady ones; the slowest steady one over
+    # their median says whether the first stood out or shared the steady ones' jitter.
+    sampled = read_served(SmokeRow(clean.config, exit_code=0), clocked_output + (
+        "ttft samples ms: client 12.91 6.89 9.46 5.71 9.63 13.89; "
+        "server 9.14 5.33 7.79 3.89 3.72 8.08\n"))
+    assert sampled.ttft_slowest_steady == pytest.approx(13.89 / 9.46)
+    assert ("first/steady TTFT 1.40 > 1.15 (first at 345 MHz, steady 1980; slowest steady "
+            "1.47)") in sampled.faults()
+    # Past the limit: clocked (its steady samples unread), sampled (a steady one at 1.47, the
+    # first at 1.40) and one whose first at 1.60 stood out; only sampled shared the jitter.
+    standout = dataclasses.replace(sampled, ttft_ratio=1.60)
+    assert plan.ttft_summary([clean, clocked, sampled, standout]) == (
+        "first/steady TTFT past the limit in 3 rows; in 1 of them a steady request took at "
+        "least as long as the first")
+    assert plan.ttft_summary([clean]) is None
 
 
 @pytest.mark.slow

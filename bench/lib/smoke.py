@@ -64,6 +64,7 @@ from smoke_plan import (
     format_row,
     matrix,
     run_order,
+    ttft_summary,
     why_not,
 )
 from smoke_quiet import QuietWindow
@@ -228,6 +229,8 @@ def _report(rows: dict[SmokeConfig, SmokeRow], logs: Path) -> int:
     print(f"{len(rows)} configurations: {len(ran) - len(dirty)} clean, {len(dirty)} not clean, "
           f"{len(rows) - len(ran) - len(left)} do not fit or apply, {len(left)} not run")
     print(summary(ran))
+    if ttft_line := ttft_summary(ran):
+        print(ttft_line)
     for row in ran:
         if row.exit_code:  # what the run said last: why it failed
             lines = (logs / (log_stem(row.config) + ".txt")).read_text(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import re
 import statistics
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from warmgate.server.config.attention_backends import head_dim_problem
@@ -118,6 +118,9 @@ class SmokeRow:
     ttft_limit: float = TTFT_LIMIT  # first/steady TTFT above it is a fault
     # The SM clock (MHz) before the first TTFT request's gap, and the steady ones' median.
     ttft_clocks: tuple[int, float] | None = None
+    # The slowest steady TTFT over their median: a first request past the limit but no slower
+    # than a steady one shares their jitter rather than paying for something cold.
+    ttft_slowest_steady: float | None = None
 
     @property
     def clean(self) -> bool:
@@ -131,16 +134,20 @@ class SmokeRow:
             if value != 0:
                 out.append(f"{name.replace('_', ' ')} {'unread' if value is None else value}")
         if self.ttft_ratio is None or self.ttft_ratio > self.ttft_limit:
-            clocks = ("" if self.ttft_clocks is None else
-                      " (first at {} MHz, steady {:.0f})".format(*self.ttft_clocks))
+            context = [] if self.ttft_clocks is None else [
+                "first at {} MHz, steady {:.0f}".format(*self.ttft_clocks)]
+            if self.ttft_slowest_steady is not None:
+                context.append(f"slowest steady {self.ttft_slowest_steady:.2f}")
+            detail = f" ({'; '.join(context)})" if context else ""
             out.append("TTFT unread" if self.ttft_ratio is None else
-                       f"first/steady TTFT {self.ttft_ratio:.2f} > {self.ttft_limit}{clocks}")
+                       f"first/steady TTFT {self.ttft_ratio:.2f} > {self.ttft_limit}{detail}")
         return out
 
 
 _READY = re.compile(r"^ready in ([\d.]+) s", re.M)
 _TTFT = re.compile(r"^ttft: .* first/steady ([\d.]+)", re.M)
 _CLOCKS = re.compile(r"^ttft sm clock MHz: (\d+)((?: \d+)+)$", re.M)
+_SAMPLES = re.compile(r"^ttft samples ms: client [\d.]+((?: [\d.]+)+);", re.M)
 _ERRORS = re.compile(r"^workload: .* errors (0|\{.*\})$", re.M)
 _AFTER = re.compile(r"^after_ready: compiles (\d+) \((.*)\) graph_misses (\d+)", re.M)
 _KIND = re.compile(r"(\w+) (\d+)")
@@ -154,6 +161,9 @@ def read_served(row: SmokeRow, output: str) -> SmokeRow:
         row.ttft_ratio = float(m.group(1))
     if m := _CLOCKS.search(output):
         row.ttft_clocks = (int(m.group(1)), statistics.median(map(int, m.group(2).split())))
+    if m := _SAMPLES.search(output):
+        steady = [float(t) for t in m.group(1).split()]
+        row.ttft_slowest_steady = max(steady) / statistics.median(steady)
     if m := _ERRORS.search(output):
         row.errors = 0 if m.group(1) == "0" else sum(
             int(n) for n in re.findall(r": (\d+)", m.group(1)))
@@ -184,3 +194,16 @@ def format_row(row: SmokeRow) -> str:
             f"{_cell(row.graph_misses, '6d')} {_cell(row.errors, '6d')} "
             f"{_cell(row.exit_code, '4d')} {memory_bytes(row.config) / 2**30:7.1f} "
             f"{_cell(peak, '8.1f')}  {row.note or ('clean' if row.clean else 'NOT clean')}")
+
+
+def ttft_summary(rows: Sequence[SmokeRow]) -> str | None:
+    """How many rows' first request went past the TTFT limit, and in how many of those a
+    steady request took at least as long as the first (jitter the steady ones share, where a
+    path left cold would slow the first alone); None when no row went past."""
+    slow = [r for r in rows if r.ttft_ratio is not None and r.ttft_ratio > r.ttft_limit]
+    if not slow:
+        return None
+    shared = [r for r in slow
+              if r.ttft_slowest_steady is not None and r.ttft_slowest_steady >= r.ttft_ratio]
+    return (f"first/steady TTFT past the limit in {len(slow)} rows; in {len(shared)} of them a "
+            f"steady request took at least as long as the first")
