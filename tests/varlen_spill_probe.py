@@ -2,7 +2,7 @@
 preset, as a mixed step launches it (the prompts' launch of wide tiles, then the decodes'
 launch of small ones), and read each binary's resource usage. Prints one JSON line per
 distinct launch: {"presets", "SELECT", "GROUP", "BLOCK_M", "HEAD_DIM", "num_warps", "REG",
-"STACK", "MMA"}.
+"STACK", "SHARED" (bytes of shared memory a program), "MMA"}.
 
 A program, run by tests/test_varlen_spills.py without TRITON_INTERPRET; tests/sm90_compile.py
 compiles without a GPU. The probe's tensors are on the CPU, where the launch would take the
@@ -55,7 +55,8 @@ def main() -> int:
             print(json.dumps({"presets": presets, "SELECT": c["SELECT"], "GROUP": c["GROUP"],
                               "BLOCK_M": c["BLOCK_M"], "HEAD_DIM": c["HEAD_DIM"],
                               "num_warps": options["num_warps"], "REG": usage["REG"],
-                              "STACK": usage["STACK"], "MMA": "mma." in compiled.asm["ptx"]}),
+                              "STACK": usage["STACK"], "SHARED": compiled.metadata.shared,
+                              "MMA": "mma." in compiled.asm["ptx"]}),
                   flush=True)
     return 0
 

@@ -154,19 +154,21 @@ def paged_attention_varlen(
             scale * LOG2E, num_reqs)
     consts = dict(GROUP=group, BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=pow2(head_dim, 16),
                   PAGE_SIZE=launch.block_size, UPCAST=upcast_dots(q), IEEE=ieee_dots(q.dtype),
-                  REQ_CHUNK=REQ_CHUNK, SHORT_Q=short_query_len, num_stages=num_stages)
+                  REQ_CHUNK=REQ_CHUNK, SHORT_Q=short_query_len)
     if short_query_len == 0 or max_query_len > short_query_len:
         block_q = block_m // group
         grid = (query_block_programs(q.shape[0], num_reqs, block_q), launch.num_kv_heads)
         _varlen_kernel[grid](*args, BLOCK_M=block_m, BLOCK_Q=block_q,
                              SELECT=(LONG if short_query_len else ALL).value, num_warps=num_warps,
-                             **consts)
+                             num_stages=num_stages, **consts)
     if short_query_len:
         short_m = short_tile_rows(group, short_query_len)
         # A few rows: fewer warps than the prompts' tiles. On sm_90 under Triton 3.6, four
         # warps at head_dim 64 put 8 bytes a thread on the stack and two at 128 took 255
-        # registers (tests/varlen_spill_probe.py).
+        # registers (tests/varlen_spill_probe.py). Reading keys, as the decode kernel does, it
+        # pipelines two tiles deep, as that kernel's measured configuration does
+        # (decode_attention._decode_config).
         _varlen_kernel[(num_reqs, launch.num_kv_heads)](
             *args, BLOCK_M=short_m, BLOCK_Q=short_m // group, SELECT=SHORT.value,
-            num_warps=4 if head_dim > 64 else 2, **consts)
+            num_warps=4 if head_dim > 64 else 2, num_stages=min(num_stages, 2), **consts)
     return out
