@@ -1,6 +1,6 @@
 """Triton kernels compiled for an H100 (sm_90) on a machine without a GPU, for the probes
 that read what the GPU would run (tests/pdl_ptx_probe.py, tests/decode_spill_probe.py,
-tests/gemv_spill_probe.py; tests/probe_run.py runs one).
+tests/gemv_spill_probe.py, tests/varlen_spill_probe.py; tests/probe_run.py runs one).
 
 A probe is a program run without TRITON_INTERPRET (the kernels must be defined for the GPU).
 No CUDA driver is needed: a stand-in tells the launcher the target, Triton's jit_cache_hook
