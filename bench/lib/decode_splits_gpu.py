@@ -8,8 +8,11 @@ detected card's bandwidth (devtools.gpu_card). Used by `python bench/serve.py ke
 (kernels_gpu.py).
 
 A third table sweeps the kernel's tile configuration (BLOCK_N, num_warps, num_stages; the
-server's is decode_attention._decode_config) at the batches that run unsplit, so one device
-run shows whether another tile reads the cache faster.
+server's, decode_attention._decode_config, first) and a fourth the split count with the
+server's tile, at batches 64 and 128, where the rule gives one split (a program for each
+request and KV head, a few an SM): one device run shows whether another tile or more splits
+read the cache faster. Every call merges its splits in the kernel, as the server's do
+(merge_counts).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import triton
 from graph_timing import graph_us
 
 from warmgate.server.kernels import choose_num_splits, decode_attention, paged_attention_decode
+from warmgate.server.kernels.decode_attention import merge_counts_for
 
 NUM_HEADS, NUM_KV_HEADS, BLOCK_SIZE = 32, 8, 16
 BATCHES = (1, 8, 64, 128)
@@ -31,10 +35,11 @@ CONTEXTS = (512, 2048)
 MIN_WORKING_SET = 512 << 20
 MAX_LAYERS = 512
 REPLAYS = 20
-# (BLOCK_N, num_warps, num_stages); the first is the server's for bf16 at head_dim <= 128.
+# (BLOCK_N, num_warps, num_stages) besides the server's (printed first).
 TILE_CONFIGS = ((64, 4, 3), (32, 4, 3), (64, 4, 2), (64, 8, 3), (128, 8, 2), (32, 2, 4),
-                (16, 4, 4))
+                (16, 4, 4), (64, 2, 2), (128, 4, 2))
 TILE_BATCHES = (64, 128)
+SPLIT_COUNTS = (1, 2, 4, 8)
 
 
 def old_num_splits(num_reqs: int, num_kv_heads: int, max_context_len: int,
@@ -74,10 +79,10 @@ def _time_splits(batch: int, context: int, head_dim: int, splits: int) -> SplitT
     q = torch.randn(batch, NUM_HEADS, head_dim, device=dev, dtype=dtype)  # [B, Hq, D]
     out = torch.empty_like(q)
     scale = head_dim ** -0.5
-
+    counts = merge_counts_for(batch, NUM_KV_HEADS, dev)
     us = graph_us(lambda layer: paged_attention_decode(
         q, kv_cache, tables[layer], seq_lens, qsl, scale=scale, query_len=1,
-        num_splits=splits, out=out), layers, REPLAYS)
+        num_splits=splits, out=out, merge_counts=counts), layers, REPLAYS)
     return SplitTiming(splits=splits, us=us, gbps=kv_bytes / (us * 1e-6) / 1e9)
 
 
@@ -115,23 +120,53 @@ def _tile_config(config: tuple[int, int, int]) -> Iterator[None]:
         decode_attention._decode_config = real
 
 
+def server_tile(head_dim: int) -> tuple[int, int, int]:
+    """The server's (BLOCK_N, num_warps, num_stages) for bf16 on the GPU at this head_dim."""
+    return decode_attention._decode_config(head_dim, torch.bfloat16, True)
+
+
+def tile_configs(head_dim: int) -> list[tuple[int, int, int]]:
+    """The server's tile, then the others of TILE_CONFIGS."""
+    server = server_tile(head_dim)
+    return [server, *(c for c in TILE_CONFIGS if c != server)]
+
+
 def print_tile_sweep(head_dims: tuple[int, ...], capacity: int, bytes_per_s: float) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print("\ndecode attention tile configurations (BLOCK_N/num_warps/num_stages), CUDA graph, "
           "split by the new rule; % of HBM per configuration, first = the server's")
-    names = "".join(f"{'/'.join(map(str, c)):>10}" for c in TILE_CONFIGS)
-    print(f"{'D':>4}{'batch':>6}{'ctx':>6}{names}")
     for head_dim in head_dims:
+        configs = tile_configs(head_dim)
+        names = "".join(f"{'/'.join(map(str, c)):>10}" for c in configs)
+        print(f"{'D':>4}{'batch':>6}{'ctx':>6}{names}")
         for context in CONTEXTS:
             for batch in TILE_BATCHES:
                 splits = choose_num_splits(batch, NUM_KV_HEADS, capacity, sms)
                 cells = []
-                for config in TILE_CONFIGS:
+                for config in configs:
                     try:
                         with _tile_config(config):
                             t = _time_splits(batch, context, head_dim, splits)
                         cells.append(f"{t.hbm_pct(bytes_per_s):>10.1f}")
                     except Exception as exc:  # e.g. OutOfResources: that tile does not fit
                         cells.append(f"{type(exc).__name__[:9]:>10}")
+                    torch.cuda.empty_cache()
+                print(f"{head_dim:>4}{batch:>6}{context:>6}{''.join(cells)}")
+
+
+def print_split_sweep(head_dims: tuple[int, ...], capacity: int, bytes_per_s: float) -> None:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print("\ndecode attention split counts with the server's tile, CUDA graph, splits merged in "
+          "the kernel; % of HBM per count, * = the rule's (choose_num_splits)")
+    print(f"{'D':>4}{'batch':>6}{'ctx':>6}" + "".join(f"{n:>9}" for n in SPLIT_COUNTS))
+    for head_dim in head_dims:
+        for context in CONTEXTS:
+            for batch in TILE_BATCHES:
+                rule = choose_num_splits(batch, NUM_KV_HEADS, capacity, sms)
+                cells = []
+                for splits in SPLIT_COUNTS:
+                    t = _time_splits(batch, context, head_dim, splits)
+                    mark = "*" if splits == rule else " "
+                    cells.append(f"{t.hbm_pct(bytes_per_s):>8.1f}{mark}")
                     torch.cuda.empty_cache()
                 print(f"{head_dim:>4}{batch:>6}{context:>6}{''.join(cells)}")

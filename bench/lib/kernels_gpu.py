@@ -9,8 +9,9 @@ triton.testing.do_bench medians (eager calls: at small batches the host's launch
 GB/s counts the K/V bytes the triton kernel must read.
 
 A second table (decode_splits_gpu.py) times the kernel in a CUDA graph under the old and the
-new split-K rule at batch 1/8/64/128 and context 512/2048, against the H200's HBM bandwidth;
-a third sweeps the kernel's tile configurations at batch 64 and 128.
+new split-K rule at batch 1/8/64/128 and context 512/2048, against the card's HBM bandwidth;
+a third sweeps the kernel's tile configurations and a fourth its split count at batch 64 and
+128.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def main() -> int:
                   f"{r['triton'] / r['sdpa_gather']:>14.2f}{r['gbps']:>8.0f}")
             torch.cuda.empty_cache()
     # Imports triton: after the check.
-    from decode_splits_gpu import print_split_comparison, print_tile_sweep
+    from decode_splits_gpu import print_split_comparison, print_split_sweep, print_tile_sweep
 
     from warmgate.server.devtools.gpu_card import detect
 
@@ -108,6 +109,7 @@ def main() -> int:
     print(card.describe())
     print_split_comparison(HEAD_DIMS, args.capacity, card.bytes_per_s)
     print_tile_sweep(HEAD_DIMS, args.capacity, card.bytes_per_s)
+    print_split_sweep(HEAD_DIMS, args.capacity, card.bytes_per_s)
     return 0
 
 
