@@ -165,8 +165,8 @@ def paged_attention_varlen(
         short_m = short_tile_rows(group, short_query_len)
         # A few rows: fewer warps than the prompts' tiles. On sm_90 under Triton 3.6, four
         # warps at head_dim 64 put 8 bytes a thread on the stack and two at 128 took 255
-        # registers (tests/varlen_spill_probe.py). Reading keys, as the decode kernel does, it
-        # pipelines two tiles deep, as that kernel's measured configuration does
+        # registers (tests/varlen_spill_probe.py). Its work is the decode kernel's, a stream
+        # of key tiles, so it takes that kernel's measured pipeline depth of two
         # (decode_attention._decode_config).
         _varlen_kernel[(num_reqs, launch.num_kv_heads)](
             *args, BLOCK_M=short_m, BLOCK_Q=short_m // group, SELECT=SHORT.value,
