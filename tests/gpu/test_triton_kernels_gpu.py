@@ -2,7 +2,7 @@
 
 Llama-3.2-1B-like attention (32 query heads, 8 KV heads, head_dim 64) and head_dim 128,
 block_size 16, contexts up to ~4k tokens, batches up to 64, bf16. Also captures the decode
-path in a CUDA graph and replays it on a different batch. Run in its own process
+path and the varlen attention in CUDA graphs and replays them on other batches. Run in its own process
 (`pytest tests/gpu`) or with the rest: the CPU kernel tests leave the compiler on when CUDA
 is present.
 """
@@ -141,6 +141,76 @@ def test_paged_attention_varlen(head_dim: int) -> None:
         scale=head_dim ** -0.5, max_query_len=max(q_lens),
         out=torch.full_like(batch.q, float("nan")))
     assert rel_err(out, reference_attention(batch, head_dim ** -0.5)) <= TOL
+
+
+# A ragged graph's bucket of token rows and of requests, and the batches one captured graph
+# replays: decodes and drafts beside prompts (both varlen launches attend), prompts alone (the
+# decodes' launch finds nothing), short requests alone (the prompts' launch finds nothing).
+VARLEN_BUCKET, VARLEN_REQS = 256, 8
+VARLEN_MIXES = [
+    ([1, 1, 37, 4, 1, 100, 2], [500, 3000, 0, 64, 1, 200, 77]),
+    ([120, 60, 50], [0, 1000, 10]),
+    ([1, 1, 1, 1, 4, 4, 1, 1], [4000, 10, 512, 0, 7, 300, 2048, 33]),
+]
+
+
+class _StaticVarlen:
+    """The buffers a captured ragged graph's varlen attention reads, padded as the runner
+    pads them: q rows past the batch's tokens, requests of no tokens past its requests."""
+
+    def __init__(self, batches: list[PagedBatch], head_dim: int) -> None:
+        num_blocks = max(b.kv_cache.shape[1] for b in batches)
+        width = max(b.block_table.shape[1] for b in batches)
+        self.kv_cache = torch.empty((2, num_blocks, BLOCK_SIZE, NUM_KV_HEADS, head_dim),
+                                    dtype=DTYPE, device=DEVICE)
+        self.block_table = torch.zeros((VARLEN_REQS, width), dtype=torch.int32, device=DEVICE)
+        self.q = torch.empty((VARLEN_BUCKET, NUM_HEADS, head_dim), dtype=DTYPE, device=DEVICE)
+        self.out = torch.empty_like(self.q)
+        self.seq_lens = torch.zeros(VARLEN_REQS, dtype=torch.int32, device=DEVICE)
+        self.query_start_loc = torch.zeros(VARLEN_REQS + 1, dtype=torch.int32, device=DEVICE)
+        self.scale = head_dim ** -0.5
+
+    def load(self, batch: PagedBatch) -> None:
+        tokens, reqs = sum(batch.q_lens), batch.num_reqs
+        self.kv_cache.fill_(float("nan"))
+        self.kv_cache[:, :batch.kv_cache.shape[1]].copy_(batch.kv_cache)
+        self.block_table.zero_()
+        self.block_table[:reqs, :batch.block_table.shape[1]].copy_(batch.block_table)
+        self.q.fill_(float("nan"))
+        self.q[:tokens].copy_(batch.q)
+        self.seq_lens.zero_()
+        self.seq_lens[:reqs].copy_(batch.seq_lens)
+        self.query_start_loc.fill_(tokens)  # the padding requests start and end at the end
+        self.query_start_loc[:reqs + 1].copy_(batch.query_start_loc)
+        self.out.fill_(float("nan"))
+
+    def attend(self) -> torch.Tensor:
+        return paged_attention_varlen(
+            self.q, self.kv_cache, self.block_table, self.seq_lens, self.query_start_loc,
+            scale=self.scale, max_query_len=VARLEN_BUCKET, out=self.out, num_reqs=VARLEN_REQS)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_varlen_cuda_graph_replays_any_mix_of_decodes_and_prompts(head_dim: int) -> None:
+    """One graph captured at a bucket, replayed on batches whose requests are decodes,
+    prompts or both: each request goes to the launch its length calls for on the device, and
+    rows no request owns stay untouched."""
+    batches = [_batch(20 + i, q_lens, contexts, head_dim)
+               for i, (q_lens, contexts) in enumerate(VARLEN_MIXES)]
+    step = _StaticVarlen(batches, head_dim)
+    step.load(batches[0])
+    step.attend()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step.attend()
+    for batch in (*batches[1:], batches[0]):
+        step.load(batch)
+        graph.replay()
+        torch.cuda.synchronize()
+        tokens = sum(batch.q_lens)
+        assert rel_err(step.out[:tokens], reference_attention(batch, step.scale)) <= TOL
+        assert torch.isnan(step.out[tokens:]).all()
 
 
 class _StaticStep:
