@@ -2,9 +2,9 @@
 
 Llama-3.2-1B-like attention (32 query heads, 8 KV heads, head_dim 64) and head_dim 128,
 block_size 16, contexts up to ~4k tokens, batches up to 64, bf16. Also captures the decode
-path and the varlen attention in CUDA graphs and replays them on other batches. Run in its own process
-(`pytest tests/gpu`) or with the rest: the CPU kernel tests leave the compiler on when CUDA
-is present.
+path and the varlen attention in CUDA graphs and replays them on other batches. Run in its
+own process (`pytest tests/gpu`) or with the rest: the CPU kernel tests leave the compiler on
+when CUDA is present.
 """
 
 from __future__ import annotations
