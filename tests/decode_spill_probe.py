@@ -14,12 +14,17 @@ compiles without a GPU.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import torch
 
-from tests.sm90_compile import compile_for_hopper, constants, record_launches, resource_usage
+from tests.sm90_compile import (
+    compile_for_hopper,
+    constants,
+    record_launches,
+    resource_usage,
+    under_interpreter,
+)
 from warmgate.server.config.runner_config import ModelConfig, preset_names
 from warmgate.server.kernels._decode_rope import DecodeRope
 from warmgate.server.kernels.decode_attention import merge_counts_for, paged_attention_decode
@@ -46,9 +51,7 @@ def _launch(num_heads: int, num_kv_heads: int, head_dim: int, q_len: int, qk_nor
 
 
 def main() -> int:
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        print("run without TRITON_INTERPRET: the kernels must be defined for the GPU",
-              file=sys.stderr)
+    if under_interpreter():
         return 2
     shapes: dict[tuple[int, int, int, int, bool], list[str]] = {}
     for name in preset_names():

@@ -12,13 +12,18 @@ compiles without a GPU.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import torch
 
-from tests.sm90_compile import compile_for_hopper, constants, record_launches, resource_usage
-from warmgate.server.config.runner_config import ModelConfig, preset_names
+from tests.sm90_compile import (
+    compile_for_hopper,
+    constants,
+    presets_by_shape,
+    record_launches,
+    resource_usage,
+    under_interpreter,
+)
 from warmgate.server.kernels.gemv_plan import MAX_ROWS
 from warmgate.server.kernels.norm_gemv import norm_act_gemv
 
@@ -32,16 +37,11 @@ def _launch(two_inter: int, hidden: int, rows: int) -> None:
 
 
 def main() -> int:
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        print("run without TRITON_INTERPRET: the kernels must be defined for the GPU",
-              file=sys.stderr)
+    if under_interpreter():
         return 2
-    shapes: dict[tuple[int, int], list[str]] = {}
-    for name in preset_names():
-        model = ModelConfig.from_preset(name)
-        if model.num_experts or model.fp8 is not None:
-            continue  # the MoE experts and FP8 projections run other kernels
-        shapes.setdefault((2 * model.intermediate_size, model.hidden_size), []).append(name)
+    # The MoE experts and FP8 projections run other kernels.
+    shapes = presets_by_shape(lambda model: None if model.num_experts or model.fp8 is not None
+                              else (2 * model.intermediate_size, model.hidden_size))
     for (n, k), presets in shapes.items():
         for rows in (1, MAX_ROWS):
             for fn, spec in record_launches(lambda n=n, k=k, rows=rows: _launch(n, k, rows)):

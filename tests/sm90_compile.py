@@ -15,9 +15,10 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 import triton
 from triton import knobs
@@ -25,7 +26,31 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime import driver
 
+from warmgate.server.config.runner_config import ModelConfig, preset_names
+
 HOPPER = GPUTarget("cuda", 90, 32)
+Shape = TypeVar("Shape", bound=Hashable)
+
+
+def under_interpreter() -> bool:
+    """Whether TRITON_INTERPRET=1 defined the kernels for the interpreter, not the GPU; says so
+    on stderr (a probe then exits 2)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    print("run without TRITON_INTERPRET: the kernels must be defined for the GPU",
+          file=sys.stderr)
+    return True
+
+
+def presets_by_shape(shape: Callable[[ModelConfig], Shape | None]) -> dict[Shape, list[str]]:
+    """Every preset's name under the shape `shape` gives its model (None leaves it out), so
+    each distinct shape is compiled once; in preset order."""
+    shapes: dict[Shape, list[str]] = {}
+    for name in preset_names():
+        key = shape(ModelConfig.from_preset(name))
+        if key is not None:
+            shapes.setdefault(key, []).append(name)
+    return shapes
 
 
 class _CompileOnlyDriver:

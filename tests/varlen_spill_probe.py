@@ -12,14 +12,19 @@ interpreter's tiles: it takes the GPU's (varlen_tiles with on_gpu).
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import torch
 
 import warmgate.server.kernels.varlen_attention as varlen_attention
-from tests.sm90_compile import compile_for_hopper, constants, record_launches, resource_usage
-from warmgate.server.config.runner_config import ModelConfig, preset_names
+from tests.sm90_compile import (
+    compile_for_hopper,
+    constants,
+    presets_by_shape,
+    record_launches,
+    resource_usage,
+    under_interpreter,
+)
 
 _CPU_TILES = varlen_attention.varlen_tiles
 
@@ -35,17 +40,12 @@ def _launch(num_heads: int, num_kv_heads: int, head_dim: int) -> None:
 
 
 def main() -> int:
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        print("run without TRITON_INTERPRET: the kernels must be defined for the GPU",
-              file=sys.stderr)
+    if under_interpreter():
         return 2
     varlen_attention.varlen_tiles = lambda head_dim, dtype, on_gpu: _CPU_TILES(
         head_dim, dtype, True)
-    shapes: dict[tuple[int, int, int], list[str]] = {}
-    for name in preset_names():
-        model = ModelConfig.from_preset(name)
-        key = (model.num_heads, model.num_kv_heads, model.head_dim)
-        shapes.setdefault(key, []).append(name)
+    shapes = presets_by_shape(lambda model: (model.num_heads, model.num_kv_heads,
+                                             model.head_dim))
     for key, presets in shapes.items():
         for fn, spec in record_launches(lambda key=key: _launch(*key)):
             c = constants(fn, spec)
