@@ -5,6 +5,8 @@ served`'s output; then a real run on the CPU."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -323,11 +325,11 @@ def test_the_rows_show_peak_beside_estimate_and_one_line_sums_them_up() -> None:
     assert memory.summary(rows[2:]).startswith("device memory: not measured")
 
 
-def test_a_stopped_process_group_is_stopped_and_its_stop_is_counted() -> None:
+def test_a_stopped_session_is_stopped_and_its_stop_is_counted() -> None:
     quiet = load_script("bench/lib/smoke_quiet.py")
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        pause = quiet.ProcessGroupPause(proc.pid)
+        pause = quiet.SessionPause(proc.pid)
         pause.pause()
         assert _reaches(proc.pid, "T")
         time.sleep(0.2)
@@ -336,8 +338,49 @@ def test_a_stopped_process_group_is_stopped_and_its_stop_is_counted() -> None:
     finally:
         proc.kill()
         proc.wait()
-    pause.pause()  # an ended group: nothing to stop, nothing counted
+    pause.pause()  # an ended session: nothing to stop, nothing counted
     assert pause.stopped_s() == pause.paused_s
+
+
+# A prebuild's shape: its leader starts a job in a process group of its own, as ninja starts
+# every compile (nvcc), and waits for it.
+_NINJA_LIKE = """
+import subprocess, sys
+job = subprocess.Popen(["sleep", "30"], process_group=0)
+print(job.pid, flush=True)
+job.wait()
+"""
+
+
+def test_a_session_stop_reaches_a_job_in_a_process_group_of_its_own() -> None:
+    quiet = load_script("bench/lib/smoke_quiet.py")
+    leader = subprocess.Popen([sys.executable, "-c", _NINJA_LIKE], stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    assert leader.stdout is not None
+    job = int(leader.stdout.readline())
+    try:
+        assert os.getpgid(job) != leader.pid  # out of the leader's group: killpg misses it
+        pause = quiet.SessionPause(leader.pid)
+        pause.pause()
+        assert _reaches(job, "T") and _reaches(leader.pid, "T")
+        pause.resume()
+        assert _reaches(job, "S") and _reaches(leader.pid, "S")
+        assert quiet.signal_session(leader.pid, signal.SIGKILL) == 2
+        assert leader.wait(10) == -signal.SIGKILL
+        assert _gone(job)
+    finally:
+        quiet.signal_session(leader.pid, signal.SIGKILL)
+        leader.wait()
+
+
+def _gone(pid: int) -> bool:
+    """Whether the process has ended (reaped, or a zombie) within a second."""
+    for _ in range(100):
+        stat = Path(f"/proc/{pid}/stat")
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def _reaches(pid: int, state: str) -> bool:

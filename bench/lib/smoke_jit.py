@@ -17,7 +17,6 @@ smallest spec of that key.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import signal
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import torch
 from smoke_plan import BLOCK_SIZE, SmokeConfig
-from smoke_quiet import ProcessGroupPause
+from smoke_quiet import SessionPause, signal_session
 
 from warmgate.server.config.attention_backends import head_dim_problem
 from warmgate.server.config.runner_config import resolve_runner_config
@@ -108,7 +107,7 @@ class Prebuild:
         with log.open("w") as out:
             self.proc = subprocess.Popen(key.argv(device), stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)
-        self._pause = ProcessGroupPause(self.proc.pid)  # its session's group: nvcc and all
+        self._pause = SessionPause(self.proc.pid)  # its session: ninja's nvcc jobs too
 
     def pause(self) -> None:
         self._pause.pause()
@@ -142,8 +141,7 @@ class Prebuild:
         return True
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        signal_session(self.proc.pid, signal.SIGKILL)  # ninja's compile jobs too
         self.proc.wait()
 
 

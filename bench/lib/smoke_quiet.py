@@ -4,8 +4,9 @@ while every other run of the smoke is stopped.
 Servers side by side share the GPU, and a first request timed beside another server's warmup
 or load looks slow for reasons of its own (on an H100, first/steady up to 1.45 with the others
 only serving). Waiting for the others to go idle serialised the matrix instead: a ready server
-held every start back until all warmups ended. So the coordinator stops every other run's
-process group (SIGSTOP: its client, server, engine and health processes alike), lets the GPU
+held every start back until all warmups ended. So the coordinator stops every process of
+every other run's session (SIGSTOP: its client, server, engine and health processes alike,
+SessionPause), lets the GPU
 drain the work they had queued, has the ready one time its TTFT, and continues them (SIGCONT).
 The FlashInfer JIT prebuilds are stopped the same way: their nvcc jobs take every CPU core for
 minutes, and on an H100 eight of the fourteen rows timed while they built had a first TTFT
@@ -22,6 +23,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Protocol
 
 MAX_PAUSE_S = 8.0
@@ -53,21 +55,29 @@ class Pausable(Stoppable, Protocol):
     def go(self) -> None: ...
 
 
-class ProcessGroupPause:
-    """Stops and continues one process group, counting the seconds it spent stopped."""
+class SessionPause:
+    """Stops and continues every process of one session, counting the seconds it spent
+    stopped.
 
-    def __init__(self, pgid: int) -> None:
-        self.pgid = pgid
+    A session, not a process group: ninja, which FlashInfer's JIT builds with, starts each
+    compile in a process group of its own, so a stop sent to the prebuild's group reached the
+    prebuild and ninja but not the nvcc jobs already running, and those went on taking every
+    core while a TTFT was timed (an H100's small presets: the torch backend's rows timed during
+    the prebuilds took 78-110 ms at the server where the same server alone took 34-36). A
+    process keeps its session whatever group it moves to."""
+
+    def __init__(self, sid: int) -> None:
+        self.sid = sid
         self.paused_s = 0.0
         self._since: float | None = None
 
     def pause(self) -> None:
-        if self._since is None and self._signal(signal.SIGSTOP):
+        if self._since is None and self._stop_all():
             self._since = time.monotonic()
 
     def resume(self) -> None:
         if self._since is not None:
-            self._signal(signal.SIGCONT)
+            signal_session(self.sid, signal.SIGCONT)
             self.paused_s += time.monotonic() - self._since
             self._since = None
 
@@ -76,12 +86,49 @@ class ProcessGroupPause:
         current = 0.0 if self._since is None else time.monotonic() - self._since
         return self.paused_s + current
 
-    def _signal(self, sig: signal.Signals) -> bool:
+    def _stop_all(self) -> bool:
+        """Stop every member; again for any a member started before its own stop landed,
+        until a scan finds none new. False when the session has no process left."""
+        stopped: set[int] = set()
+        for _ in range(_STOP_SCANS):
+            new = [pid for pid in session_members(self.sid) if pid not in stopped]
+            if not new:
+                break
+            stopped.update(pid for pid in new if _signal(pid, signal.SIGSTOP))
+        return bool(stopped)
+
+
+# Scans of a session for members its stopped processes started just before their stop.
+_STOP_SCANS = 4
+
+
+def session_members(sid: int) -> list[int]:
+    """The pids whose session is `sid` (Linux /proc: stat's sixth field)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
         try:
-            os.killpg(self.pgid, sig)
-        except ProcessLookupError:  # it ended meanwhile
-            return False
-        return True
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        # After the command name's closing parenthesis: state, ppid, pgrp, session, ...
+        if int(stat.rsplit(")", 1)[1].split()[3]) == sid:
+            members.append(int(entry))
+    return members
+
+
+def signal_session(sid: int, sig: signal.Signals) -> int:
+    """Send `sig` to every process of session `sid`; how many it reached."""
+    return sum(_signal(pid, sig) for pid in session_members(sid))
+
+
+def _signal(pid: int, sig: signal.Signals) -> bool:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:  # it ended meanwhile
+        return False
+    return True
 
 
 class QuietWindow:

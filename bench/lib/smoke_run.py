@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from smoke_plan import SmokeConfig, SmokeRow, read_served
-from smoke_quiet import ProcessGroupPause
+from smoke_quiet import SessionPause, signal_session
 
 WARM = str(Path(__file__).resolve().parents[1] / "warm.py")
 TERM_GRACE_S = 10.0  # after SIGTERM, the seconds a run that timed out has to write its log
@@ -42,7 +42,7 @@ class Run:
              "--server-log", str(logs / (stem + ".server.txt")),
              "--server-args", config.server_args(device)],
             stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
-        self._pause = ProcessGroupPause(self.proc.pid)  # its session's group: pgid == pid
+        self._pause = SessionPause(self.proc.pid)  # start_new_session: sid == pid
 
     @property
     def session(self) -> int:
@@ -78,12 +78,12 @@ class Run:
 
     def _stop(self) -> None:
         """SIGTERM, so served writes its server's log; SIGKILL if it lingers."""
-        for sig in (signal.SIGTERM, signal.SIGCONT):  # a stopped group gets the TERM on CONT
-            os.killpg(self.proc.pid, sig)
+        for sig in (signal.SIGTERM, signal.SIGCONT):  # a stopped process gets the TERM on CONT
+            signal_session(self.proc.pid, sig)
         try:
             self.proc.wait(TERM_GRACE_S)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            signal_session(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
     def poll(self, timeout_s: float) -> bool:
