@@ -52,6 +52,21 @@ def test_the_table_puts_each_step_against_its_roofline() -> None:
                                 "1.50"]
 
 
+def test_a_bench_runner_holds_and_captures_the_batches_it_is_asked_for() -> None:
+    """step-kernels --batches 128 prefilled 128 requests into a runner built for the default
+    sizes' 64 and stopped at the 85th for want of KV blocks (and 128 had no graph)."""
+    bench = load_script("bench/lib/decode_latency.py")
+    default = bench.bench_config("llama-3.2-1b", "triton", 512, 104)
+    assert default.compilation.cuda_graph_sizes == (1, 8, 64)
+    assert default.scheduler.max_num_seqs == 64
+    wide = bench.bench_config("llama-3.2-1b", "triton", 512, 104, mixed_prompt=1024,
+                              sizes=(128, 1))
+    assert wide.compilation.cuda_graph_sizes == (1, 128)
+    assert wide.scheduler.max_num_seqs == 128 + 1  # and the mixed step's new request
+    per_req = -(-(512 + 104 + 16) // 16)
+    assert wide.cache.num_blocks >= 128 * per_req + 1024 // 16
+
+
 @pytest.mark.slow
 def test_the_command_takes_the_moe_presets_and_refuses_a_bad_layer_count() -> None:
     ok = run_bench("bench/serve.py decode-latency",

@@ -76,18 +76,17 @@ def roofline_ms(model: ModelConfig, sizes: tuple[int, ...], context: float,
             for n in sizes}
 
 
-def build(model: str, backend: str, prompt_len: int, decode_tokens: int,
-          layers: int | None = None, deterministic: bool = False,
-          pdl: bool = False, mixed_prompt: int = 0) -> ModelRunner:
-    """A runner with room for max(SIZES) requests of prompt_len + decode_tokens tokens, and
-    for one more of mixed_prompt tokens beside them (mixed_s); deterministic:
-    --deterministic's batch-invariant kernels; pdl: --pdl (the runner sets the process's
-    launch switch, so runners with and without it are timed one after the other).
-    ConfigError where --pdl cannot run."""
-    max_reqs = max(SIZES)
+def bench_config(model: str, backend: str, prompt_len: int, decode_tokens: int,
+                 layers: int | None = None, deterministic: bool = False,
+                 pdl: bool = False, mixed_prompt: int = 0,
+                 sizes: tuple[int, ...] = SIZES) -> RunnerConfig:
+    """The configuration of build's runner: room for max(sizes) requests of prompt_len +
+    decode_tokens tokens and graphs at `sizes`, and room for one more request of
+    mixed_prompt tokens beside them."""
+    max_reqs = max(sizes)
     max_len = max(prompt_len + decode_tokens, mixed_prompt) + 16
     per_req = -(-max_len // 16)
-    cfg = RunnerConfig(
+    return RunnerConfig(
         model=model_config(model, max_len, layers),
         cache=CacheConfig(block_size=16, num_blocks=max_reqs * per_req + 2
                           + -(-mixed_prompt // 16)),
@@ -95,9 +94,22 @@ def build(model: str, backend: str, prompt_len: int, decode_tokens: int,
             max_num_seqs=max_reqs + (1 if mixed_prompt else 0),
             max_num_batched_tokens=max(2048, prompt_len * 8, mixed_prompt + max_reqs)),
         device=DeviceConfig(device="cuda", dtype="bfloat16", attention_backend=backend),
-        compilation=CompilationConfig(cuda_graph_sizes=SIZES, pdl=pdl),
+        compilation=CompilationConfig(cuda_graph_sizes=tuple(sorted(set(sizes))), pdl=pdl),
         numerics=NumericsConfig(deterministic=deterministic))
-    return ModelRunner(resolve_runner_config(cfg))
+
+
+def build(model: str, backend: str, prompt_len: int, decode_tokens: int,
+          layers: int | None = None, deterministic: bool = False,
+          pdl: bool = False, mixed_prompt: int = 0,
+          sizes: tuple[int, ...] = SIZES) -> ModelRunner:
+    """A runner of bench_config's (the mixed_prompt request is mixed_s's); deterministic:
+    --deterministic's batch-invariant kernels; pdl: --pdl (the runner sets the process's
+    launch switch, so runners with and without it are timed one after the other); sizes: the
+    batches it holds and captures graphs at (step-kernels' --batches). ConfigError where
+    --pdl cannot run."""
+    return ModelRunner(resolve_runner_config(bench_config(
+        model, backend, prompt_len, decode_tokens, layers, deterministic, pdl, mixed_prompt,
+        sizes)))
 
 
 def prefill(driver: BatchDriver, num_reqs: int, prompt_len: int, chunk: int

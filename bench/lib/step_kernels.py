@@ -141,7 +141,7 @@ def main() -> int:
             runner = build(args.model, backend, args.prompt_len,
                            4 * len(batches) * args.steps + 64,
                            deterministic=mode == "deterministic", pdl=pdl,
-                           mixed_prompt=args.mixed_prompt)
+                           mixed_prompt=args.mixed_prompt, sizes=tuple(batches))
         except ConfigError as exc:
             print(f"step-kernels: {backend} ({mode}, pdl {'on' if pdl else 'off'}): "
                   f"{exc.message}", file=sys.stderr)
