@@ -8,11 +8,11 @@ detected card's bandwidth (devtools.gpu_card). Used by `python bench/serve.py ke
 (kernels_gpu.py).
 
 A third table sweeps the kernel's tile configuration (BLOCK_N, num_warps, num_stages; the
-server's, decode_attention._decode_config, first) and a fourth the split count with the
-server's tile, at batches 64 and 128, where the rule gives one split (a program for each
-request and KV head, a few an SM): one device run shows whether another tile or more splits
-read the cache faster. Every call merges its splits in the kernel, as the server's do
-(merge_counts).
+server's, decode_attention._decode_config, first and marked in each row, since it follows the
+grid) and a fourth the split count with the server's tile, at batches 64 and 128, where the
+rule gives one split (a program for each request and KV head, a few an SM): one device run
+shows whether another tile or more splits read the cache faster. Every call merges its
+splits in the kernel, as the server's do (merge_counts).
 """
 
 from __future__ import annotations
@@ -113,28 +113,29 @@ def print_split_comparison(head_dims: tuple[int, ...], capacity: int, bytes_per_
 def _tile_config(config: tuple[int, int, int]) -> Iterator[None]:
     """Run the decode kernel with `config` instead of the server's tile choice."""
     real = decode_attention._decode_config
-    decode_attention._decode_config = lambda head_dim, dtype, on_gpu: config
+    decode_attention._decode_config = lambda head_dim, dtype, on_gpu, programs=0: config
     try:
         yield
     finally:
         decode_attention._decode_config = real
 
 
-def server_tile(head_dim: int) -> tuple[int, int, int]:
-    """The server's (BLOCK_N, num_warps, num_stages) for bf16 on the GPU at this head_dim."""
-    return decode_attention._decode_config(head_dim, torch.bfloat16, True)
+def server_tile(head_dim: int, batch: int) -> tuple[int, int, int]:
+    """The server's (BLOCK_N, num_warps, num_stages) for bf16 on the GPU at this head_dim and
+    batch (of NUM_KV_HEADS KV heads)."""
+    return decode_attention._decode_config(head_dim, torch.bfloat16, True, batch * NUM_KV_HEADS)
 
 
 def tile_configs(head_dim: int) -> list[tuple[int, int, int]]:
-    """The server's tile, then the others of TILE_CONFIGS."""
-    server = server_tile(head_dim)
-    return [server, *(c for c in TILE_CONFIGS if c != server)]
+    """The server's tiles at TILE_BATCHES, then the others of TILE_CONFIGS."""
+    servers = list(dict.fromkeys(server_tile(head_dim, b) for b in TILE_BATCHES))
+    return [*servers, *(c for c in TILE_CONFIGS if c not in servers)]
 
 
 def print_tile_sweep(head_dims: tuple[int, ...], capacity: int, bytes_per_s: float) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print("\ndecode attention tile configurations (BLOCK_N/num_warps/num_stages), CUDA graph, "
-          "split by the new rule; % of HBM per configuration, first = the server's")
+          "split by the new rule; % of HBM per configuration, * = the server's for the row")
     for head_dim in head_dims:
         configs = tile_configs(head_dim)
         names = "".join(f"{'/'.join(map(str, c)):>10}" for c in configs)
@@ -142,14 +143,16 @@ def print_tile_sweep(head_dims: tuple[int, ...], capacity: int, bytes_per_s: flo
         for context in CONTEXTS:
             for batch in TILE_BATCHES:
                 splits = choose_num_splits(batch, NUM_KV_HEADS, capacity, sms)
+                server = server_tile(head_dim, batch)
                 cells = []
                 for config in configs:
+                    mark = "*" if config == server else " "
                     try:
                         with _tile_config(config):
                             t = _time_splits(batch, context, head_dim, splits)
-                        cells.append(f"{t.hbm_pct(bytes_per_s):>10.1f}")
+                        cells.append(f"{t.hbm_pct(bytes_per_s):>9.1f}{mark}")
                     except Exception as exc:  # e.g. OutOfResources: that tile does not fit
-                        cells.append(f"{type(exc).__name__[:9]:>10}")
+                        cells.append(f"{type(exc).__name__[:8]:>9}{mark}")
                     torch.cuda.empty_cache()
                 print(f"{head_dim:>4}{batch:>6}{context:>6}{''.join(cells)}")
 

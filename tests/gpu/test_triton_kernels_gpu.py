@@ -112,7 +112,8 @@ def test_reshape_and_cache() -> None:
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("num_reqs", [1, 8, 64])
+# 128 requests of 8 KV heads: head size 64's wide-grid tile (decode_attention.MANY_PROGRAMS).
+@pytest.mark.parametrize("num_reqs", [1, 8, 64, 128])
 @pytest.mark.parametrize("num_spec_steps", [0, 3])
 def test_paged_attention_decode(head_dim: int, num_reqs: int, num_spec_steps: int) -> None:
     q_len = 1 + num_spec_steps

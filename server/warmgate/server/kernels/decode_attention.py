@@ -46,6 +46,9 @@ MAX_SPLITS = 16
 # Programs per SM the split grid aims for: a decode program is latency-bound (a chain of
 # dependent loads: seq_len, page, K, V), so at least two per SM keep the memory system busy.
 PROGRAMS_PER_SM = 2
+# A grid this wide (llama-3.2-1b's 8 KV heads at batch 128) keeps enough small programs in
+# flight an SM that head_dim 64's thin tiles read faster than the 64-key ones (_decode_config).
+MANY_PROGRAMS = 1024
 
 
 def choose_num_splits(num_reqs: int, num_kv_heads: int, max_context_len: int,
@@ -165,16 +168,24 @@ def _decode_kernel(
         tl.store(out_ptr + dst, o.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def _decode_config(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages). Decode is bandwidth-bound: 64-key tiles pipelined
-    2 deep (3 deep measured 0.77-0.98x as fast at batch 64/128 on the H200 at head_dim 128:
-    bench/results/h200-decode-kernel.txt); float32 tiles are halved to stay inside shared
-    memory. The interpreter gets 16-key tiles so small test contexts still cross tile and split
-    boundaries."""
+def _decode_config(head_dim: int, dtype: torch.dtype, on_gpu: bool,
+                   programs: int = 0) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) for `programs` (requests x KV heads) a split.
+
+    Decode is bandwidth-bound: 64-key tiles pipelined 2 deep (3 deep measured 0.77-0.98x as
+    fast at batch 64/128 on the H200 at head_dim 128: bench/results/h200-decode-kernel.txt);
+    float32 tiles are halved to stay inside shared memory. At head_dim 64 from MANY_PROGRAMS
+    on, 32-key tiles on 2 warps pipelined 4 deep (bench/results/h100-kernels.txt: they lose at
+    512 programs and at head_dim 128). The interpreter gets 16-key tiles so small test
+    contexts still cross tile and split boundaries. A function of the batch's request count
+    only, so a captured graph keeps its tile; rising with it, so the warmup's decodes at its
+    largest batch and at one and two requests compile every tile a served batch takes."""
     if not on_gpu:
         return 16, 4, 1
     if dtype == torch.float32 or head_dim > 128:
         return 32, 4, 2
+    if head_dim <= 64 and programs >= MANY_PROGRAMS:
+        return 32, 2, 4
     return 64, 4, 2
 
 
@@ -232,7 +243,8 @@ def paged_attention_decode(
         return out
     key_cache, value_cache = launch.key_cache, launch.value_cache
     block_size, num_kv_heads = launch.block_size, launch.num_kv_heads
-    block_n, num_warps, num_stages = _decode_config(head_dim, q.dtype, q.is_cuda)
+    block_n, num_warps, num_stages = _decode_config(
+        head_dim, q.dtype, q.is_cuda, num_reqs * launch.num_kv_heads)
     block_m = pow2(query_len * group, 16)  # tl.dot needs >= 16 rows
     block_d = pow2(head_dim, 16)
     split = num_splits > 1
