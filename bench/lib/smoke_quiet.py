@@ -5,9 +5,9 @@ Servers side by side share the GPU, and a first request timed beside another ser
 or load looks slow for reasons of its own (on an H100, first/steady up to 1.45 with the others
 only serving). Waiting for the others to go idle serialised the matrix instead: a ready server
 held every start back until all warmups ended. So the coordinator stops every process of
-every other run's session (SIGSTOP: its client, server, engine and health processes alike,
-SessionPause), lets the GPU
-drain the work they had queued, has the ready one time its TTFT, and continues them (SIGCONT).
+every other run's session (SIGSTOP: its client, server, engine and health processes alike;
+SessionPause), lets the GPU drain the work they had queued, has the ready one time its TTFT,
+and continues them (SIGCONT).
 The FlashInfer JIT prebuilds are stopped the same way: their nvcc jobs take every CPU core for
 minutes, and on an H100 eight of the fourteen rows timed while they built had a first TTFT
 1.21-2.01x the steady one, while all eight rows timed after them were within 1.13.
@@ -63,7 +63,7 @@ class SessionPause:
     compile in a process group of its own, so a stop sent to the prebuild's group reached the
     prebuild and ninja but not the nvcc jobs already running, and those went on taking every
     core while a TTFT was timed (an H100's small presets: the torch backend's rows timed during
-    the prebuilds took 78-110 ms at the server where the same server alone took 34-36). A
+    the prebuilds took 77-109 ms at the server where the same server alone took 34-38). A
     process keeps its session whatever group it moves to."""
 
     def __init__(self, sid: int) -> None:
