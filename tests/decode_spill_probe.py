@@ -26,6 +26,7 @@ import torch
 from tests.sm90_compile import (
     compile_for_hopper,
     constants,
+    launch_options,
     record_launches,
     resource_usage,
     under_interpreter,
@@ -89,7 +90,7 @@ def main() -> int:
             for fn, spec in launches:
                 if fn.fn.__name__ != "_decode_kernel":
                     continue  # the split merge runs in the decode kernel: no other launch
-                options = json.loads(spec["specialization_data"])["options"]
+                options = launch_options(spec)
                 c = constants(fn, spec)
                 tile = (c["BLOCK_N"], options["num_warps"], options["num_stages"])
                 if tile in tiles:

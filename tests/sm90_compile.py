@@ -86,12 +86,18 @@ def compile_for_hopper(fn: Any, spec: dict[str, Any], option_names: tuple[str, .
     The probe's tensors are on the CPU, so a kernel with an UPCAST flag (kernels/_launch.py's
     upcast_dots: the interpreter's float32 products instead of tl.dot) was recorded with it
     on; the GPU runs it off, and that binary is the one compiled here."""
-    options = json.loads(spec["specialization_data"])["options"]
+    options = launch_options(spec)
     constants = dict(spec["constants"])
     if "UPCAST" in fn.arg_names:
         constants[(fn.arg_names.index("UPCAST"),)] = False
     src = ASTSource(fn, spec["signature"], constants, spec["configs"][0])
     return triton.compile(src, target=HOPPER, options={k: options[k] for k in option_names})
+
+
+def launch_options(spec: dict[str, Any]) -> dict[str, Any]:
+    """A recorded launch's options by name (num_warps, num_stages, ...)."""
+    options: dict[str, Any] = json.loads(spec["specialization_data"])["options"]
+    return options
 
 
 def constants(fn: Any, spec: dict[str, Any]) -> dict[str, Any]:

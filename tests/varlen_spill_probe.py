@@ -20,6 +20,7 @@ import warmgate.server.kernels.varlen_attention as varlen_attention
 from tests.sm90_compile import (
     compile_for_hopper,
     constants,
+    launch_options,
     presets_by_shape,
     record_launches,
     resource_usage,
@@ -51,7 +52,7 @@ def main() -> int:
             c = constants(fn, spec)
             compiled = compile_for_hopper(fn, spec, ("num_warps", "num_stages"))
             usage = resource_usage(compiled.asm["cubin"])
-            options = json.loads(spec["specialization_data"])["options"]
+            options = launch_options(spec)
             print(json.dumps({"presets": presets, "SELECT": c["SELECT"], "GROUP": c["GROUP"],
                               "BLOCK_M": c["BLOCK_M"], "HEAD_DIM": c["HEAD_DIM"],
                               "num_warps": options["num_warps"], "REG": usage["REG"],
