@@ -24,6 +24,7 @@ from tests.kernel_device import kernel_device
 from tests.runner_helpers import tiny_config
 from warmgate.server.core.results import PhaseStatus
 from warmgate.server.kernels import row_reductions
+from warmgate.server.kernels.row_argmax import row_argmax
 from warmgate.server.kernels.row_reductions import row_cumsum, row_softmax
 from warmgate.server.runner.default_ops import sampler_warper_ops
 from warmgate.server.runner.model_runner import ModelRunner
@@ -175,7 +176,8 @@ def test_the_batched_path_draws_all_rows_in_one_pass(monkeypatch: pytest.MonkeyP
 
 def test_sampler_warper_ops_follow_the_ops_choice() -> None:
     """The per-row kernels only under --deterministic where the ops are Triton (CUDA with a
-    GPU backend); torch's otherwise, and the CPU's --deterministic keeps its per-row loop."""
+    GPU backend); torch's otherwise, and the CPU's --deterministic keeps its per-row loop.
+    The chunked argmax wherever the ops are Triton, in both modes."""
     base = tiny_config()
     det = dataclasses.replace(base, numerics=dataclasses.replace(base.numerics,
                                                                  deterministic=True))
@@ -185,11 +187,15 @@ def test_sampler_warper_ops_follow_the_ops_choice() -> None:
             config.device, device=device, attention_backend=backend))
 
     assert sampler_warper_ops(base) is TORCH_WARPER_OPS
-    assert sampler_warper_ops(on(base, "cuda", "triton")) is TORCH_WARPER_OPS
+    assert sampler_warper_ops(on(base, "cuda", "torch")) is TORCH_WARPER_OPS
     assert sampler_warper_ops(on(det, "cpu", "torch")) is TORCH_WARPER_OPS
+    default_gpu = sampler_warper_ops(on(base, "cuda", "triton"))
+    assert default_gpu.argmax is row_argmax and not default_gpu.batch_invariant
+    assert default_gpu.softmax is TORCH_WARPER_OPS.softmax
     chosen = sampler_warper_ops(on(det, "cuda", "flashinfer"))
     assert chosen.batch_invariant and chosen.softmax is row_softmax
     assert chosen.cumsum is row_cumsum and chosen.top is canonical_top
+    assert chosen.argmax is row_argmax
     # What the runner gets runs the draw batched with the kernels' own chunk size.
     params = [SEEDED[2], GREEDY, SEEDED[4]]
     x = _logits(3, seed=9)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import replace
 
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.runner.deterministic_ops import RowwiseTorchOps
@@ -62,21 +63,27 @@ def configure_pdl(config: RunnerConfig) -> None:
 
 
 def sampler_warper_ops(config: RunnerConfig) -> WarperOps:
-    """The warpers' softmax, cumsum and top-k. --deterministic where the ops are Triton
-    kernels: the one-program-per-row kernels (kernels/row_reductions.py) and the top-k with
-    ties in index order, so the sampled rows are drawn in one batch and each still gets its
-    own bits. Everywhere else torch's: the default mode does not need invariance, and
-    --deterministic on the CPU draws each sampled row alone (the CPU path never imports
-    triton)."""
-    if not config.numerics.deterministic:
-        return TORCH_WARPER_OPS
+    """The warpers' softmax, cumsum, top-k and argmax. Where the runner's ops are Triton
+    kernels the argmax is the chunked kernel (kernels/row_argmax.py: the same indices as
+    torch's, many times faster on a vocabulary's row). --deterministic there: the
+    one-program-per-row kernels (kernels/row_reductions.py) and the top-k with ties in index
+    order, so the sampled rows are drawn in one batch and each still gets its own bits.
+    Everywhere else torch's: the default mode does not need invariance, and --deterministic
+    on the CPU draws each sampled row alone (the CPU path never imports triton)."""
     if not uses_triton_kernels(config):
-        logger.info("sampler: --deterministic on %s draws each sampled row alone (torch "
-                    "softmax, top-k and cumsum, one row per call)", config.device.device)
+        if config.numerics.deterministic:
+            logger.info("sampler: --deterministic on %s draws each sampled row alone (torch "
+                        "softmax, top-k and cumsum, one row per call)", config.device.device)
         return TORCH_WARPER_OPS
+    from warmgate.server.kernels.row_argmax import CHUNK, row_argmax
+
+    logger.info("sampler: argmax by a Triton kernel over chunks of %d columns", CHUNK)
+    if not config.numerics.deterministic:
+        return replace(TORCH_WARPER_OPS, argmax=row_argmax, name="torch+triton-argmax")
     from warmgate.server.kernels.row_reductions import ROW_BLOCK, row_cumsum, row_softmax
 
     logger.info("sampler: --deterministic draws the sampled rows in one batch with per-row "
                 "Triton softmax and cumsum (chunks of %d columns, one program per row) and "
                 "top-k ties in index order", ROW_BLOCK)
-    return invariant_warper_ops(row_softmax, row_cumsum, name="triton-per-row")
+    return invariant_warper_ops(row_softmax, row_cumsum, name="triton-per-row",
+                                argmax=row_argmax)

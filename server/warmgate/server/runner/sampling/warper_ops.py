@@ -1,5 +1,5 @@
 """The three row operations of a draw whose result a batch could change: softmax, cumsum and
-the sorted top of a row.
+the sorted top of a row; and the argmax every greedy row and every draw ends in.
 
 Everything else the warpers do (element-wise ops, amax, argmax, scatter, masked_fill, each
 seeded row's own noise) gives a row the same bits in any batch. These three do not, for two
@@ -8,7 +8,9 @@ count; and the top-k width is the batch's largest k, so where a row's k-th value
 which of the tied tokens torch.topk keeps can follow the other rows' k (bf16 logits tie often).
 So the warpers take them as one object: torch's by default, or, for --deterministic on CUDA,
 the one-program-per-row kernels (kernels/row_reductions.py) with `canonical_top`, with which
-the sampled rows can be drawn together and each still depends on its own logits only.
+the sampled rows can be drawn together and each still depends on its own logits only. The
+argmax is exact in any batch; it rides along because on CUDA a chunked kernel of its own
+(kernels/row_argmax.py) reads a vocabulary's row many times faster than torch's.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 import torch
 
 RowFn = Callable[[torch.Tensor], torch.Tensor]
+# x [N, V] -> int64 [N]: each row's largest value's first index, a NaN above every number.
+ArgmaxFn = Callable[[torch.Tensor], torch.Tensor]
 # (x [N, V], width) -> (values [N, width], indices [N, width]), each row largest first.
 TopFn = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
@@ -31,6 +35,10 @@ def _torch_softmax(x: torch.Tensor) -> torch.Tensor:
 
 def _torch_cumsum(x: torch.Tensor) -> torch.Tensor:
     return x.cumsum(dim=-1)
+
+
+def torch_argmax(x: torch.Tensor) -> torch.Tensor:
+    return x.argmax(dim=-1)
 
 
 def _torch_top(x: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,20 +74,24 @@ def canonical_top(x: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tens
 class WarperOps:
     """softmax, cumsum: float32 [N, W] -> float32 [N, W] along the last dimension; top: see
     TopFn. batch_invariant: whether a row's results are the same bits whatever the other rows
-    are (if not, --deterministic draws each sampled row alone)."""
+    are (if not, --deterministic draws each sampled row alone). argmax: see ArgmaxFn, torch's
+    unless given."""
 
     softmax: RowFn
     cumsum: RowFn
     top: TopFn
     batch_invariant: bool
     name: str
+    argmax: ArgmaxFn = torch_argmax
 
 
 TORCH_WARPER_OPS = WarperOps(_torch_softmax, _torch_cumsum, _torch_top,
                              batch_invariant=False, name="torch")
 
 
-def invariant_warper_ops(softmax: RowFn, cumsum: RowFn, name: str) -> WarperOps:
+def invariant_warper_ops(softmax: RowFn, cumsum: RowFn, name: str,
+                         argmax: ArgmaxFn = torch_argmax) -> WarperOps:
     """Batch-invariant warper ops from per-row softmax and cumsum kernels (their reduction
     order fixed by the row length) and canonical_top."""
-    return WarperOps(softmax, cumsum, canonical_top, batch_invariant=True, name=name)
+    return WarperOps(softmax, cumsum, canonical_top, batch_invariant=True, name=name,
+                     argmax=argmax)

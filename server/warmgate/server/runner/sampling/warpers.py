@@ -28,7 +28,7 @@ def choose_tokens(x: torch.Tensor, params: Sequence[SamplingParams],
     batch-invariant ops the rows are drawn together anyway; otherwise each drawn row's
     softmax, sort and cumsum run on it alone, whose kernels then cannot pick another split
     for another row count (nor its top-k width follow another row's k)."""
-    greedy = x.argmax(dim=-1)
+    greedy = ops.argmax(x)
     if all(p.is_greedy for p in params):
         return greedy
     if row_wise and not ops.batch_invariant:
@@ -47,7 +47,7 @@ def _draw(x: torch.Tensor, params: Sequence[SamplingParams],
           ops: WarperOps) -> torch.Tensor:
     """The race's winner per row of x [N, V] -> [N]."""
     probs = probabilities(x, params, ops)
-    return (probs / _noise(probs, generators)).argmax(dim=-1)
+    return ops.argmax(probs / _noise(probs, generators))
 
 
 def probabilities(x: torch.Tensor, params: Sequence[SamplingParams],
