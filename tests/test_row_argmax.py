@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("triton")
 
 from tests.kernel_device import kernel_device
+from tests.probe_run import run_probe
 from warmgate.server.kernels import row_argmax as module
 from warmgate.server.kernels.row_argmax import row_argmax
 
@@ -59,3 +60,12 @@ def test_row_argmax_refuses_what_has_no_largest_value() -> None:
         row_argmax(torch.empty(2, 0, device=DEVICE))
     with pytest.raises(ValueError, match="floating-point"):
         row_argmax(torch.zeros(2, 3, dtype=torch.int64, device=DEVICE))
+
+
+def test_row_argmax_compiles_for_hopper_without_spills() -> None:
+    """Both launches compile for sm_90 in every dtype the sampler gives them, no register
+    spilled to local memory."""
+    reports = run_probe("tests.argmax_compile_probe")
+    assert len(reports) == 6  # three dtypes, two kernels each
+    assert {r["kernel"] for r in reports} == {"_chunk_argmax_kernel", "_fold_chunks_kernel"}
+    assert all(r["STACK"] == 0 for r in reports), reports

@@ -30,7 +30,7 @@ CHUNK = 2048
 # Chunks the second launch folds at once.
 _FOLD = 64
 # Above every column index: the masked lanes' index, which a minimum never picks.
-_NO_INDEX = 2**31 - 1
+_NO_INDEX = tl.constexpr(2**31 - 1)
 
 
 @triton.jit
