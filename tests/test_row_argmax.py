@@ -1,6 +1,7 @@
 """The sampler's chunked argmax (kernels/row_argmax.py): torch.argmax's index on every row,
 ties to the first, a NaN above every number, rows of only -inf, lengths that are not a
-multiple of the chunk, and more chunks than the fold takes at once.
+multiple of the chunk, and more chunks than the fold takes at once; its workspace's counts
+left zero for the next launch, whatever batch came before.
 
 Runs in the Triton interpreter on the CPU (compiled kernels when a GPU is present).
 """
@@ -17,7 +18,7 @@ from tests.probe_run import run_probe
 from warmgate.server.kernels import row_argmax as module
 from warmgate.server.kernels.row_argmax import row_argmax
 
-DEVICE = kernel_device(module._chunk_argmax_kernel)
+DEVICE = kernel_device(module._row_argmax_kernel)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # (columns, chunk): one column; under a chunk; several chunks and a partial last one; more
 # chunks (70) than the fold's 64 at once; a vocabulary's row in the server's chunk.
@@ -48,6 +49,16 @@ def test_row_argmax_is_torch_argmax(dtype: torch.dtype, cols: int, chunk: int) -
     assert got.tolist() == x.argmax(dim=-1).tolist()
 
 
+def test_row_argmax_leaves_its_counts_zero_across_batches_and_lengths() -> None:
+    """The last program of each row sets its count back: batches of other sizes and lengths,
+    one after the other on one workspace (grown between them), each get torch's indices."""
+    module._WORKSPACES.clear()
+    for rows, cols in ((2, 900), (5, 300), (3, 1500), (6, 200)):
+        x = _rows(cols, torch.float32, seed=rows)[:rows]  # _rows makes six
+        assert row_argmax(x, chunk=128).tolist() == x.argmax(dim=-1).tolist()
+        assert int(module._WORKSPACES[x.device].counts.abs().sum()) == 0
+
+
 def test_row_argmax_reads_a_strided_view_and_an_empty_batch() -> None:
     x = _rows(600, torch.float32, seed=1)
     view = x[:, ::2]  # every second column: not contiguous
@@ -63,9 +74,8 @@ def test_row_argmax_refuses_what_has_no_largest_value() -> None:
 
 
 def test_row_argmax_compiles_for_hopper_without_spills() -> None:
-    """Both launches compile for sm_90 in every dtype the sampler gives them, no register
-    spilled to local memory."""
+    """The kernel compiles for sm_90 in every dtype the sampler gives it, no register spilled
+    to local memory."""
     reports = run_probe("tests.argmax_compile_probe")
-    assert len(reports) == 6  # three dtypes, two kernels each
-    assert {r["kernel"] for r in reports} == {"_chunk_argmax_kernel", "_fold_chunks_kernel"}
+    assert [r["kernel"] for r in reports] == ["_row_argmax_kernel"] * 3  # one a dtype
     assert all(r["STACK"] == 0 for r in reports), reports
