@@ -8,8 +8,9 @@ llama-3.2-1b's 1.25 ms decode step, where reading the row takes well under a mic
 chunks, a program each: every program stores its chunk's largest value and that value's first
 index, then takes a ticket from its row's count, and the last of the row's programs to finish
 folds the chunks in order (the decode kernel's split merge does the same). One launch: the
-sampler runs eagerly after the forward, and on the H100's host a Triton launch cost tens of
-microseconds of Python, which at 128 streams of the 1B was the engine's bottleneck. The row
+sampler runs eagerly after the forward, a Triton launch cost tens of microseconds of Python on
+the H100's host, and at 128 streams of the 1B the engine's Python, not the GPU, set the pace
+(bench/results/h100-pyspy-summary-llama-3.2-1b.txt). The row
 count and length are runtime values, so one binary per dtype serves every batch and
 vocabulary; the result is exact, the same index as torch's, since comparing values rounds
 nothing. A tensor whose start is not 16-byte aligned would compile a binary of its own
