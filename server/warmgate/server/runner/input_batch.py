@@ -8,7 +8,6 @@ storage and replay after padding it in place.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -16,6 +15,7 @@ import torch
 
 from warmgate.server.runner.attention.base import AttentionMetadata
 from warmgate.server.runner.batch import is_uniform_decode
+from warmgate.server.runner.block_rows import BlockRows
 from warmgate.server.runner.request_state import RequestState, ScheduledRequest
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams, SchedulerOutput
 
@@ -64,6 +64,7 @@ class InputBatch:
         self.query_start_loc = StaticBuffer((max_num_reqs + 1,), torch.int32, device)
         self.seq_lens = StaticBuffer((max_num_reqs,), torch.int32, device)
         self.block_table = StaticBuffer((max_num_reqs, max_blocks_per_req), torch.int32, device)
+        self.block_rows = BlockRows(max_blocks_per_req, max_num_reqs)
         self.slot_mapping = StaticBuffer((max_num_tokens,), torch.int64, device)
         self.logits_indices = StaticBuffer((max_num_tokens,), torch.int64, device)
         # The pinned host buffers are refilled every step: wait until the last step's
@@ -92,20 +93,24 @@ class InputBatch:
         """Apply a validated SchedulerOutput; returns the step's requests in schedule order."""
         for rid in so.finished_req_ids:
             self.requests.pop(rid, None)
+            self.block_rows.drop(rid)
         computed: dict[str, int] = {}
         for new in so.scheduled_new_reqs:
             params = new.sampling_params or self.default_sampling_params
-            self.requests[new.req_id] = RequestState(
+            state = RequestState(
                 req_id=new.req_id, prompt_token_ids=list(new.prompt_token_ids),
                 sampling_params=params, block_ids=list(new.block_ids[0]),
                 num_computed_tokens=new.num_computed_tokens,
                 output_token_ids=list(new.output_token_ids))
+            self.requests[new.req_id] = state
+            self.block_rows.add(state)
             computed[new.req_id] = new.num_computed_tokens
         cached = so.scheduled_cached_reqs
         for rid, new_blocks, num_computed in zip(cached.req_ids, cached.new_block_ids,
                                                  cached.num_computed_tokens, strict=True):
             state = self.requests[rid]
             if new_blocks is not None:
+                self.block_rows.extend(rid, new_blocks[0], len(state.block_ids))
                 state.block_ids.extend(new_blocks[0])
             state.num_computed_tokens = num_computed
             computed[rid] = num_computed
@@ -160,17 +165,13 @@ class InputBatch:
 
     def _fill_slot_mapping(self, scheduled: list[ScheduledRequest], query_lens: np.ndarray,
                            positions: np.ndarray) -> None:
-        """The block table (every request's blocks scattered in one numpy assignment), and
+        """The block table (the requests' rows of block_rows gathered in one numpy take), and
         the KV slot each token writes to."""
         num_reqs = len(scheduled)
         table = self.block_table.np
-        table[:num_reqs] = 0  # stale ids from an earlier step would point at live blocks
-        lens = np.fromiter((len(s.state.block_ids) for s in scheduled), np.int64, num_reqs)
-        flat = np.fromiter(itertools.chain.from_iterable(s.state.block_ids for s in scheduled),
-                           np.int32, int(lens.sum()))
-        starts = np.cumsum(lens) - lens
-        cols = np.arange(len(flat)) - np.repeat(starts, lens)
-        table[np.repeat(np.arange(num_reqs), lens), cols] = flat
+        rows = self.block_rows.rows_of([s.state for s in scheduled])
+        # Zeros past each request's blocks: stale ids would point at live blocks.
+        np.take(self.block_rows.table, rows, axis=0, out=table[:num_reqs])
         token_req = np.repeat(np.arange(num_reqs), query_lens)  # [T]
         block_idx = positions // self.block_size
         self.slot_mapping.np[:len(positions)] = (table[token_req, block_idx].astype(np.int64)
