@@ -105,7 +105,7 @@ def test_the_serving_loop_is_built_before_health_turns_serving(
             await c.warmup_kernels()
             assert await c.health() == SERVING
             loop = s.generation.serving_loop
-            assert loop is not None and loop.num_steps == 0
+            assert loop is not None and loop.num_steps > 0  # the serving rehearsal's steps
             num_blocks = loop.runner.config.cache.num_blocks  # the runner's resolved cache
             assert loop.scheduler.pool.num_free == num_blocks - 1  # all but the null block
             got = await collect(c, [5, 6, 7], max_tokens=3)
@@ -193,9 +193,10 @@ def test_a_forced_warmup_during_streams_pauses_them_and_they_finish_unchanged(
     async def body() -> None:
         async with serving(config) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.warmup_kernels()
+            before = _steps(s)  # the serving rehearsal's
             prompts = [prompt(6 + i, offset=i) for i in range(4)]
             streams = [asyncio.ensure_future(collect(c, p, max_tokens=40)) for p in prompts]
-            await eventually(lambda: _steps(s) > 3, 30)
+            await eventually(lambda: _steps(s) > before + 3, 30)
             report = await c.warmup_kernels(force=True)
             results = await asyncio.gather(*streams)
             assert report.outcome == 1  # SUCCEEDED, with the streams' requests preempted
@@ -259,9 +260,11 @@ def test_shutdown_lets_open_streams_finish_within_the_grace_and_refuses_new_ones
         try:
             async with AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
                 await c.warmup_kernels()
+                loop = s.generation.serving_loop
+                assert loop is not None
+                before = loop.num_steps  # the serving rehearsal's
                 stream = asyncio.ensure_future(collect(c, prompt(8), max_tokens=60))
-                await eventually(lambda: s.generation.serving_loop is not None
-                                 and s.generation.serving_loop.num_steps > 2, 30)
+                await eventually(lambda: loop.num_steps > before + 2, 30)
                 stopping = asyncio.ensure_future(s.stop(10.0, wait_for_runner=True))
                 await eventually(lambda: s.generation._closing, 10)
                 with pytest.raises(WarmgateRpcError) as info:

@@ -207,6 +207,7 @@ async def create_server(config: ServerConfig, *, engine: WarmupEngine | None = N
                                    metrics.serving, text)
     generate_pb2_grpc.add_GenerationServicer_to_server(generation, server)
     controller.add_ready_listener(generation.prepare)
+    controller.set_rehearsal(generation.rehearse)
     # Last, so what the hooks before it built (the KV block pool) is frozen too.
     controller.add_ready_listener(lambda: freeze_warm_heap("server", engine.runner))
     if config.warmup_on_start:  # ready follows the load: its import overlaps the warmup

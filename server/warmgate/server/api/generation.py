@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from warmgate.server.api import rehearsal
 from warmgate.server.api.generate_request import parse_generate_request_async
 from warmgate.server.api.grammar_requests import GrammarRequests, grammar_stream_error
 from warmgate.server.api.logprobs_proto import token_logprobs_to_proto
+from warmgate.server.api.rehearsal import REHEARSING
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.config.serving_config import ServingConfig
 from warmgate.server.control.controller import WarmupController
@@ -146,6 +148,7 @@ class GenerationService(gen_grpc.GenerationServicer):
                                                          gen_pb.GenerateResponse],
                        ) -> AsyncIterator[gen_pb.GenerateResponse]:
         arrival = time.perf_counter()
+        metrics = None if REHEARSING.get() else self._metrics
         parsed = await parse_generate_request_async(request, self._runner_config, self._text)
         self._admit()
         req_id = f"gen-{next(self._ids)}"
@@ -164,8 +167,8 @@ class GenerationService(gen_grpc.GenerationServicer):
                          f" ({parsed.client_request_id})" if parsed.client_request_id else "",
                          len(req.prompt_token_ids), parsed.prompt_field, req.params.max_tokens,
                          list(req.params.stop_token_ids))
-            if self._metrics is not None:
-                self._metrics.observe_features(req.params, structured=structured)
+            if metrics is not None:
+                metrics.observe_features(req.params, structured=structured)
             queue = self._driver.submit(req)
         except BaseException:
             if structured:  # not submitted: what the engine holds for it goes
@@ -200,8 +203,8 @@ class GenerationService(gen_grpc.GenerationServicer):
                 return
         finally:
             self._driver.close(req_id, abort=outcome in ("cancelled", "error"))
-            if self._metrics is not None:
-                self._metrics.observe_finish(outcome, req.usage, stream.num_sent, arrival)
+            if metrics is not None:
+                metrics.observe_finish(outcome, req.usage, stream.num_sent, arrival)
 
     # -- admission ----------------------------------------------------------------------
 
@@ -212,7 +215,8 @@ class GenerationService(gen_grpc.GenerationServicer):
         if self._runner_config.model.is_pooling_model:
             raise FailedPrecondition("model", "an embedding (pooling) model does not generate "
                                      "tokens")
-        if not self._controller.serving and not self._config.serve_before_ready:
+        if not (self._controller.serving or self._config.serve_before_ready
+                or REHEARSING.get()):
             raise Unavailable(f"{self._controller.not_ready_reason()}; Generate is answered "
                               "once health is SERVING (or start the server with "
                               "--serve-before-ready)")
@@ -237,6 +241,18 @@ class GenerationService(gen_grpc.GenerationServicer):
         if runner is not None:
             self._driver.build(runner)
         self._grammars.prepare()
+
+    async def rehearse(self) -> None:
+        """Two requests through Generate before health first turns SERVING (see
+        warmgate.server.api.rehearsal); raises what a stream raised."""
+        if self._runner_config.model.is_pooling_model or self._engine.runner is None:
+            return  # it serves no Generate (a pooling model; a test's engine without a runner)
+        first, second = rehearsal.rehearsal_requests(self._limits,
+                                                     self._runner_config.model.vocab_size)
+        result = await rehearsal.rehearse(lambda r: self.Generate(r, None),  # type: ignore[arg-type]
+                                first, second)
+        logger.info("serving rehearsal: %d requests, %d tokens through Generate in %.1f ms",
+                    result.num_requests, result.num_tokens, result.seconds * 1e3)
 
     def launch_grammar_probes(self) -> None:
         """Start the grammar compile probes' zygote beside the model's load (see

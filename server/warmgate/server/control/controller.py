@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from warmgate.server.control.engine import WarmupEngine
@@ -182,6 +182,12 @@ class WarmupController:
         """fn() on the event loop each time a plan succeeds, before health turns SERVING
         (Readiness.add_ready_hook)."""
         self._readiness.add_ready_hook(fn)
+
+    def set_rehearsal(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """fn() after the first plan that succeeds, out of its job and before health turns
+        SERVING: requests through the serving path (GenerationService.rehearse); an exception
+        keeps health NOT_SERVING with the reason."""
+        self._warmups.rehearsal = fn
 
     async def run_serving(self, fn: Callable[[], None],
                           start: Callable[[], None] | None = None) -> None:

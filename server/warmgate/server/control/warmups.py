@@ -7,7 +7,9 @@ preempts serving turns readiness off until it ends.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from warmgate.server.control.engine import WarmupEngine
@@ -23,7 +25,7 @@ from warmgate.server.core.errors import (
     ShuttingDown,
 )
 from warmgate.server.core.failures import FatalDeviceError, describe_fatal
-from warmgate.server.core.phases import MIXED_PHASES
+from warmgate.server.core.phases import MIXED_PHASES, SERVING_REHEARSAL
 from warmgate.server.core.results import PhaseResult, PhaseStatus, WarmupOutcome, WarmupReport
 from warmgate.server.jit import JitMonitor
 from warmgate.server.telemetry.report_log import log_phase, log_report
@@ -56,6 +58,10 @@ class WarmupRuns:
         self.warming: str | None = None
         # A stored success no longer describes the runner once readiness is lost.
         readiness.add_lost_hook(self._plans.forget)
+        # Requests through the serving path, run once before health first turns SERVING
+        # (GenerationService.rehearse; set by the app).
+        self.rehearsal: Callable[[], Awaitable[None]] | None = None
+        self._rehearsed = False
 
     @property
     def draining(self) -> bool:
@@ -116,14 +122,44 @@ class WarmupRuns:
             except ShuttingDown:
                 self._tracker.end_other()
                 raise
-            self._tracker.end_plan(report)
-            if not report.succeeded:
-                self._plans.forget()  # a stored success no longer describes the runner
-            elif self._jit is not None:
+            if self._jit is not None and report.succeeded:
                 self._jit.mark_ready()  # before SERVING: no compile slips in untagged
-            await self._readiness.set_serving(report.succeeded)
-            self._observe(report)
+        if report.succeeded:
+            # Out of the job: the rehearsal's requests run on the worker between jobs. The
+            # plan stays RUNNING in GetStatus meanwhile, so READY comes with SERVING.
+            report = await self._rehearse(report)
+        self._tracker.end_plan(report)
+        if not report.succeeded:
+            self._plans.forget()  # a stored success no longer describes the runner
+        await self._readiness.set_serving(report.succeeded)
+        self._observe(report)
+        return report
+
+    async def _rehearse(self, report: WarmupReport) -> WarmupReport:
+        """The serving rehearsal, the first time a plan succeeds: the report, FAILED with a
+        serving_rehearsal phase when it failed or readiness was lost while it ran."""
+        if self.rehearsal is None or self._rehearsed:
             return report
+        start = time.perf_counter()
+        try:
+            await self.rehearsal()
+        except ShuttingDown:
+            self._tracker.end_plan(report)
+            raise
+        except Exception as exc:
+            logger.exception("the serving rehearsal failed")
+            failure = f"{type(exc).__name__}: {exc}"
+        else:
+            if self._tracker.state is not WarmupState.FAILED:
+                self._rehearsed = True
+                return report
+            # Lost while it ran: a compile under --strict-jit fail, a device error.
+            failure = self._tracker.snapshot().failure_reason
+        phase = PhaseResult(SERVING_REHEARSAL, PhaseStatus.FAILED, time.perf_counter() - start,
+                            detail=f"requests through Generate before health turns SERVING "
+                                   f"failed: {failure}")
+        return dataclasses.replace(report, outcome=WarmupOutcome.FAILED,
+                                   phases=[*report.phases, phase])
 
     async def _run_mixed(self, num_tokens: int) -> WarmupReport:
         async with self._worker.job():

@@ -31,6 +31,9 @@ PLAN_PHASES = (LOAD, FLASHINFER, MOE, COMPILE, PREFILL, DECODE, MIXED, CUDA_GRAP
 # (every collective at every size class, on every rank); a TP=1 plan is PLAN_PHASES.
 DISTRIBUTED = "distributed"
 TP_PLAN_PHASES = (LOAD, DISTRIBUTED, *PLAN_PHASES[1:])
+# Not a plan phase: after the first plan that succeeds, requests go through Generate before
+# health turns SERVING (warmgate.server.api.rehearsal); a report names it only when it failed.
+SERVING_REHEARSAL = "serving_rehearsal"
 # A MixedWarmup call runs only this one.
 MIXED_PHASES = (MIXED,)
 # The phases whose work goes through the runner's two callbacks (execute_model and

@@ -1,0 +1,104 @@
+"""The serving rehearsal: real Generates through the server's own handler before health first
+turns SERVING.
+
+The warmup plan drives the runner directly. The code that serving wraps around it, once per
+request or per step, is not on that path: the Generate handler, the serving driver and its
+hand-off to the runner worker, the scheduler, the engine process's pipe and serving loop, and
+the events' way back to the stream. Without a rehearsal all of it runs for the first time
+under the first client's request (about 150 functions across the front and the engine
+process run for the first time there). Two requests go through it: a short greedy one, and
+once it has its first token a longer one with seeded random sampling, so the loop runs a
+prefill, uniform decodes and a mixed prefill+decode step, each sampler flavour, and the
+responses are serialized as gRPC would send them. They stay out of the request metrics (a
+client never sent them); the steps they ran are counted like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from warmgate.server.serving.limits import SchedulerLimits
+from warmgate.v1 import generate_pb2 as gen_pb
+
+# Set while the rehearsal's requests run (a task copies it to the tasks it starts): admission
+# takes them before health is SERVING, and the request metrics leave them out.
+REHEARSING: ContextVar[bool] = ContextVar("warmgate_rehearsing", default=False)
+
+# Enough tokens that the first request decodes while the second one's prompt is prefilled
+# beside it (a mixed step), and the second decodes after its own prefill.
+FIRST_MAX_TOKENS = 8
+SECOND_MAX_TOKENS = 4
+# The second prompt: several KV blocks, still a small prefill on any model.
+SECOND_PROMPT_LEN = 64
+
+Generate = Callable[[gen_pb.GenerateRequest], AsyncGenerator[gen_pb.GenerateResponse, None]]
+
+
+@dataclass(frozen=True)
+class RehearsalResult:
+    num_requests: int
+    num_tokens: int
+    seconds: float
+
+
+def _prompt(length: int, vocab_size: int, offset: int) -> list[int]:
+    # Spread over the vocabulary, away from id 0 (often padding or a special token).
+    return [(offset + 7 * i) % (vocab_size - 1) + 1 for i in range(length)]
+
+
+def rehearsal_requests(limits: SchedulerLimits, vocab_size: int
+                       ) -> tuple[gen_pb.GenerateRequest, gen_pb.GenerateRequest]:
+    """The two requests, fitted to the model's length. The first prompt is 2 +
+    num_speculative_steps tokens long, as the warmup's prefills are, so its first step is a
+    prefill and never taken for a uniform decode."""
+    first_len = 2 + limits.num_speculative_steps
+    first = gen_pb.GenerateRequest(prompt_token_ids=_prompt(first_len, vocab_size, 1),
+                                   request_id="warmgate-rehearsal-greedy")
+    first.sampling.max_tokens = max(1, min(FIRST_MAX_TOKENS, limits.max_model_len - first_len))
+    first.sampling.ignore_eos = True
+    second_len = max(1, min(SECOND_PROMPT_LEN, limits.max_model_len - SECOND_MAX_TOKENS))
+    second = gen_pb.GenerateRequest(prompt_token_ids=_prompt(second_len, vocab_size, 3),
+                                    request_id="warmgate-rehearsal-random")
+    second.sampling.temperature = 1.0
+    second.sampling.seed = 0
+    second.sampling.max_tokens = max(1, min(SECOND_MAX_TOKENS,
+                                            limits.max_model_len - second_len))
+    second.sampling.ignore_eos = True
+    return first, second
+
+
+async def _drain(stream: AsyncIterator[gen_pb.GenerateResponse]) -> int:
+    """Read a stream to its end, serializing each message; the tokens it carried."""
+    tokens = 0
+    async for message in stream:
+        message.SerializeToString()
+        tokens += len(message.token_ids)
+    return tokens
+
+
+async def rehearse(generate: Generate, first: gen_pb.GenerateRequest,
+                   second: gen_pb.GenerateRequest) -> RehearsalResult:
+    """Run both requests through `generate` (the Generate handler); whatever a stream
+    raises is raised here."""
+    mark = REHEARSING.set(True)
+    try:
+        start = time.perf_counter()
+        stream = generate(first)
+        later: asyncio.Task[int] | None = None
+        try:
+            opening = await anext(stream)
+            opening.SerializeToString()
+            later = asyncio.ensure_future(_drain(generate(second)))  # copies REHEARSING
+            tokens = len(opening.token_ids) + await _drain(stream)
+            tokens += await later
+        finally:
+            if later is not None and not later.done():  # the first failed: raise its error
+                later.cancel()
+            await stream.aclose()  # a stream cut short aborts its request
+        return RehearsalResult(2, tokens, time.perf_counter() - start)
+    finally:
+        REHEARSING.reset(mark)
