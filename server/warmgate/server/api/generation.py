@@ -13,9 +13,9 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import grpc
 
@@ -249,8 +249,14 @@ class GenerationService(gen_grpc.GenerationServicer):
             return  # it serves no Generate (a pooling model; a test's engine without a runner)
         first, second = rehearsal.rehearsal_requests(self._limits,
                                                      self._runner_config.model.vocab_size)
-        result = await rehearsal.rehearse(lambda r: self.Generate(r, None),  # type: ignore[arg-type]
-                                first, second)
+
+        def generate(request: gen_pb.GenerateRequest
+                     ) -> AsyncGenerator[gen_pb.GenerateResponse, None]:
+            # Generate never reads its context; an async generator, so it can be closed.
+            return cast(AsyncGenerator[gen_pb.GenerateResponse, None],
+                        self.Generate(request, None))  # type: ignore[arg-type]
+
+        result = await rehearsal.rehearse(generate, first, second)
         logger.info("serving rehearsal: %d requests, %d tokens through Generate in %.1f ms",
                     result.num_requests, result.num_tokens, result.seconds * 1e3)
 
