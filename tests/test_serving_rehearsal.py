@@ -19,8 +19,8 @@ from warmgate.v1 import warmup_pb2 as pb
 SERVING, NOT_SERVING = 1, 2  # grpc.health.v1
 
 
-def _limits(max_model_len: int, k: int = 0) -> SchedulerLimits:
-    return SchedulerLimits(max_num_seqs=4, max_num_batched_tokens=64, num_blocks=64,
+def _limits(max_model_len: int, k: int = 0, num_blocks: int = 64) -> SchedulerLimits:
+    return SchedulerLimits(max_num_seqs=4, max_num_batched_tokens=64, num_blocks=num_blocks,
                            block_size=16, max_model_len=max_model_len, num_speculative_steps=k)
 
 
@@ -34,6 +34,9 @@ def test_the_first_prompt_is_a_prefill_and_both_fit_the_model_length() -> None:
     for length in (16, 40):
         for req in rehearsal.rehearsal_requests(_limits(length), vocab_size=512):
             assert len(req.prompt_token_ids) + req.sampling.max_tokens <= length
+    # A cache of 3 usable blocks (48 tokens) under a 4096-token model: each fits it alone.
+    for req in rehearsal.rehearsal_requests(_limits(4096, num_blocks=4), vocab_size=512):
+        assert len(req.prompt_token_ids) + req.sampling.max_tokens <= 48
 
 
 def _count(s: RunningServer, name: str, labels: dict[str, str] | None = None) -> float:
@@ -94,5 +97,19 @@ def test_a_failed_rehearsal_keeps_health_not_serving_until_a_forced_warmup_passe
             assert (await c.warmup_kernels()).outcome == pb.WARMUP_OUTCOME_SUCCEEDED
             assert await c.health() == SERVING
             assert (await c.get_status()).state == pb.WARMUP_STATE_READY
+
+    run(body(), 120)
+
+
+@pytest.mark.parametrize("flags", [
+    ("--max-model-len", "16", "--num-speculative-steps", "3"),  # the shortest the plan warms
+    ("--num-blocks", "5", "--max-num-seqs", "2"),  # a cache that holds one request at a time
+], ids=["short-model", "small-cache"])
+def test_a_server_at_its_tightest_limits_passes_the_rehearsal(flags: tuple[str, ...]) -> None:
+    async def body() -> None:
+        async with serving(server_config("--no-engine-process", *flags)) as s, \
+                AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
+            assert (await c.warmup_kernels()).outcome == pb.WARMUP_OUTCOME_SUCCEEDED
+            assert await c.health() == SERVING
 
     run(body(), 120)

@@ -52,21 +52,23 @@ def _prompt(length: int, vocab_size: int, offset: int) -> list[int]:
 
 def rehearsal_requests(limits: SchedulerLimits, vocab_size: int
                        ) -> tuple[gen_pb.GenerateRequest, gen_pb.GenerateRequest]:
-    """The two requests, fitted to the model's length. The first prompt is 2 +
-    num_speculative_steps tokens long, as the warmup's prefills are, so its first step is a
-    prefill and never taken for a uniform decode."""
+    """The two requests, fitted to the model's length and the KV cache. The first prompt is
+    2 + num_speculative_steps tokens long, as the warmup's prefills are, so its first step is
+    a prefill and never taken for a uniform decode."""
+    # Each request alone must fit the model's length and the whole KV cache (Generate
+    # refuses one that does not); together they may wait for each other's blocks.
+    room = min(limits.max_model_len, limits.max_tokens_in_cache)
     first_len = 2 + limits.num_speculative_steps
     first = gen_pb.GenerateRequest(prompt_token_ids=_prompt(first_len, vocab_size, 1),
                                    request_id="warmgate-rehearsal-greedy")
-    first.sampling.max_tokens = max(1, min(FIRST_MAX_TOKENS, limits.max_model_len - first_len))
+    first.sampling.max_tokens = max(1, min(FIRST_MAX_TOKENS, room - first_len))
     first.sampling.ignore_eos = True
-    second_len = max(1, min(SECOND_PROMPT_LEN, limits.max_model_len - SECOND_MAX_TOKENS))
+    second_len = max(1, min(SECOND_PROMPT_LEN, room - SECOND_MAX_TOKENS))
     second = gen_pb.GenerateRequest(prompt_token_ids=_prompt(second_len, vocab_size, 3),
                                     request_id="warmgate-rehearsal-random")
     second.sampling.temperature = 1.0
     second.sampling.seed = 0
-    second.sampling.max_tokens = max(1, min(SECOND_MAX_TOKENS,
-                                            limits.max_model_len - second_len))
+    second.sampling.max_tokens = max(1, min(SECOND_MAX_TOKENS, room - second_len))
     second.sampling.ignore_eos = True
     return first, second
 
