@@ -54,5 +54,9 @@ def test_a_real_server_serves_the_workload_with_nothing_after_ready() -> None:
                       lines["ttft samples ms"].split(": ", 1)[1].split("; "))
     assert len(client) == len(server) == 3
     assert all(0 < float(s) < float(c) for c, s in zip(client, server, strict=True))
+    # Each one's queue (arrival to its first scheduled step) inside the server's TTFT.
+    queue = lines["ttft server queue ms"].split(": ", 1)[1].split()
+    assert len(queue) == 3
+    assert all(0 <= float(q) < float(s) for q, s in zip(queue, server, strict=True))
     assert "40 requests" in lines["workload"] and "errors 0" in lines["workload"]
     assert lines["after_ready"] == "after_ready: compiles 0 (none) graph_misses 0"

@@ -13,7 +13,7 @@ import statistics
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from load_gen import run_load
 
@@ -86,27 +86,49 @@ class FirstResult:
                 "retries": self.retries}
 
 
-def read_ttfts(start: float, messages: Iterable[Any]) -> tuple[float, float]:
-    """(client TTFT, server TTFT) in seconds of a Generate stream started at perf_counter
-    `start`, read to its end so the next request runs alone."""
+class TtftParts(NamedTuple):
+    """One request's time to first token, in seconds: at the client, at the server (arrival
+    to first token), and the server's queue (arrival to first scheduled step) inside it."""
+    client: float
+    server: float
+    queue: float
+
+
+def read_ttft_parts(start: float, messages: Iterable[Any]) -> TtftParts:
+    """The TTFTs of a Generate stream started at perf_counter `start`, read to its end so
+    the next request runs alone."""
     first: float | None = None
-    server_ttft = math.nan
+    server_ttft = queue = math.nan
     for message in messages:
         if first is None and message.token_ids:
             first = time.perf_counter() - start
         if message.HasField("usage"):
             server_ttft = message.usage.time_to_first_token_s
+            queue = message.usage.queue_time_s
     if first is None:
         raise RuntimeError("the stream ended without a token")
-    return first, server_ttft
+    return TtftParts(first, server_ttft, queue)
+
+
+def read_ttfts(start: float, messages: Iterable[Any]) -> tuple[float, float]:
+    """(client TTFT, server TTFT) in seconds (read_ttft_parts)."""
+    parts = read_ttft_parts(start, messages)
+    return parts.client, parts.server
+
+
+def timed_stream_parts(client: Any, prompt: list[int], max_tokens: int, timeout: float,
+                       ignore_eos: bool = False) -> TtftParts:
+    """The TTFTs of one request through a WarmgateClient."""
+    start = time.perf_counter()
+    return read_ttft_parts(start, client.generate(prompt, max_tokens=max_tokens,
+                                                  timeout=timeout, ignore_eos=ignore_eos))
 
 
 def timed_stream(client: Any, prompt: list[int], max_tokens: int, timeout: float,
                  ignore_eos: bool = False) -> tuple[float, float]:
     """(client TTFT, server TTFT) of one request through a WarmgateClient."""
-    start = time.perf_counter()
-    return read_ttfts(start, client.generate(prompt, max_tokens=max_tokens, timeout=timeout,
-                                             ignore_eos=ignore_eos))
+    parts = timed_stream_parts(client, prompt, max_tokens, timeout, ignore_eos)
+    return parts.client, parts.server
 
 
 def _warm_client(client: Any) -> None:

@@ -8,7 +8,8 @@ steady ones?
 One fresh server (its own process, the engine process as configured; the machine's compile
 caches, as on a node whose pods share a cache volume) turns ready. Then, in order:
   ttft      after --gap-s of idleness one --prompt-len request (greedy, --ttft-tokens tokens),
-            then --repeats more, each after the same gap: first / steady median TTFT
+            then --repeats more, each after the same gap: first / steady median TTFT, every
+            sample at the client and at the server, and the server's queue inside it
   workload  --requests random requests in waves of 1..--max-concurrency at once. Each draws a
             prompt of 1..--max-prompt tokens, 1..--max-tokens new tokens and its sampling at
             random (greedy, temperature, top-k, top-p, seeded; and each option - logprobs,
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from first_request_generate import _warm_client, server_process, timed_stream
+from first_request_generate import _warm_client, server_process, timed_stream_parts
 from first_request_options import AFTER_READY, METRICS_PORT, scrape_metrics
 from gpu_clock import sm_clock_reader
 
@@ -227,7 +228,7 @@ def _serve(args: argparse.Namespace, server: ServerProcess, vocab: int, max_prom
         def ttft_prompt() -> list[int]:
             return [rng.randrange(vocab) for _ in range(min(args.prompt_len, max_prompt))]
 
-        timed = []  # (client TTFT, server TTFT) per request, the first one first
+        timed = []  # TtftParts per request, the first one first
         sm_clock = sm_clock_reader()
         # The SM clock (MHz) before each request's idle gap: a query tool run just before the
         # request would time its own start-up into the request's TTFT.
@@ -236,9 +237,9 @@ def _serve(args: argparse.Namespace, server: ServerProcess, vocab: int, max_prom
             for _ in range(args.repeats + 1):
                 clocks.append(sm_clock())
                 time.sleep(args.gap_s)
-                timed.append(timed_stream(client, ttft_prompt(), args.ttft_tokens,
-                                          args.request_timeout, ignore_eos=True))
-        ttfts = [c for c, _ in timed]
+                timed.append(timed_stream_parts(client, ttft_prompt(), args.ttft_tokens,
+                                                args.request_timeout, ignore_eos=True))
+        ttfts = [t.client for t in timed]
         steady = statistics.median(ttfts[1:])
         print(f"ttft: first {ttfts[0] * 1e3:.2f} ms, steady median {steady * 1e3:.2f} ms over "
               f"{args.repeats}, first/steady {ttfts[0] / steady:.2f}", flush=True)
@@ -247,6 +248,10 @@ def _serve(args: argparse.Namespace, server: ServerProcess, vocab: int, max_prom
         print("ttft samples ms: " + "; ".join(
             f"{side} {' '.join(f'{t[i] * 1e3:.2f}' for t in timed)}"
             for i, side in ((0, "client"), (1, "server"))), flush=True)
+        # The server's part split at its first scheduled step: a first request slow before it
+        # is the front's or the engine's hand-off, one slow after it the step's (the device).
+        print("ttft.queue queue ms: " + " ".join(f"{t.server * 1e3:.2f}" for t in timed),
+              flush=True)
         if any(c is not None for c in clocks):  # whether a slow first one ran at low clocks
             print("ttft sm clock MHz: " + " ".join(str(c) for c in clocks), flush=True)
         requests = draw_requests(rng, args.requests, vocab, max_prompt, args.max_tokens)
