@@ -12,7 +12,7 @@ import grpc
 from tests.grpc_harness import eventually, run, server_config, serving
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.client.generate import generate_request
-from warmgate.server.api.generation import _coalesce
+from warmgate.server.api.stream_events import coalesce, gather
 from warmgate.server.serving.request import FinishReason, StepEvent
 from warmgate.v1 import generate_pb2_grpc as gen_grpc
 
@@ -74,7 +74,7 @@ def test_queued_events_merge_in_order_and_an_error_waits_behind_the_tokens() -> 
         queue: asyncio.Queue[StepEvent] = asyncio.Queue()
         for e in (_event([2, 3]), _event([4], finish=FinishReason.LENGTH), _event([9])):
             queue.put_nowait(e)
-        merged, held = _coalesce(_event([1]), queue)
+        merged, held = coalesce(_event([1]), queue)
         assert merged.token_ids == [1, 2, 3, 4] and held is None
         assert merged.finish_reason is FinishReason.LENGTH
         assert (merged.num_draft_tokens, merged.num_accepted_draft_tokens) == (4, 3)
@@ -83,8 +83,29 @@ def test_queued_events_merge_in_order_and_an_error_waits_behind_the_tokens() -> 
         queue = asyncio.Queue()
         queue.put_nowait(_event([6]))
         queue.put_nowait(_event([], error=error))
-        merged, held = _coalesce(_event([5]), queue)
+        merged, held = coalesce(_event([5]), queue)
         assert merged.token_ids == [5, 6] and merged.error is None
         assert held is not None and held.error is error
+
+    run(body())
+
+
+def test_gather_waits_for_the_interval_and_stops_at_a_finish_or_an_error() -> None:
+    async def body() -> None:
+        queue: asyncio.Queue[StepEvent] = asyncio.Queue()
+        later = asyncio.get_running_loop().call_later(
+            0.05, queue.put_nowait, _event([3, 4]))  # arrives while gather waits
+        merged, held = await gather(_event([1, 2]), queue, 3)
+        assert merged.token_ids == [1, 2, 3, 4] and held is None  # at least 3, whole steps
+        later.cancel()
+        queue.put_nowait(_event([6], finish=FinishReason.STOP))
+        merged, held = await gather(_event([5]), queue, 4)
+        assert merged.token_ids == [5, 6] and merged.finish_reason is FinishReason.STOP
+        error = RuntimeError("step failed")
+        queue.put_nowait(_event([], error=error))
+        merged, held = await gather(_event([7]), queue, 4)
+        assert merged.token_ids == [7] and held is not None and held.error is error
+        merged, held = await gather(_event([8, 9]), queue, 2)  # already enough: no wait
+        assert merged.token_ids == [8, 9] and held is None and queue.empty()
 
     run(body())

@@ -24,6 +24,7 @@ from warmgate.server.api.generate_request import parse_generate_request_async
 from warmgate.server.api.grammar_requests import GrammarRequests, grammar_stream_error
 from warmgate.server.api.logprobs_proto import token_logprobs_to_proto
 from warmgate.server.api.rehearsal import REHEARSING
+from warmgate.server.api.stream_events import coalesce, gather
 from warmgate.server.config.runner_config import RunnerConfig
 from warmgate.server.config.serving_config import ServingConfig
 from warmgate.server.control.controller import WarmupController
@@ -41,7 +42,7 @@ from warmgate.server.core.failures import describe_failure, is_out_of_memory
 from warmgate.server.serving.limits import SchedulerLimits
 from warmgate.server.serving.loop import ServingLoop
 from warmgate.server.serving.ngram import NgramIndex
-from warmgate.server.serving.request import ServingRequest, StepEvent, Usage, merge_events
+from warmgate.server.serving.request import ServingRequest, StepEvent, Usage
 from warmgate.server.telemetry.serving_metrics import ServingMetrics
 from warmgate.server.text.model_text import ModelText
 from warmgate.v1 import generate_pb2 as gen_pb
@@ -92,22 +93,6 @@ def _usage_to_proto(req: ServingRequest, usage: Usage, completion: int) -> gen_p
         num_draft_tokens=usage.num_draft_tokens,
         num_accepted_draft_tokens=usage.num_accepted_draft_tokens,
         queue_time_s=scheduled - req.arrival_s, time_to_first_token_s=first_token - req.arrival_s)
-
-
-def _coalesce(first: StepEvent, queue: asyncio.Queue[StepEvent]
-              ) -> tuple[StepEvent, StepEvent | None]:
-    """first and every event already queued behind it as one (a reader slower than the
-    steps gets all its tokens in its next message, so the queue never grows by more than the
-    steps it was away); an error queued behind tokens is returned second, for after them."""
-    if first.error is not None or first.finish_reason is not None or queue.empty():
-        return first, None
-    events = [first]
-    while not queue.empty() and events[-1].finish_reason is None:
-        event = queue.get_nowait()
-        if event.error is not None:
-            return merge_events(events), event
-        events.append(event)
-    return merge_events(events), None
 
 
 class GenerationService(gen_grpc.GenerationServicer):
@@ -176,10 +161,13 @@ class GenerationService(gen_grpc.GenerationServicer):
             raise
         outcome = "cancelled"
         held: StepEvent | None = None  # an error that followed tokens still to send
+        interval = self._config.stream_interval
         try:
             while True:
                 event = held if held is not None else await queue.get()
-                event, held = _coalesce(event, queue)
+                event, held = coalesce(event, queue)
+                if interval > 1 and stream.num_sent and held is None:  # the first goes at once
+                    event, held = await gather(event, queue, interval)
                 if event.error is not None:
                     outcome = "error"
                     raise _stream_error(event.error)

@@ -30,6 +30,13 @@ class ServingConfig:
         "--ngram-min", "smallest suffix n-gram the speculative drafter matches"))
     ngram_max: int = field(default=4, metadata=flag(
         "--ngram-max", "largest suffix n-gram the speculative drafter matches (tried first)"))
+    # Fewer, fuller messages: at a hundred streams and more the front's cost is per message
+    # written (gRPC's send), not per token.
+    stream_interval: int = field(default=1, metadata=flag(
+        "--stream-interval", "tokens a Generate stream gathers into one message after its "
+        "first (which goes at once); 1 sends every step's tokens as they come, N waits for N "
+        "tokens (or the end) so the front writes up to N times fewer messages",
+        parse=flag_values.positive))
     max_waiting_requests: int = field(default=1024, metadata=flag(
         "--max-waiting-requests", "Generate requests queued for a batch slot, at most; more "
         "are answered RESOURCE_EXHAUSTED"))
@@ -93,6 +100,9 @@ class ServingConfig:
         if self.grammar_cache_mib < 0:
             raise ConfigError("serving.grammar_cache_mib",
                               f"must be >= 0, got {self.grammar_cache_mib}")
+        if self.stream_interval < 1:
+            raise ConfigError("serving.stream_interval",
+                              f"must be >= 1, got {self.stream_interval}")
         if self.max_waiting_requests < 1:
             raise ConfigError("serving.max_waiting_requests",
                               f"must be >= 1, got {self.max_waiting_requests}")
