@@ -58,3 +58,17 @@ def test_a_row_per_message_and_a_core_share() -> None:
     lines = bench.format_rows([row])
     assert len(lines) == 3 and lines[0].split()[0] == "streams"
     assert len({len(line) for line in lines}) == 1  # the columns line up
+
+
+def test_the_arms_summary_is_each_arms_median_against_the_first() -> None:
+    def row(tokens: int, wall_s: float, front_cpu_s: float) -> object:
+        return bench.CostRow(128, tokens, tokens, wall_s, front_cpu_s, 1.0, 1.0)
+
+    base = [row(1000, 1.0, 0.06), row(1000, 2.0, 0.05), row(1000, 1.25, 0.07)]
+    fewer = [row(1000, 1.0, 0.03), row(1000, 1.0, 0.02), row(1000, 0.5, 0.04)]
+    lines = bench.arms_summary(["--stream-interval 1", "--stream-interval 4"], [base, fewer])
+    # Medians: 60 us/token and 800 tok/s, then 30 us/token and 1000 tok/s.
+    assert lines[0] == ("arm --stream-interval 1: front 60.0 us/token (1.00x), 800 tok/s "
+                        "(1.00x), median of 3 rounds")
+    assert lines[1] == ("arm --stream-interval 4: front 30.0 us/token (0.50x), 1000 tok/s "
+                        "(1.25x), median of 3 rounds")

@@ -13,8 +13,16 @@ process; any other child, a grammar compile helper, idles), this client's from
 time.process_time. `us/msg` is CPU time per
 message with tokens; `busy` is CPU seconds per wall second, a core's share: a process near
 1.0 is what the burst waits on. A message carries every token its stream's queue held when
-the front got to it (api/generation.py's _coalesce), so `tok/msg` above 1 says the front fell
-behind the steps.
+the front got to it (api/stream_events.py's coalesce), so `tok/msg` above 1 says the front fell
+behind the steps (or, with --stream-interval N, about N).
+
+With --arms "FLAGS;FLAGS" each arm's flags join --server-args on a server of its own, the
+arms taking turns for --rounds rounds; last, per arm, the median over rounds of the front's
+CPU microseconds per token and of the tokens a second, each also as a ratio to the first
+arm's (for one stream count: the first of --streams):
+
+    python bench/serve.py frontend-cost --streams 128 --rounds 3 \
+        --server-args "--model tiny --device cpu" --arms "--stream-interval 1;--stream-interval 4"
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import argparse
 import asyncio
 import os
 import shlex
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -107,6 +116,8 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arms", default="", help="';'-separated server flags, one arm each")
+    p.add_argument("--rounds", type=int, default=1, help="rounds of the arms, alternated")
     return p
 
 
@@ -129,17 +140,12 @@ def measure(target: str, front_pid: int, streams: int, args: argparse.Namespace,
                       time.process_time() - client0)
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+def serve_and_measure(flags: list[str], streams: list[int], args: argparse.Namespace
+                      ) -> list[CostRow]:
+    """One fresh server on `flags`, warmed up, then one burst per stream count."""
     from warmgate.client.api import WaitResult, WarmgateClient
     from warmgate.server.startup import load_server_config
 
-    args = _parser(prog).parse_args(argv)
-    streams = [int(s) for s in args.streams.split(",")]
-    if min(streams) < 1 or args.prompt_len < 1 or args.output_len < 1:
-        raise SystemExit("--streams >= 1, --prompt-len >= 1, --output-len >= 1")
-    flags = [*shlex.split(args.server_args), "--metrics-port", "0"]  # a free port
-    if "--max-num-seqs" not in flags:
-        flags += ["--max-num-seqs", str(max(streams))]
     vocab = load_server_config(flags, environ={}).runner.model.vocab_size
     rows = []
     with ServerProcess(flags, device=None, start_timeout_s=READY_TIMEOUT_S) as server, \
@@ -153,6 +159,38 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
           f"one burst a stream count; {os.cpu_count()} CPUs")
     for line in format_rows(rows):
         print(line)
+    return rows
+
+
+def arms_summary(arms: list[str], rows: list[list[CostRow]]) -> list[str]:
+    """Per arm (rows[i]: its first stream count's row in each round), the medians of the
+    front's CPU us per token and of tok/s, and their ratios to the first arm's."""
+    medians = [(statistics.median(r.front_cpu_s * 1e6 / r.tokens for r in arm),
+                statistics.median(r.tokens / r.wall_s for r in arm)) for arm in rows]
+    base_us, base_tps = medians[0]
+    return [f"arm {arm or '(none)'}: front {us:.1f} us/token ({us / base_us:.2f}x), "
+            f"{tps:.0f} tok/s ({tps / base_tps:.2f}x), median of {len(r)} rounds"
+            for arm, (us, tps), r in zip(arms, medians, rows, strict=True)]
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = _parser(prog).parse_args(argv)
+    streams = [int(s) for s in args.streams.split(",")]
+    if min(streams) < 1 or args.prompt_len < 1 or args.output_len < 1 or args.rounds < 1:
+        raise SystemExit("--streams >= 1, --prompt-len >= 1, --output-len >= 1, --rounds >= 1")
+    flags = [*shlex.split(args.server_args), "--metrics-port", "0"]  # a free port
+    if "--max-num-seqs" not in flags:
+        flags += ["--max-num-seqs", str(max(streams))]
+    arms = [a.strip() for a in args.arms.split(";")] if args.arms else [""]
+    rows: list[list[CostRow]] = [[] for _ in arms]
+    for round_ in range(1, args.rounds + 1):
+        for i, arm in enumerate(arms):
+            if len(arms) > 1 or args.rounds > 1:
+                print(f"=== round {round_}: arm {arm or '(none)'}", flush=True)
+            rows[i].append(serve_and_measure([*flags, *shlex.split(arm)], streams, args)[0])
+    if len(arms) > 1:
+        for line in arms_summary(arms, rows):
+            print(line)
     return 0
 
 
