@@ -97,9 +97,11 @@ async def rehearse(generate: Generate, first: gen_pb.GenerateRequest,
             later = asyncio.ensure_future(_drain(generate(second)))  # copies REHEARSING
             tokens = len(opening.token_ids) + await _drain(stream)
             tokens += await later
-        finally:
-            if later is not None and not later.done():  # the first failed: raise its error
-                later.cancel()
+        finally:  # after an error of the first stream, that one is what is raised
+            if later is not None and not later.done():
+                later.cancel()  # its stream's request is aborted as a cancelled client's
+            elif later is not None and not later.cancelled():
+                later.exception()  # retrieved, so asyncio does not log it as lost
             await stream.aclose()  # a stream cut short aborts its request
         return RehearsalResult(2, tokens, time.perf_counter() - start)
     finally:
