@@ -93,6 +93,8 @@ def test_a_failed_rehearsal_keeps_health_not_serving_until_a_forced_warmup_passe
             assert status.state == pb.WARMUP_STATE_FAILED
             assert "serving_rehearsal: requests through Generate" in status.failure_reason
             assert "outside the vocabulary" in status.failure_reason
+            assert _count(s, "warmgate_phase_duration_seconds_count",
+                          {"phase": "serving_rehearsal"}) == 1  # named, not "other"
             monkeypatch.undo()
             assert (await c.warmup_kernels()).outcome == pb.WARMUP_OUTCOME_SUCCEEDED
             assert await c.health() == SERVING

@@ -250,7 +250,7 @@ def _serve(args: argparse.Namespace, server: ServerProcess, vocab: int, max_prom
             for i, side in ((0, "client"), (1, "server"))), flush=True)
         # The server's part split at its first scheduled step: a first request slow before it
         # is the front's or the engine's hand-off, one slow after it the step's (the device).
-        print("ttft.queue queue ms: " + " ".join(f"{t.server * 1e3:.2f}" for t in timed),
+        print("ttft server queue ms: " + " ".join(f"{t.queue * 1e3:.2f}" for t in timed),
               flush=True)
         if any(c is not None for c in clocks):  # whether a slow first one ran at low clocks
             print("ttft sm clock MHz: " + " ".join(str(c) for c in clocks), flush=True)

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from warmgate.server.core.phases import DISTRIBUTED, LOAD, TP_PLAN_PHASES
+from warmgate.server.core.phases import DISTRIBUTED, LOAD, SERVING_REHEARSAL, TP_PLAN_PHASES
 from warmgate.server.core.results import PhaseStatus, SkipReason, WarmupReport
 from warmgate.server.jit.events import (
     CACHED_KINDS,
@@ -141,7 +141,8 @@ class Metrics:
         if cache:
             self.cache_degraded.set(1 if cache.get("degraded") else 0)
         for p in report.phases:
-            phase = _label(p.name, TP_PLAN_PHASES)  # every phase of either plan
+            # Every phase of either plan, and the rehearsal's when it failed.
+            phase = _label(p.name, (*TP_PLAN_PHASES, SERVING_REHEARSAL))
             if phase == LOAD and self._load_observed:
                 continue  # the first plan's report repeats the load the controller observed
             self._load_observed = self._load_observed or phase == LOAD
