@@ -4,6 +4,7 @@ client. A real server on the tiny model (CPU)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -67,7 +68,7 @@ def test_ready_comes_after_a_prefill_decodes_and_a_mixed_step_went_through_gener
                        for kind in steps) == sum(steps.values())
 
     run(body(), 120)
-    assert "serving rehearsal: 2 requests, 12 tokens through Generate" in caplog.text
+    assert "serving rehearsal: 2 requests, 20 tokens through Generate" in caplog.text
 
 
 def test_a_failed_rehearsal_keeps_health_not_serving_until_a_forced_warmup_passes_one(
@@ -113,5 +114,30 @@ def test_a_server_at_its_tightest_limits_passes_the_rehearsal(flags: tuple[str, 
                 AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             assert (await c.warmup_kernels()).outcome == pb.WARMUP_OUTCOME_SUCCEEDED
             assert await c.health() == SERVING
+
+    run(body(), 120)
+
+
+def test_readiness_lost_while_the_rehearsal_runs_fails_the_plan_with_that_reason() -> None:
+    """As a compile under --strict-jit fail does (the policy's own call, from the compiling
+    thread): the loss lands while the rehearsal's requests run."""
+
+    async def body() -> None:
+        async with serving(server_config("--no-engine-process")) as s, \
+                AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
+            async def rehearse_then_compile() -> None:
+                await s.generation.rehearse()
+                s.controller._jit_failed_threadsafe("compile after ready: triton (a test's)")
+                await asyncio.sleep(0.1)  # the loss is posted to the event loop
+
+            s.controller.set_rehearsal(rehearse_then_compile)
+            report = await c.warmup_kernels()
+            assert report.outcome == pb.WARMUP_OUTCOME_FAILED
+            assert report.phases[-1].name == "serving_rehearsal"
+            assert "compile after ready: triton (a test's)" in report.phases[-1].detail
+            assert await c.health() == NOT_SERVING
+            status = await c.get_status()
+            assert status.state == pb.WARMUP_STATE_FAILED
+            assert "compile after ready" in status.failure_reason
 
     run(body(), 120)

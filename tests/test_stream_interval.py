@@ -28,9 +28,24 @@ def test_messages_after_the_first_carry_the_interval_and_the_tokens_are_unchange
                 sizes.append(len(message.token_ids))
                 tokens += message.token_ids
             assert tokens == reference_greedy(ModelRunner(config.runner), ids, 11)
-            assert sizes[0] == 1  # the first token is not held back
+            # The first message carries what was queued when the handler read it (one token
+            # unless the reader fell behind); each later one at least 3 but the last.
             assert all(n >= 3 for n in sizes[1:-1]) and sum(sizes) == 11
             assert len(sizes) <= 1 + -(-10 // 3)  # 4 messages at most where 11 came one a step
+
+    run(body(), 120)
+
+
+def test_an_interval_past_the_output_still_sends_the_first_token_ahead() -> None:
+    """The rest wait for the end; a first message held back for the interval would carry all
+    40 (the reader would have to fall 39 steps behind for that to happen otherwise)."""
+
+    async def body() -> None:
+        config = server_config("--stream-interval", "100")
+        async with serving(config) as s, AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
+            await c.warmup_kernels()
+            sizes = [len(m.token_ids) async for m in c.generate(prompt(5), max_tokens=40)]
+            assert len(sizes) == 2 and sum(sizes) == 40, sizes
 
     run(body(), 120)
 

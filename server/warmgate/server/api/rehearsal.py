@@ -28,9 +28,10 @@ from warmgate.v1 import generate_pb2 as gen_pb
 # takes them before health is SERVING, and the request metrics leave them out.
 REHEARSING: ContextVar[bool] = ContextVar("warmgate_rehearsing", default=False)
 
-# Enough tokens that the first request decodes while the second one's prompt is prefilled
-# beside it (a mixed step), and the second decodes after its own prefill.
-FIRST_MAX_TOKENS = 8
+# Enough tokens that the first request still decodes when the second one's prompt comes in
+# beside it (a mixed step): the second goes out once the first token is back at the handler,
+# which on a loaded 2-core CPU took as long as 8 of a tiny model's steps.
+FIRST_MAX_TOKENS = 16
 SECOND_MAX_TOKENS = 4
 # The second prompt: several KV blocks, still a small prefill on any model.
 SECOND_PROMPT_LEN = 64
