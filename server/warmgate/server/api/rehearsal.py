@@ -6,16 +6,21 @@ request or per step, is not on that path: the Generate handler, the serving driv
 hand-off to the runner worker, the scheduler, the engine process's pipe and serving loop, and
 the events' way back to the stream. Without a rehearsal all of it runs for the first time
 under the first client's request (about 150 functions across the front and the engine
-process run for the first time there). Two requests go through it: a short greedy one, and
-once it has its first token a longer one with seeded random sampling, so the loop runs a
-prefill, uniform decodes and a mixed prefill+decode step, each sampler flavour, and the
-responses are serialized as gRPC would send them. They stay out of the request metrics (a
+process run for the first time there). So two requests go through it:
+
+1. a greedy one with a short prompt, long enough in tokens that it is still decoding when
+2. a longer seeded-random one goes out, once the first one's first token is back; its
+   prompt goes in beside the first one's decode (a mixed prefill+decode step). Once the
+   second has its first token the first is cut, as a client that goes away is (the abort
+   path), and the second runs to its end.
+
+So the loop runs a prefill, uniform decodes, a mixed step, an abort, each sampler flavour, and
+the responses are serialized as gRPC would send them. They stay out of the request metrics (a
 client never sent them); the steps they ran are counted like any other.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextvars import ContextVar
@@ -28,10 +33,9 @@ from warmgate.v1 import generate_pb2 as gen_pb
 # takes them before health is SERVING, and the request metrics leave them out.
 REHEARSING: ContextVar[bool] = ContextVar("warmgate_rehearsing", default=False)
 
-# Enough tokens that the first request still decodes when the second one's prompt comes in
-# beside it (a mixed step): the second goes out once the first token is back at the handler,
-# which on a loaded 2-core CPU took as long as 8 of a tiny model's steps.
-FIRST_MAX_TOKENS = 16
+# The first request's tokens: room for its decodes to go on until the second's prompt is in
+# (the hand-off back and forth takes a few of a small model's steps; it is cut after that).
+FIRST_MAX_TOKENS = 64
 SECOND_MAX_TOKENS = 4
 # The second prompt: several KV blocks, still a small prefill on any model.
 SECOND_PROMPT_LEN = 64
@@ -78,32 +82,35 @@ async def _drain(stream: AsyncIterator[gen_pb.GenerateResponse]) -> int:
     """Read a stream to its end, serializing each message; the tokens it carried."""
     tokens = 0
     async for message in stream:
-        message.SerializeToString()
-        tokens += len(message.token_ids)
+        tokens += _tokens(message)
     return tokens
 
 
 async def rehearse(generate: Generate, first: gen_pb.GenerateRequest,
                    second: gen_pb.GenerateRequest) -> RehearsalResult:
-    """Run both requests through `generate` (the Generate handler); whatever a stream
-    raises is raised here."""
+    """Run both requests through `generate` (the Generate handler), the first cut once the
+    second has its first token; whatever a stream raises is raised here."""
     mark = REHEARSING.set(True)
     try:
         start = time.perf_counter()
+        tokens = 0
         stream = generate(first)
-        later: asyncio.Task[int] | None = None
         try:
-            opening = await anext(stream)
-            opening.SerializeToString()
-            later = asyncio.ensure_future(_drain(generate(second)))  # copies REHEARSING
-            tokens = len(opening.token_ids) + await _drain(stream)
-            tokens += await later
-        finally:  # after an error of the first stream, that one is what is raised
-            if later is not None and not later.done():
-                later.cancel()  # its stream's request is aborted as a cancelled client's
-            elif later is not None and not later.cancelled():
-                later.exception()  # retrieved, so asyncio does not log it as lost
-            await stream.aclose()  # a stream cut short aborts its request
+            tokens += _tokens(await anext(stream))
+            later = generate(second)
+            try:
+                tokens += _tokens(await anext(later))
+                await stream.aclose()  # a client gone: its request is aborted
+                tokens += await _drain(later)
+            finally:
+                await later.aclose()
+        finally:
+            await stream.aclose()
         return RehearsalResult(2, tokens, time.perf_counter() - start)
     finally:
         REHEARSING.reset(mark)
+
+
+def _tokens(message: gen_pb.GenerateResponse) -> int:
+    message.SerializeToString()  # as gRPC sends it
+    return len(message.token_ids)
