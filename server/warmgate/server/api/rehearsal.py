@@ -6,13 +6,11 @@ request or per step, is not on that path: the Generate handler, the serving driv
 hand-off to the runner worker, the scheduler, the engine process's pipe and serving loop, and
 the events' way back to the stream. Without a rehearsal all of it runs for the first time
 under the first client's request (about 150 functions across the front and the engine
-process run for the first time there). So two requests go through it:
-
-1. a greedy one with a short prompt, long enough in tokens that it is still decoding when
-2. a longer seeded-random one goes out, once the first one's first token is back; its
-   prompt goes in beside the first one's decode (a mixed prefill+decode step). Once the
-   second has its first token the first is cut, as a client that goes away is (the abort
-   path), and the second runs to its end.
+process run for the first time there). So two requests go through it. The first is greedy,
+with a short prompt and room for many tokens. Once its first token is back, the second, a
+longer seeded-random one, goes out, and its prompt goes in beside the first one's decode (a
+mixed prefill+decode step). Once the second has its first token, the first is cut, as when a
+client goes away (the abort path), and the second runs to its end.
 
 So the loop runs a prefill, uniform decodes, a mixed step, an abort, each sampler flavour, and
 the responses are serialized as gRPC would send them. They stay out of the request metrics (a
