@@ -55,6 +55,9 @@ def test_ready_comes_after_a_prefill_decodes_and_a_mixed_step_went_through_gener
                 AsyncWarmgateClient(f"127.0.0.1:{s.port}") as c:
             await c.warmup_kernels()
             assert await c.health() == SERVING
+            # An engine process's step statistics come on their own messages, the last ones
+            # possibly after the stream's end; they are all in once its serving run returned.
+            assert await s.controller.wait_runner_idle(10)
             steps = {kind: _count(s, "warmgate_step_duration_seconds_count", {"kind": kind})
                      for kind in ("prefill", "decode", "mixed")}
             assert all(n > 0 for n in steps.values()), steps

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -43,7 +44,8 @@ Generate = Callable[[gen_pb.GenerateRequest], AsyncGenerator[gen_pb.GenerateResp
 
 @dataclass(frozen=True)
 class RehearsalResult:
-    num_requests: int
+    """What the two requests' streams carried, and how long they took."""
+
     num_tokens: int
     seconds: float
 
@@ -91,20 +93,13 @@ async def rehearse(generate: Generate, first: gen_pb.GenerateRequest,
     mark = REHEARSING.set(True)
     try:
         start = time.perf_counter()
-        tokens = 0
-        stream = generate(first)
-        try:
-            tokens += _tokens(await anext(stream))
-            later = generate(second)
-            try:
+        async with aclosing(generate(first)) as stream:  # a stream cut short aborts its request
+            tokens = _tokens(await anext(stream))
+            async with aclosing(generate(second)) as later:
                 tokens += _tokens(await anext(later))
-                await stream.aclose()  # a client gone: its request is aborted
+                await stream.aclose()  # a client gone: the first request is aborted
                 tokens += await _drain(later)
-            finally:
-                await later.aclose()
-        finally:
-            await stream.aclose()
-        return RehearsalResult(2, tokens, time.perf_counter() - start)
+        return RehearsalResult(tokens, time.perf_counter() - start)
     finally:
         REHEARSING.reset(mark)
 

@@ -52,6 +52,10 @@ RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
                1800)
 
 
+# A report's phases: every phase of either plan, and the serving rehearsal's when it failed.
+REPORT_PHASES = frozenset((*TP_PLAN_PHASES, SERVING_REHEARSAL))
+
+
 def _label(value: str, allowed: Iterable[str]) -> str:
     return value if value in allowed else OTHER
 
@@ -141,8 +145,7 @@ class Metrics:
         if cache:
             self.cache_degraded.set(1 if cache.get("degraded") else 0)
         for p in report.phases:
-            # Every phase of either plan, and the rehearsal's when it failed.
-            phase = _label(p.name, (*TP_PLAN_PHASES, SERVING_REHEARSAL))
+            phase = _label(p.name, REPORT_PHASES)
             if phase == LOAD and self._load_observed:
                 continue  # the first plan's report repeats the load the controller observed
             self._load_observed = self._load_observed or phase == LOAD
