@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import AsyncGenerator
 
 import pytest
 
@@ -148,3 +149,32 @@ def test_readiness_lost_while_the_rehearsal_runs_fails_the_plan_with_that_reason
             assert "compile after ready" in status.failure_reason
 
     run(body(), 120)
+
+
+def test_the_first_stream_is_cut_once_the_second_has_its_first_token() -> None:
+    """The order the abort path needs, on fake streams: the first is closed (its request
+    aborted) after the second's first message and before the second's next one."""
+    log: list[str] = []
+
+    async def first_stream() -> AsyncGenerator[gen_pb.GenerateResponse, None]:
+        try:
+            while True:  # a request that would run on
+                log.append("first token")
+                yield gen_pb.GenerateResponse(token_ids=[1])
+        finally:
+            log.append("first closed")
+
+    async def second_stream() -> AsyncGenerator[gen_pb.GenerateResponse, None]:
+        for n in range(3):
+            log.append(f"second token {n}")
+            yield gen_pb.GenerateResponse(token_ids=[2])
+
+    def generate(request: gen_pb.GenerateRequest
+                 ) -> AsyncGenerator[gen_pb.GenerateResponse, None]:
+        return first_stream() if request.request_id.endswith("greedy") else second_stream()
+
+    first, second = rehearsal.rehearsal_requests(_limits(4096), vocab_size=512)
+    result = run(rehearsal.rehearse(generate, first, second))
+    assert log == ["first token", "second token 0", "first closed", "second token 1",
+                   "second token 2"]
+    assert result.num_tokens == 4
