@@ -176,9 +176,9 @@ def record_uniform_flags(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -
     flags: list[bool] = []
     original = runner._run_model
 
-    def spy(input_ids: torch.Tensor, positions: torch.Tensor, meta: Any) -> torch.Tensor:
-        flags.append(meta.is_uniform_decode)
-        return original(input_ids, positions, meta)
+    def spy(inputs: Any) -> torch.Tensor:
+        flags.append(inputs.meta.is_uniform_decode)
+        return original(inputs)
 
     monkeypatch.setattr(runner, "_run_model", spy)
     return flags

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -70,9 +71,9 @@ def test_the_forward_returns_the_steps_own_rows_only() -> None:
     shapes: list[tuple[int, int]] = []
     run_model = runner._run_model
 
-    def spy(ids: torch.Tensor, pos: torch.Tensor, meta: object) -> torch.Tensor:
-        hidden = run_model(ids, pos, meta)  # type: ignore[arg-type]
-        shapes.append((ids.shape[0], hidden.shape[0]))
+    def spy(inputs: Any) -> torch.Tensor:
+        hidden = run_model(inputs)
+        shapes.append((inputs.input_ids.shape[0], hidden.shape[0]))
         return hidden
 
     runner._run_model = spy  # type: ignore[method-assign]

@@ -16,6 +16,8 @@ from tests.runner_helpers import MiniScheduler, make_runner, prompt
 from warmgate.client.aio import AsyncWarmgateClient
 from warmgate.server.jit import JitMonitor, StrictJitPolicy
 from warmgate.server.runner.attention.base import AttentionMetadata
+from warmgate.server.runner.step_shape import UNIFORM, StepShape
+from warmgate.server.runner.step_staging import StepViews
 from warmgate.server.telemetry.metrics import Metrics
 
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -31,17 +33,22 @@ class PartialGraphTable:
         self._runner, self._largest = runner, largest
         self.hits = 0
 
-    def run(self, meta: AttentionMetadata) -> torch.Tensor | None:
-        if meta.num_reqs > self._largest:
+    def shape_for(self, num_reqs: int, num_tokens: int, uniform: bool) -> StepShape | None:
+        if not uniform or num_reqs > self._largest:
             return None
-        self.hits += 1
-        b = self._runner.input_batch
-        self._runner.attention_backend.plan(meta)
-        return self._runner._eager_forward(b.input_ids.gpu[:meta.num_tokens],
-                                           b.positions.gpu[:meta.num_tokens], meta)
+        return StepShape(UNIFORM, num_tokens, num_reqs)  # each size captured: no padding
 
-    def run_ragged(self, meta: AttentionMetadata) -> torch.Tensor | None:
-        return None
+    def replay(self, shape: StepShape, views: StepViews) -> torch.Tensor:
+        self.hits += 1
+        meta = AttentionMetadata(
+            num_reqs=shape.num_reqs, num_tokens=shape.num_tokens, max_query_len=1,
+            max_seq_len=self._runner.max_model_len, query_start_loc=views.query_start_loc.gpu,
+            seq_lens=views.seq_lens.gpu, block_table=views.block_table.gpu,
+            slot_mapping=views.slot_mapping.gpu, positions=views.positions.gpu,
+            query_start_loc_cpu=views.query_start_loc.cpu, seq_lens_cpu=views.seq_lens.cpu,
+            block_table_cpu=views.block_table.cpu, is_uniform_decode=True)
+        self._runner.attention_backend.plan(meta)
+        return self._runner._eager_forward(views.input_ids.gpu, views.positions.gpu, meta)
 
 
 def _decode_batch(runner: Any, num_reqs: int, tag: str) -> None:

@@ -37,7 +37,7 @@ def test_vllm_attribute_contract(runner: ModelRunner) -> None:
     stats = runner.load_stats
     assert stats.weights_s >= 0 and stats.kv_cache_s >= 0 and stats.weights_source == "random"
     assert stats.kv_cache_bytes == 2 * 40 * 2 * 4 * 2 * 16 * 4
-    assert runner.input_batch.block_table.gpu.shape == (4, 32)  # ceil(128 / 4)
+    assert runner.input_batch.staging.views(1, 4).block_table.gpu.shape == (4, 32)  # 128 / 4
 
 
 def test_unresolved_config_is_refused() -> None:

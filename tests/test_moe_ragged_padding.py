@@ -17,6 +17,7 @@ server's own capture of every graph with them."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -101,10 +102,11 @@ def test_capturing_the_largest_ragged_bucket_of_a_moe_model(uninitialized_is_nan
     buckets = graphs.ragged_buckets
     bucket = max(buckets)  # the torch alignment's (the kernel's: the next test)
     assert bucket > ALIGN_KERNEL_MAX_BUCKET
-    b = runner.input_batch
-    meta = graphs._pad_ragged(0, 0, bucket)
+    shape = graphs.ragged_shape(bucket)
+    views = runner.input_batch.stage_empty(shape)
     with torch.inference_mode():
-        out = runner._eager_forward(b.input_ids.gpu[:bucket], b.positions.gpu[:bucket], meta)
+        out = runner._eager_forward(views.input_ids.gpu, views.positions.gpu,
+                                    graphs.graph_meta(shape, views))
     assert out.shape[0] == bucket  # the padding's rows: no request reads them
     if DEVICE == "cuda":  # the server's capture of every graph, largest first
         torch.cuda.synchronize()
@@ -128,13 +130,13 @@ def test_a_padded_moe_batch_gives_its_real_tokens_the_unpadded_rows(
     original = runner._run_model
     checked: list[int] = []
 
-    def compare(input_ids: torch.Tensor, positions: torch.Tensor, meta: object
-                ) -> torch.Tensor:
-        eager = original(input_ids, positions, meta).clone()
-        n, b = meta.num_tokens, runner.input_batch  # type: ignore[attr-defined]
-        graph_meta = graphs._pad_ragged(meta.num_reqs, n, bucket)  # type: ignore[attr-defined]
-        padded = runner._eager_forward(b.input_ids.gpu[:bucket], b.positions.gpu[:bucket],
-                                       graph_meta)
+    def compare(inputs: Any) -> torch.Tensor:
+        eager = original(inputs).clone()
+        n, shape = inputs.meta.num_tokens, graphs.ragged_shape(bucket)  # type: ignore[attr-defined]
+        # The same step staged as the bucket's graph replays it.
+        views = runner.input_batch.prepare_inputs(inputs.scheduled, lambda *_: shape).views
+        graph_meta = graphs.graph_meta(shape, views)  # type: ignore[attr-defined]
+        padded = runner._eager_forward(views.input_ids.gpu, views.positions.gpu, graph_meta)
         assert not padded[:n].isnan().any()
         torch.testing.assert_close(padded[:n], eager, atol=1e-4, rtol=1e-4)
         checked.append(n)

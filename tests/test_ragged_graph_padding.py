@@ -40,14 +40,16 @@ def test_padded_ragged_batch_matches_eager_rows(backend: str,
     original = runner._run_model
     checked: list[tuple[int, int]] = []
 
-    def compare(input_ids: torch.Tensor, positions: torch.Tensor, meta: Any) -> torch.Tensor:
-        eager = original(input_ids, positions, meta).clone()
-        n, b = meta.num_tokens, runner.input_batch
-        graph_meta = graphs._pad_ragged(meta.num_reqs, n, BUCKET)
+    def compare(inputs: Any) -> torch.Tensor:
+        eager = original(inputs).clone()
+        meta, n = inputs.meta, inputs.meta.num_tokens
+        shape = graphs.ragged_shape(BUCKET)
+        # The same step staged as the bucket's graph replays it.
+        views = runner.input_batch.prepare_inputs(inputs.scheduled, lambda *_: shape).views
+        graph_meta = graphs.graph_meta(shape, views)
         assert (graph_meta.num_reqs, graph_meta.num_tokens) == (4, BUCKET)
         assert graph_meta.query_start_loc.tolist()[meta.num_reqs:] == [n] * (5 - meta.num_reqs)
-        padded = runner._eager_forward(b.input_ids.gpu[:BUCKET], b.positions.gpu[:BUCKET],
-                                       graph_meta)
+        padded = runner._eager_forward(views.input_ids.gpu, views.positions.gpu, graph_meta)
         torch.testing.assert_close(padded[:n], eager, atol=1e-5, rtol=1e-5)
         checked.append((meta.num_reqs, n))
         return eager

@@ -20,8 +20,8 @@ def _spy_steps(runner: Any) -> list[tuple[bool, bool, str, bool]]:
     prepare = runner.input_batch.prepare_inputs
     batch_shape = runner._batch_shape
 
-    def spy_prepare(scheduled: list[Any]) -> Any:
-        inputs = prepare(scheduled)
+    def spy_prepare(scheduled: list[Any], shape_for: Any = None) -> Any:
+        inputs = prepare(scheduled, shape_for)
         prefill = any(s.num_computed_tokens < s.state.num_prompt_tokens for s in scheduled)
         decode_len = all(s.num_scheduled_tokens == runner.decode_query_len for s in scheduled)
         seen.append((prefill, inputs.meta.is_uniform_decode, "", decode_len))

@@ -77,14 +77,14 @@ def test_uniform_decode_forward_does_not_sync(monkeypatch: pytest.MonkeyPatch) -
     original = runner._run_model
     seen: list[bool] = []
 
-    def strict(input_ids: torch.Tensor, positions: torch.Tensor, meta: Any) -> torch.Tensor:
-        seen.append(meta.is_uniform_decode)
-        if not meta.is_uniform_decode:
-            return original(input_ids, positions, meta)
+    def strict(inputs: Any) -> torch.Tensor:
+        seen.append(inputs.meta.is_uniform_decode)
+        if not inputs.meta.is_uniform_decode:
+            return original(inputs)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            return original(input_ids, positions, meta)
+            return original(inputs)
         finally:
             torch.cuda.set_sync_debug_mode("default")
 

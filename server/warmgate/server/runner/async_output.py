@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 
 from warmgate.server.runner.host_copy import to_device
-from warmgate.server.runner.input_batch import InputBatch, StepInputs
+from warmgate.server.runner.input_batch import StepInputs
 from warmgate.server.runner.request_state import PLACEHOLDER, RequestState, ScheduledRequest
 from warmgate.server.runner.sampling.logprobs import logprob_table, read_logprob_table
 from warmgate.server.runner.scheduler_output import ModelRunnerOutput, TokenLogprobs
@@ -133,23 +132,14 @@ class DeviceTokens:
                                 host=host, event=event, template=template,
                                 logprobs=(table, wanted) if table is not None else None)
 
-    def fill_inputs(self, inputs: StepInputs, batch: InputBatch) -> int:
+    def fill_inputs(self, inputs: StepInputs) -> int:
         """Write the device tokens into this step's input rows that hold a placeholder (a
-        request whose last token the host does not have yet), in the persistent device
-        input_ids buffer the forward and the graphs read. Returns the rows written."""
-        if self._tokens is None:
+        request whose last token the host does not have yet), which prepare_inputs listed
+        and sent with the step's inputs. Returns the rows written."""
+        n = inputs.num_pending
+        if self._tokens is None or not n:
             return 0
-        # The host buffer prepare_inputs just filled: a placeholder row is a pending token.
-        rows = np.flatnonzero(batch.input_ids.np[:inputs.meta.num_tokens] == PLACEHOLDER)
-        if not rows.size:
-            return 0
-        num_reqs = inputs.meta.num_reqs
-        ends = inputs.meta.query_start_loc_cpu.numpy()[1:num_reqs + 1]
-        scheduled = inputs.scheduled
-        # Only the newest token can be pending, the request's one input then (a pending
-        # request gets neither drafts nor a prompt chunk); its row of the launched tokens:
-        src = [scheduled[i].state.device_row
-               for i in np.searchsorted(ends, rows, side="right").tolist()]
-        dst, which = to_device(rows.tolist() + src, torch.long, batch.device).split(rows.size)
-        batch.input_ids.gpu.index_copy_(0, dst, self._tokens.index_select(0, which))
-        return int(rows.size)
+        pending, cap = inputs.views.pending.gpu, inputs.views.num_reqs
+        inputs.input_ids.index_copy_(0, pending[:n], self._tokens.index_select(
+            0, pending[cap:cap + n]))
+        return n

@@ -1,12 +1,13 @@
 """CUDA graphs for uniform-decode batches and, where the attention backend allows, for ragged
 ones (prefill, chunked prefill, mixed prefill+decode).
 
-Uniform decode. The recipe: static max-size input buffers (the InputBatch's device buffers);
-capture sizes in requests (so in tokens every size is a multiple of decode_query_len); capture
-largest first into one memory pool; one eager run of the same batch before each capture; at
-replay pad the batch to the nearest captured size and reset the padding; fall back to eager
-when no captured size fits. Padded requests read and write only the null block 0. Every graph
-is replayed once right after capture, so its upload is part of warmup, not of the first real
+Uniform decode. The recipe: capture sizes in requests (so in tokens every size is a multiple
+of decode_query_len); capture largest first into one memory pool; one eager run of the same
+batch before each capture; fall back to eager when no captured size fits. A step's inputs are
+staged for the shape it replays (runner/step_staging.py): padded to the nearest captured size
+on the host, where padded requests read and write only the null block 0, and sent with the
+step's one copy to the device views that shape's graph was captured on. Every graph is
+replayed once right after capture, so its upload is part of warmup, not of the first real
 batch.
 
 Capture does not go through torch.cuda.graph: its __enter__ empties the caching allocator
@@ -43,6 +44,8 @@ from typing import Any
 import torch
 
 from warmgate.server.runner.attention.base import AttentionBackend, AttentionMetadata
+from warmgate.server.runner.step_shape import RAGGED, UNIFORM, StepShape
+from warmgate.server.runner.step_staging import StepViews
 
 logger = logging.getLogger(__name__)
 
@@ -99,12 +102,11 @@ class CudaGraphRunner:
                  device: torch.device, ragged_buckets: Sequence[int] = ()) -> None:
         self.forward = forward
         self.backend = backend
-        self.buffers = buffers  # the InputBatch whose StaticBuffers the graphs read
+        self.buffers = buffers  # the InputBatch whose staged views the graphs read
         self.decode_query_len = decode_query_len
         self.max_model_len = max_model_len
         self.device = device
-        max_reqs = buffers.seq_lens.gpu.shape[0]
-        max_tokens = buffers.input_ids.gpu.shape[0]
+        max_reqs, max_tokens = buffers.max_num_reqs, buffers.max_num_tokens
         self.sizes = capturable_sizes(sizes, max_reqs, decode_query_len, max_tokens)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -117,11 +119,7 @@ class CudaGraphRunner:
         # Seconds of the last capture by step (CAPTURE_STEPS), for its report.
         self._spent = dict.fromkeys(CAPTURE_STEPS, 0.0)
         self.num_replays = 0
-        # For a uniform decode, query_start_loc is always 0, q, 2q, ...
-        self._uniform_qsl = (torch.arange(max_reqs + 1, dtype=torch.int32)
-                             * decode_query_len)  # [max_reqs + 1], host
-        self._uniform_qsl_gpu = self._uniform_qsl.to(device)
-
+        self._metas: dict[StepShape, AttentionMetadata] = {}
     @property
     def captured(self) -> bool:
         return bool(self.graphs)
@@ -131,63 +129,55 @@ class CudaGraphRunner:
         i = bisect.bisect_left(sizes, num_reqs)
         return sizes[i] if i < len(sizes) else None
 
-    def _graph_meta(self, num_reqs: int, num_tokens: int, max_query_len: int,
-                    uniform: bool) -> AttentionMetadata:
-        """Graph metadata: views of the first num_reqs / num_tokens rows of the buffers."""
-        b = self.buffers
-        return AttentionMetadata(
-            num_reqs=num_reqs, num_tokens=num_tokens, max_query_len=max_query_len,
-            max_seq_len=self.max_model_len, query_start_loc=b.query_start_loc.gpu[:num_reqs + 1],
-            seq_lens=b.seq_lens.gpu[:num_reqs], block_table=b.block_table.gpu[:num_reqs],
-            slot_mapping=b.slot_mapping.gpu[:num_tokens], positions=b.positions.gpu[:num_tokens],
-            query_start_loc_cpu=b.query_start_loc.cpu[:num_reqs + 1],
-            seq_lens_cpu=b.seq_lens.cpu[:num_reqs], block_table_cpu=b.block_table.cpu[:num_reqs],
-            is_uniform_decode=uniform, for_cuda_graph=True)
+    def shape_for(self, num_reqs: int, num_tokens: int, uniform: bool) -> StepShape | None:
+        """The captured graph a step of num_reqs requests and num_tokens tokens replays (a
+        uniform decode the smallest size that holds its requests, a ragged batch the
+        smallest token bucket that holds its tokens); None: it runs eagerly."""
+        if uniform:
+            size = self.size_for(num_reqs)
+            return None if size is None else self.uniform_shape(size)
+        i = bisect.bisect_left(self.ragged_buckets, num_tokens)
+        if i == len(self.ragged_buckets) or self.ragged_buckets[i] not in self.ragged_graphs:
+            return None  # too many tokens, or not captured (yet)
+        return self.ragged_shape(self.ragged_buckets[i])
 
-    def _pad(self, num_reqs: int, size: int) -> AttentionMetadata:
-        """Fill rows num_reqs..size of every buffer with a harmless request on the null block,
-        and return graph metadata over the first `size` rows."""
-        b, q = self.buffers, self.decode_query_len
-        self.buffers.zero_tokens(num_reqs * q, size * q)
-        b.block_table.gpu[num_reqs:size].zero_()
-        b.seq_lens.gpu[num_reqs:size].fill_(q)
-        b.query_start_loc.gpu[:size + 1].copy_(self._uniform_qsl_gpu[:size + 1])
-        # Host copies for planners: rows past num_reqs were not part of this step's copies.
-        b.seq_lens.cpu[num_reqs:size] = q
-        b.block_table.cpu[num_reqs:size] = 0
-        b.query_start_loc.cpu[:size + 1] = self._uniform_qsl[:size + 1]
-        return self._graph_meta(size, size * q, q, uniform=True)
+    def uniform_shape(self, size: int) -> StepShape:
+        return StepShape(UNIFORM, size * self.decode_query_len, size)
+
+    def ragged_shape(self, bucket: int) -> StepShape:
+        """A bucket's graph holds min(max_reqs, bucket) requests."""
+        return StepShape(RAGGED, bucket, self.ragged_reqs(bucket))
 
     def ragged_reqs(self, bucket: int) -> int:
         """Requests a ragged graph of `bucket` tokens holds."""
         return min(self.max_reqs, bucket)
 
-    def _pad_ragged(self, num_reqs: int, num_tokens: int, bucket: int) -> AttentionMetadata:
-        """Graph metadata over `bucket` tokens: the batch's requests and tokens first, then
-        requests of query length 0 and tokens that no request owns, written to the null
-        block."""
-        b, r_pad = self.buffers, self.ragged_reqs(bucket)
-        self.buffers.zero_tokens(num_tokens, bucket)
-        b.query_start_loc.gpu[num_reqs + 1:r_pad + 1].fill_(num_tokens)
-        b.seq_lens.gpu[num_reqs:r_pad].zero_()
-        b.block_table.gpu[num_reqs:r_pad].zero_()  # stale rows would name live blocks
-        b.query_start_loc.cpu[num_reqs + 1:r_pad + 1] = num_tokens
-        b.seq_lens.cpu[num_reqs:r_pad] = 0
-        b.block_table.cpu[num_reqs:r_pad] = 0
-        return self._graph_meta(r_pad, bucket, bucket, uniform=False)
+    def graph_meta(self, shape: StepShape, views: StepViews) -> AttentionMetadata:
+        """The metadata a shape's graph is captured and replayed with: its whole views."""
+        uniform = shape.kind == UNIFORM
+        return AttentionMetadata(
+            num_reqs=shape.num_reqs, num_tokens=shape.num_tokens,
+            max_query_len=self.decode_query_len if uniform else shape.num_tokens,
+            max_seq_len=self.max_model_len, query_start_loc=views.query_start_loc.gpu,
+            seq_lens=views.seq_lens.gpu, block_table=views.block_table.gpu,
+            slot_mapping=views.slot_mapping.gpu, positions=views.positions.gpu,
+            query_start_loc_cpu=views.query_start_loc.cpu, seq_lens_cpu=views.seq_lens.cpu,
+            block_table_cpu=views.block_table.cpu, is_uniform_decode=uniform,
+            for_cuda_graph=True)
 
-    def _capture_one(self, tokens: int, meta: AttentionMetadata, pool: Any,
-                     stream: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        b = self.buffers
+    def _capture_one(self, shape: StepShape, pool: Any, stream: torch.cuda.Stream
+                     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         start = time.perf_counter()
+        views = self.buffers.stage_empty(shape)
+        meta = self.graph_meta(shape, views)
         self.backend.plan(meta)
         # One eager run first: lazy allocations and autotuning must not happen in capture.
-        self.forward(b.input_ids.gpu[:tokens], b.positions.gpu[:tokens], meta)
+        self.forward(views.input_ids.gpu, views.positions.gpu, meta)
         torch.cuda.synchronize(self.device)
         eager = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         with capturing(graph, pool, stream):
-            out = self.forward(b.input_ids.gpu[:tokens], b.positions.gpu[:tokens], meta)
+            out = self.forward(views.input_ids.gpu, views.positions.gpu, meta)
             recorded = time.perf_counter()
         self._spent["eager_runs_s"] += eager - start
         self._spent["recording_s"] += recorded - eager
@@ -208,29 +198,24 @@ class CudaGraphRunner:
         gc.collect()  # destroy unreachable graphs and streams now, not inside a capture
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
-        self.buffers.query_start_loc.gpu[:1].zero_()
         # (tokens, is_ragged, size): the biggest graphs first, so smaller ones reuse the pool.
         todo = sorted([(s * self.decode_query_len, False, s) for s in self.sizes]
                       + [(t, True, t) for t in self.ragged_buckets], reverse=True)
-        for tokens, ragged, size in todo:
+        for _, ragged, size in todo:
             if ragged:
-                graph, out = self._capture_one(tokens, self._pad_ragged(0, 0, size), pool,
-                                               stream)
+                graph, out = self._capture_one(self.ragged_shape(size), pool, stream)
                 self.ragged_graphs[size], self.ragged_outputs[size] = graph, out
             else:
                 self.backend.begin_graph_capture(size)
-                graph, out = self._capture_one(tokens, self._pad(0, size), pool, stream)
+                graph, out = self._capture_one(self.uniform_shape(size), pool, stream)
                 self.graphs[size], self.outputs[size] = graph, out
         self.backend.end_graph_capture()
         replays = time.perf_counter()
         # Replay each graph once now: the first launch of an instantiated graph also uploads
         # it to the device, which would otherwise land on the first real batch of that size.
-        for size in sorted(self.graphs):
-            self.backend.plan(self._pad(0, size))
-            self.graphs[size].replay()
-        for bucket in sorted(self.ragged_graphs):
-            self.backend.plan(self._pad_ragged(0, 0, bucket))
-            self.ragged_graphs[bucket].replay()
+        for shape in [*map(self.uniform_shape, sorted(self.graphs)),
+                      *map(self.ragged_shape, sorted(self.ragged_graphs))]:
+            self._launch(shape, self.buffers.stage_empty(shape))
         torch.cuda.synchronize(self.device)
         self._spent["first_replays_s"] = time.perf_counter() - replays
         seconds = time.perf_counter() - start
@@ -251,25 +236,22 @@ class CudaGraphRunner:
                     info["free_mib_before"], info["free_mib_after"])
         return info
 
-    def run(self, meta: AttentionMetadata) -> torch.Tensor | None:
-        """Replay the graph for this uniform-decode batch; None means run it eagerly."""
-        size = self.size_for(meta.num_reqs)
-        if size is None:
-            return None  # the runner records the miss, with the batch, in its JitMonitor
-        graph_meta = self._pad(meta.num_reqs, size)
-        self.backend.plan(graph_meta)
-        self.graphs[size].replay()
-        self.num_replays += 1
-        return self.outputs[size][:meta.num_tokens]
+    def replay(self, shape: StepShape, views: StepViews) -> torch.Tensor:
+        """Replay shape's graph on the views its step was staged in; its whole output
+        [shape.num_tokens, H] (the step's own rows first)."""
+        if shape.kind == UNIFORM:
+            self.num_replays += 1
+        else:
+            self.num_ragged_replays += 1
+        return self._launch(shape, views)
 
-    def run_ragged(self, meta: AttentionMetadata) -> torch.Tensor | None:
-        """Replay the smallest ragged graph that holds this batch's tokens; None: eager."""
-        i = bisect.bisect_left(self.ragged_buckets, meta.num_tokens)
-        if i == len(self.ragged_buckets) or self.ragged_buckets[i] not in self.ragged_graphs:
-            return None  # too many tokens, or not captured (yet)
-        bucket = self.ragged_buckets[i]
-        graph_meta = self._pad_ragged(meta.num_reqs, meta.num_tokens, bucket)
-        self.backend.plan(graph_meta)
-        self.ragged_graphs[bucket].replay()
-        self.num_ragged_replays += 1
-        return self.ragged_outputs[bucket][:meta.num_tokens]
+    def _launch(self, shape: StepShape, views: StepViews) -> torch.Tensor:
+        meta = self._metas.get(shape)
+        if meta is None:  # views are a function of the shape: so is its metadata
+            meta = self._metas[shape] = self.graph_meta(shape, views)
+        self.backend.plan(meta)
+        if shape.kind == UNIFORM:
+            self.graphs[shape.num_reqs].replay()
+            return self.outputs[shape.num_reqs]
+        self.ragged_graphs[shape.num_tokens].replay()
+        return self.ragged_outputs[shape.num_tokens]

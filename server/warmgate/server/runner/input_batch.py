@@ -1,14 +1,16 @@
 """Per-request state and the flattening of a SchedulerOutput into one step's device inputs.
 
-Inputs are assembled on the host in persistent max-size numpy-backed buffers, then copied
-with one host->device copy per tensor into persistent device buffers; the metadata tensors are
-views of those device buffers, so a CUDA-graph runner can later capture against the same
-storage and replay after padding it in place.
+Inputs are assembled on the host in one pinned buffer, laid out for the step's padded shape
+(runner/step_staging.py: the shape of the CUDA graph it replays, or of its eager forward),
+padding included, and sent to the device in one copy; the metadata tensors are views of that
+buffer's device twin, at addresses fixed per shape, so a graph captured for a shape reads the
+next batch of that shape where it was captured.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,22 +18,13 @@ import torch
 from warmgate.server.runner.attention.base import AttentionMetadata
 from warmgate.server.runner.batch import is_uniform_decode
 from warmgate.server.runner.block_rows import BlockRows
-from warmgate.server.runner.request_state import RequestState, ScheduledRequest
+from warmgate.server.runner.request_state import PLACEHOLDER, RequestState, ScheduledRequest
 from warmgate.server.runner.scheduler_output import GREEDY, SamplingParams, SchedulerOutput
+from warmgate.server.runner.step_shape import EAGER, UNIFORM, StepShape
+from warmgate.server.runner.step_staging import StepStaging, StepViews
 
-
-class StaticBuffer:
-    """A host tensor (pinned on CUDA) with a numpy view for filling, and its device twin."""
-
-    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
-        pin = device.type == "cuda"
-        self.cpu = torch.zeros(shape, dtype=dtype, pin_memory=pin)
-        self.np = self.cpu.numpy()
-        self.gpu = torch.zeros(shape, dtype=dtype, device=device)
-
-    def copy_to_device(self, n: int) -> torch.Tensor:
-        """Copy the first n rows over and return the device view of them."""
-        return self.gpu[:n].copy_(self.cpu[:n], non_blocking=True)
+# The padded shape for a step of (requests, tokens, uniform decode): the runner's choice.
+ShapeFor = Callable[[int, int, bool], StepShape]
 
 
 @dataclass
@@ -42,8 +35,14 @@ class StepInputs:
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [num_logits_rows] int64, rows of the step's hidden states
     logits_req_ids: list[str]  # [num_logits_rows], the request each logits row belongs to
+    # What the step was padded to, and its regions at that shape (the real rows first).
+    shape: StepShape
+    views: StepViews
     # Every request still reading its prompt (batch.is_prefilling): a PREFILL batch.
     all_prefill: bool = False
+    # Input rows whose token is still on the device (views.pending: these rows, then each
+    # one's row of the device's tokens).
+    num_pending: int = 0
 
     @property
     def req_ids(self) -> list[str]:
@@ -59,35 +58,29 @@ class InputBatch:
         self.device = device
         self.default_sampling_params = default_sampling_params
         self.requests: dict[str, RequestState] = {}
-        self.input_ids = StaticBuffer((max_num_tokens,), torch.int64, device)
-        self.positions = StaticBuffer((max_num_tokens,), torch.int64, device)
-        self.query_start_loc = StaticBuffer((max_num_reqs + 1,), torch.int32, device)
-        self.seq_lens = StaticBuffer((max_num_reqs,), torch.int32, device)
-        self.block_table = StaticBuffer((max_num_reqs, max_blocks_per_req), torch.int32, device)
+        self.staging = StepStaging(max_num_tokens, max_num_reqs, max_blocks_per_req, device)
         self.block_rows = BlockRows(max_blocks_per_req, max_num_reqs)
-        self.slot_mapping = StaticBuffer((max_num_tokens,), torch.int64, device)
-        self.logits_indices = StaticBuffer((max_num_tokens,), torch.int64, device)
-        # The pinned host buffers are refilled every step: wait until the last step's
-        # non-blocking copies have left them.
+        # The pinned host buffer is refilled every step: wait until the last step's
+        # non-blocking copy has left it.
         self._copies_done = torch.cuda.Event() if device.type == "cuda" else None
 
-    def zero_tokens(self, start: int, end: int) -> None:
-        """Device rows start..end as padding tokens: token 0 at position 0, written to slot 0
-        of the null block (no request reads it)."""
-        self.input_ids.gpu[start:end].zero_()
-        self.positions.gpu[start:end].zero_()
-        self.slot_mapping.gpu[start:end].zero_()
+    @property
+    def max_num_reqs(self) -> int:
+        return self.staging.max_num_reqs
 
-    def padded(self, meta: AttentionMetadata, num_tokens: int
-               ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """This step's inputs and metadata over num_tokens rows: its own tokens first, then
-        padding tokens that no request owns (query_start_loc still ends at the step's own
-        count, so attention leaves their rows alone; every other op is row-wise)."""
-        self.zero_tokens(meta.num_tokens, num_tokens)
-        positions = self.positions.gpu[:num_tokens]
-        return (self.input_ids.gpu[:num_tokens], positions,
-                replace(meta, num_tokens=num_tokens, positions=positions,
-                        slot_mapping=self.slot_mapping.gpu[:num_tokens]))
+    @property
+    def max_num_tokens(self) -> int:
+        return self.staging.max_num_tokens
+
+    def stage_empty(self, shape: StepShape) -> StepViews:
+        """A graph shape's regions holding no request at all, only padding, sent to the
+        device: what a graph is captured (and first replayed) on."""
+        self._wait_for_last_copy()
+        views = self.staging.views(shape.num_tokens, shape.num_reqs)
+        views.query_start_loc.np[0] = 0
+        self._pad(views, shape, 0, 0)
+        self._send(views)
+        return views
 
     def update_states(self, so: SchedulerOutput) -> list[ScheduledRequest]:
         """Apply a validated SchedulerOutput; returns the step's requests in schedule order."""
@@ -125,59 +118,108 @@ class InputBatch:
             s.state.num_computed_tokens = s.seq_len
         return scheduled
 
-    def prepare_inputs(self, scheduled: list[ScheduledRequest]) -> StepInputs:
-        """Fill the host buffers for this step, then copy each to the device once. One pass
-        over the step's requests gathers their numbers; everything per token is numpy."""
-        if self._copies_done is not None:
-            self._copies_done.synchronize()
+    def prepare_inputs(self, scheduled: list[ScheduledRequest],
+                       shape_for: ShapeFor | None = None) -> StepInputs:
+        """Fill the host buffer for this step at the padded shape shape_for picks (exact
+        when None), then send it to the device in one copy. One pass over the step's requests
+        gathers their numbers; everything per token is numpy."""
+        self._wait_for_last_copy()
         num_reqs = len(scheduled)
         query_lens = np.fromiter((s.num_scheduled_tokens for s in scheduled), np.int64, num_reqs)
         computed = np.fromiter((s.num_computed_tokens for s in scheduled), np.int64, num_reqs)
         prompt_lens = np.fromiter((len(s.state.prompt_token_ids) for s in scheduled), np.int64,
                                   num_reqs)
-        positions = self._fill_positions(query_lens, computed)
-        self._fill_slot_mapping(scheduled, query_lens, positions)
-        rows, row_req_ids = self._fill_token_ids(scheduled)
+        num_tokens, max_query_len = int(query_lens.sum()), int(query_lens.max())
         prefilling = computed < prompt_lens  # batch.is_prefilling, per request
-        meta = self._metadata(num_reqs, query_lens, computed, any_prefill=bool(prefilling.any()))
-        inputs = StepInputs(scheduled=scheduled,
-                            input_ids=self.input_ids.copy_to_device(meta.num_tokens),
-                            positions=meta.positions, meta=meta,
-                            logits_indices=self.logits_indices.copy_to_device(rows),
-                            logits_req_ids=row_req_ids,
-                            all_prefill=bool(prefilling.all()))
+        uniform = is_uniform_decode(num_tokens, num_reqs, max_query_len, self.decode_query_len,
+                                    any_prefill=bool(prefilling.any()))
+        shape = (StepShape(EAGER, num_tokens, num_reqs) if shape_for is None
+                 else shape_for(num_reqs, num_tokens, uniform))
+        views = self.staging.views(shape.num_tokens, shape.num_reqs)
+        positions = self._fill_positions(views, query_lens, computed)
+        self._fill_slot_mapping(views, scheduled, query_lens, positions)
+        rows, row_req_ids = self._fill_token_ids(views, scheduled)
+        num_pending = _fill_pending(views, scheduled, num_tokens)
+        self._pad(views, shape, num_reqs, num_tokens)
+        self._send(views)
+        meta = AttentionMetadata(
+            num_reqs=num_reqs, num_tokens=num_tokens, max_query_len=max_query_len,
+            max_seq_len=int((computed + query_lens).max()),
+            query_start_loc=_head(views.query_start_loc.gpu, num_reqs + 1),
+            seq_lens=_head(views.seq_lens.gpu, num_reqs),
+            block_table=_head(views.block_table.gpu, num_reqs),
+            slot_mapping=_head(views.slot_mapping.gpu, num_tokens),
+            positions=_head(views.positions.gpu, num_tokens),
+            query_start_loc_cpu=_head(views.query_start_loc.cpu, num_reqs + 1),
+            seq_lens_cpu=_head(views.seq_lens.cpu, num_reqs),
+            block_table_cpu=_head(views.block_table.cpu, num_reqs),
+            is_uniform_decode=uniform)
+        return StepInputs(scheduled=scheduled,
+                          input_ids=_head(views.input_ids.gpu, num_tokens),
+                          positions=meta.positions, meta=meta,
+                          logits_indices=views.logits_indices.gpu[:rows],
+                          logits_req_ids=row_req_ids, shape=shape, views=views,
+                          all_prefill=bool(prefilling.all()), num_pending=num_pending)
+
+    def _wait_for_last_copy(self) -> None:
+        if self._copies_done is not None:
+            self._copies_done.synchronize()
+
+    def _send(self, views: StepViews) -> None:
+        self.staging.send(views)
         if self._copies_done is not None:
             self._copies_done.record()
-        return inputs
 
-    def _fill_positions(self, query_lens: np.ndarray, computed: np.ndarray) -> np.ndarray:
+    def _pad(self, views: StepViews, shape: StepShape, num_reqs: int, num_tokens: int) -> None:
+        """Rows past the step's own as the shape's padding: tokens that no request owns
+        (token 0 at position 0, written to slot 0 of the null block), and requests on the
+        null block (a zero block table row; stale ids would name live blocks) that decode
+        decode_query_len tokens in a uniform-decode graph and none in a ragged one."""
+        if shape.num_tokens > num_tokens:
+            for region in (views.input_ids, views.positions, views.slot_mapping):
+                region.np[num_tokens:] = 0
+        if shape.num_reqs > num_reqs:
+            views.block_table.np[num_reqs:] = 0
+            if shape.kind == UNIFORM:
+                q = self.decode_query_len
+                views.seq_lens.np[num_reqs:] = q
+                views.query_start_loc.np[num_reqs + 1:] = np.arange(
+                    num_reqs + 1, shape.num_reqs + 1) * q
+            else:
+                views.seq_lens.np[num_reqs:] = 0
+                views.query_start_loc.np[num_reqs + 1:] = num_tokens
+
+    def _fill_positions(self, views: StepViews, query_lens: np.ndarray, computed: np.ndarray
+                        ) -> np.ndarray:
         """query_start_loc, seq_lens and every token's position: its request's first query
         position plus its offset in the request's query."""
         num_reqs, num_tokens = len(query_lens), int(query_lens.sum())
-        qsl = self.query_start_loc.np
+        qsl = views.query_start_loc.np
         qsl[0] = 0
         qsl[1:num_reqs + 1] = np.cumsum(query_lens)
-        self.seq_lens.np[:num_reqs] = computed + query_lens
+        views.seq_lens.np[:num_reqs] = computed + query_lens
         positions = (np.arange(num_tokens) - np.repeat(qsl[:num_reqs], query_lens)
                      + np.repeat(computed, query_lens))
-        self.positions.np[:num_tokens] = positions
+        views.positions.np[:num_tokens] = positions
         return positions
 
-    def _fill_slot_mapping(self, scheduled: list[ScheduledRequest], query_lens: np.ndarray,
-                           positions: np.ndarray) -> None:
+    def _fill_slot_mapping(self, views: StepViews, scheduled: list[ScheduledRequest],
+                           query_lens: np.ndarray, positions: np.ndarray) -> None:
         """The block table (the requests' rows of block_rows gathered in one numpy take), and
         the KV slot each token writes to."""
         num_reqs = len(scheduled)
-        table = self.block_table.np
+        table = views.block_table.np
         rows = self.block_rows.rows_of([s.state for s in scheduled])
         # Zeros past each request's blocks: stale ids would point at live blocks.
         np.take(self.block_rows.table, rows, axis=0, out=table[:num_reqs])
         token_req = np.repeat(np.arange(num_reqs), query_lens)  # [T]
         block_idx = positions // self.block_size
-        self.slot_mapping.np[:len(positions)] = (table[token_req, block_idx].astype(np.int64)
-                                                 * self.block_size + positions % self.block_size)
+        views.slot_mapping.np[:len(positions)] = (
+            table[token_req, block_idx].astype(np.int64) * self.block_size
+            + positions % self.block_size)
 
-    def _fill_token_ids(self, scheduled: list[ScheduledRequest]) -> tuple[int, list[str]]:
+    def _fill_token_ids(self, views: StepViews, scheduled: list[ScheduledRequest]
+                        ) -> tuple[int, list[str]]:
         """Input token ids (drafts last in each request) and the hidden-state rows that need
         logits (each request's last num_logits_rows query rows); returns the number of those
         rows and the request of each."""
@@ -193,29 +235,32 @@ class InputBatch:
                 row_req_ids += [s.state.req_id] * s.num_logits_rows
         num_reqs = len(scheduled)
         num_rows = np.fromiter((s.num_logits_rows for s in scheduled), np.int64, num_reqs)
-        ends = self.query_start_loc.np[1:num_reqs + 1].astype(np.int64)
+        ends = views.query_start_loc.np[1:num_reqs + 1].astype(np.int64)
         total = int(num_rows.sum())
         # Row j of request i: ends[i] - num_rows[i] + (j's offset among i's rows).
         offsets = np.arange(total) - np.repeat(np.cumsum(num_rows) - num_rows, num_rows)
-        self.logits_indices.np[:total] = np.repeat(ends - num_rows, num_rows) + offsets
-        self.input_ids.np[:len(ids)] = ids
+        views.logits_indices.np[:total] = np.repeat(ends - num_rows, num_rows) + offsets
+        views.input_ids.np[:len(ids)] = ids
         return total, row_req_ids
 
-    def _metadata(self, num_reqs: int, query_lens: np.ndarray, computed: np.ndarray, *,
-                  any_prefill: bool) -> AttentionMetadata:
-        """Attention metadata over device views of the filled buffers (copied here)."""
-        num_tokens = int(query_lens.sum())
-        max_query_len = int(query_lens.max())
-        return AttentionMetadata(
-            num_reqs=num_reqs, num_tokens=num_tokens, max_query_len=max_query_len,
-            max_seq_len=int((computed + query_lens).max()),
-            query_start_loc=self.query_start_loc.copy_to_device(num_reqs + 1),
-            seq_lens=self.seq_lens.copy_to_device(num_reqs),
-            block_table=self.block_table.copy_to_device(num_reqs),
-            slot_mapping=self.slot_mapping.copy_to_device(num_tokens),
-            positions=self.positions.copy_to_device(num_tokens),
-            query_start_loc_cpu=self.query_start_loc.cpu[:num_reqs + 1],
-            seq_lens_cpu=self.seq_lens.cpu[:num_reqs],
-            block_table_cpu=self.block_table.cpu[:num_reqs],
-            is_uniform_decode=is_uniform_decode(num_tokens, num_reqs, max_query_len,
-                                                self.decode_query_len, any_prefill=any_prefill))
+
+def _fill_pending(views: StepViews, scheduled: list[ScheduledRequest], num_tokens: int) -> int:
+    """The input rows holding a placeholder (a request whose newest token the host does not
+    have yet: runner/async_output.py) and, after them, each one's row of the device's last
+    tokens; returns how many."""
+    rows = np.flatnonzero(views.input_ids.np[:num_tokens] == PLACEHOLDER)
+    n = int(rows.size)
+    if n:
+        # Only the newest token can be pending, the request's one input then (a pending
+        # request gets neither drafts nor a prompt chunk).
+        ends = views.query_start_loc.np[1:len(scheduled) + 1]
+        owners = np.searchsorted(ends, rows, side="right").tolist()
+        pending, cap = views.pending.np, views.num_reqs
+        pending[:n] = rows
+        pending[cap:cap + n] = [scheduled[i].state.device_row for i in owners]
+    return n
+
+
+def _head(tensor: torch.Tensor, n: int) -> torch.Tensor:
+    """The first n rows (the tensor itself when it has n: no view to make)."""
+    return tensor if tensor.shape[0] == n else tensor[:n]

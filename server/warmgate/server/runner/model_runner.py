@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -46,6 +46,7 @@ from warmgate.server.runner.scheduler_output import (
     ModelRunnerOutput,
     SchedulerOutput,
 )
+from warmgate.server.runner.step_shape import EAGER, StepShape
 from warmgate.server.runner.token_bitmask import TokenBitmaskBuffer
 from warmgate.server.runner.validation import StepLimits, validate_scheduler_output
 
@@ -181,10 +182,10 @@ class ModelRunner(RunnerSettings):
         self.last_logits, self.last_logits_req_ids = None, []
         if not scheduled:
             return ModelRunnerOutput([], [], [], []) if self.is_pooling_model else None
-        inputs = self.input_batch.prepare_inputs(scheduled)
-        self.device_tokens.fill_inputs(inputs, self.input_batch)
+        inputs = self.input_batch.prepare_inputs(scheduled, self._shape_for)
+        self.device_tokens.fill_inputs(inputs)
         self.jit_monitor.current_batch = self._batch_shape(inputs)
-        hidden = self._run_model(inputs.input_ids, inputs.positions, inputs.meta)  # [T, H]
+        hidden = self._run_model(inputs)  # [T, H]
         if self.is_pooling_model:
             return pool_last_tokens(hidden, inputs)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
@@ -231,29 +232,36 @@ class ModelRunner(RunnerSettings):
         return self.device_tokens.launch(tokens, pending.scheduled, ModelRunnerOutput(
             [], [], prompt_logprobs=pending.prompt_logprobs), pending.logits)
 
-    def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                   meta: AttentionMetadata) -> torch.Tensor:
-        """The forward pass: a uniform-decode batch replays a captured graph when one fits
-        (padded to the nearest captured size), a ragged one its token bucket's graph when
-        those were captured; everything else runs eagerly."""
-        if self.graph_runner is not None and meta.is_uniform_decode:
-            hidden = self.graph_runner.run(meta)
-            if hidden is not None:
-                return hidden
-            if self.graph_runner.captured:
-                self.jit_monitor.record(CUDA_GRAPH_MISS, name=f"{meta.num_reqs} requests")
-        elif self.graph_runner is not None:
-            hidden = self.graph_runner.run_ragged(meta)
-            if hidden is not None:
-                return hidden
-        num_tokens = meta.num_tokens if meta.is_uniform_decode else self.eager_tokens(
-            meta.num_tokens)
-        if num_tokens == meta.num_tokens:
+    def _shape_for(self, num_reqs: int, num_tokens: int, uniform: bool) -> StepShape:
+        """What a step is padded to: a uniform-decode batch the nearest captured size, a
+        ragged one its token bucket when those graphs were captured; everything else runs
+        eagerly, a ragged batch's tokens rounded up to eager_tokens."""
+        if self.graph_runner is not None:
+            shape = self.graph_runner.shape_for(num_reqs, num_tokens, uniform)
+            if shape is not None:
+                return shape
+        return StepShape(EAGER, num_tokens if uniform else self.eager_tokens(num_tokens),
+                         num_reqs)
+
+    def _run_model(self, inputs: StepInputs) -> torch.Tensor:
+        """The forward pass over the step's own rows [T, H]: a replay of the graph its inputs
+        were staged for, or eager (over the padded tokens, when there are)."""
+        meta, shape = inputs.meta, inputs.shape
+        if self.graph_runner is not None and shape.is_graph:
+            return self.graph_runner.replay(shape, inputs.views)[:meta.num_tokens]
+        if self.graph_runner is not None and meta.is_uniform_decode and self.graph_runner.captured:
+            self.jit_monitor.record(CUDA_GRAPH_MISS, name=f"{meta.num_reqs} requests")
+        if shape.num_tokens == meta.num_tokens:
             self.attention_backend.plan(meta)
-            return self._eager_forward(input_ids, positions, meta)
-        input_ids, positions, padded = self.input_batch.padded(meta, num_tokens)
+            return self._eager_forward(inputs.input_ids, inputs.positions, meta)
+        # Padding tokens that no request owns (query_start_loc still ends at the step's own
+        # count, so attention leaves their rows alone; every other op is row-wise).
+        views = inputs.views
+        padded = replace(meta, num_tokens=shape.num_tokens, positions=views.positions.gpu,
+                         slot_mapping=views.slot_mapping.gpu)
         self.attention_backend.plan(padded)
-        return self._eager_forward(input_ids, positions, padded)[:meta.num_tokens]
+        return self._eager_forward(views.input_ids.gpu, views.positions.gpu,
+                                   padded)[:meta.num_tokens]
 
     def _eager_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                        meta: AttentionMetadata) -> torch.Tensor:
