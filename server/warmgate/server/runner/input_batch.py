@@ -10,7 +10,7 @@ next batch of that shape where it was captured.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -242,6 +242,18 @@ class InputBatch:
         views.logits_indices.np[:total] = np.repeat(ends - num_rows, num_rows) + offsets
         views.input_ids.np[:len(ids)] = ids
         return total, row_req_ids
+
+
+def padded_tokens(inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """An eager step's token ids, positions and metadata over its padded token count: its own
+    tokens first, then padding tokens that no request owns (query_start_loc still ends at the
+    step's own count, so attention leaves their rows alone; every other op is row-wise)."""
+    meta, views = inputs.meta, inputs.views
+    if inputs.shape.num_tokens == meta.num_tokens:
+        return inputs.input_ids, inputs.positions, meta
+    return (views.input_ids.gpu, views.positions.gpu,
+            replace(meta, num_tokens=inputs.shape.num_tokens, positions=views.positions.gpu,
+                    slot_mapping=views.slot_mapping.gpu))
 
 
 def _fill_pending(views: StepViews, scheduled: list[ScheduledRequest], num_tokens: int) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,7 +25,7 @@ from warmgate.server.runner.attention.base import AttentionMetadata
 from warmgate.server.runner.batch import BatchKind
 from warmgate.server.runner.cuda_graphs import CudaGraphRunner
 from warmgate.server.runner.default_ops import default_ops, sampler_warper_ops
-from warmgate.server.runner.input_batch import InputBatch, StepInputs
+from warmgate.server.runner.input_batch import InputBatch, StepInputs, padded_tokens
 from warmgate.server.runner.linear_tuning import choose_linears
 from warmgate.server.runner.loading import allocate_kv, load_model, load_stats
 from warmgate.server.runner.moe_tuning import attach_moe_tuning
@@ -251,17 +251,9 @@ class ModelRunner(RunnerSettings):
             return self.graph_runner.replay(shape, inputs.views)[:meta.num_tokens]
         if self.graph_runner is not None and meta.is_uniform_decode and self.graph_runner.captured:
             self.jit_monitor.record(CUDA_GRAPH_MISS, name=f"{meta.num_reqs} requests")
-        if shape.num_tokens == meta.num_tokens:
-            self.attention_backend.plan(meta)
-            return self._eager_forward(inputs.input_ids, inputs.positions, meta)
-        # Padding tokens that no request owns (query_start_loc still ends at the step's own
-        # count, so attention leaves their rows alone; every other op is row-wise).
-        views = inputs.views
-        padded = replace(meta, num_tokens=shape.num_tokens, positions=views.positions.gpu,
-                         slot_mapping=views.slot_mapping.gpu)
+        input_ids, positions, padded = padded_tokens(inputs)
         self.attention_backend.plan(padded)
-        return self._eager_forward(views.input_ids.gpu, views.positions.gpu,
-                                   padded)[:meta.num_tokens]
+        return self._eager_forward(input_ids, positions, padded)[:meta.num_tokens]
 
     def _eager_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                        meta: AttentionMetadata) -> torch.Tensor:

@@ -39,9 +39,10 @@ class AttentionMetadata:
 
     Tokens are laid out request after request; request i owns tokens
     query_start_loc[i]:query_start_loc[i+1], at positions seq_lens[i]-query_len_i .. seq_lens[i]-1.
-    On the CUDA-graph path these tensors are views of static buffers padded to the captured
-    size: padded requests have query length 0 (or the decode length with seq_len 0 blocks
-    pointing at the null block) and padded tokens write to slot 0 of the null block.
+    On the CUDA-graph path these tensors are views of the step's staged buffer
+    (runner/step_staging.py) padded to the captured size: padded requests have query length 0
+    (or the decode length with blocks pointing at the null block) and padded tokens write to
+    slot 0 of the null block.
     """
 
     num_reqs: int
