@@ -188,7 +188,10 @@ class ModelRunner(RunnerSettings):
         hidden = self._run_model(inputs)  # [T, H]
         if self.is_pooling_model:
             return pool_last_tokens(hidden, inputs)
-        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
+        # Every token a logits row (a decode without drafts) is the rows in order: no gather.
+        rows = inputs.logits_indices
+        logits = self.model.compute_logits(
+            hidden if rows.shape[0] == hidden.shape[0] else hidden.index_select(0, rows))
         self.last_logits, self.last_logits_req_ids = logits, inputs.logits_req_ids
         prompt_lp = prompt_logprobs(hidden, scheduled, inputs.meta.query_start_loc_cpu,
                                     self.model.compute_logits, self.max_num_reqs,
