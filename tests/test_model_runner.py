@@ -153,3 +153,21 @@ def test_over_max_model_len_across_steps(runner: ModelRunner) -> None:
         runner.execute_model(so)
     runner.execute_model(scheduler_output(finished={"w"}))
     assert "w" not in runner.input_batch.requests
+
+
+def test_a_request_finished_in_a_step_is_gone_for_that_step(runner: ModelRunner) -> None:
+    """Finished requests are dropped before the step's own are checked: one finished and
+    scheduled again as new in the same step is accepted, as a cached one it is unknown."""
+    first = scheduler_output(new_reqs=[new_request("x", prompt(4), ([1],), None)],
+                             num_scheduled={"x": 4})
+    runner.execute_model(first)
+    runner.sample_tokens(None)
+    with pytest.raises(ValueError, match="unknown to the runner"):
+        runner.execute_model(scheduler_output(cached=[("x", 4, None)], num_scheduled={"x": 1},
+                                              finished={"x"}))
+    again = scheduler_output(new_reqs=[new_request("x", prompt(4), ([2],), None)],
+                             num_scheduled={"x": 4}, finished={"x"})
+    runner.execute_model(again)
+    runner.sample_tokens(None)
+    assert runner.input_batch.requests["x"].block_ids == [2]
+    runner.execute_model(scheduler_output(finished={"x"}))

@@ -99,23 +99,23 @@ class InputBatch:
             self.block_rows.add(state)
             computed[new.req_id] = new.num_computed_tokens
         cached = so.scheduled_cached_reqs
+        requests = self.requests
         for rid, new_blocks, num_computed in zip(cached.req_ids, cached.new_block_ids,
                                                  cached.num_computed_tokens, strict=True):
-            state = self.requests[rid]
             if new_blocks is not None:
+                state = requests[rid]
                 self.block_rows.extend(rid, new_blocks[0], len(state.block_ids))
                 state.block_ids.extend(new_blocks[0])
-            state.num_computed_tokens = num_computed
             computed[rid] = num_computed
         drafts = so.scheduled_spec_decode_tokens
-        scheduled = [ScheduledRequest(state=self.requests[rid], num_computed_tokens=computed[rid],
-                                      num_scheduled_tokens=n,
-                                      draft_token_ids=tuple(drafts.get(rid, ())))
-                     for rid, n in so.num_scheduled_tokens.items()]
-        # The runner's own count after this step; the scheduler restates it when it differs
-        # (rejected drafts), and it is what the next step starts from if it does not.
-        for s in scheduled:
-            s.state.num_computed_tokens = s.seq_len
+        scheduled = []
+        for rid, n in so.num_scheduled_tokens.items():
+            state, start = requests[rid], computed[rid]
+            scheduled.append(ScheduledRequest(state, start, n,
+                                              tuple(drafts[rid]) if rid in drafts else ()))
+            # The runner's own count after this step; the scheduler restates it when it
+            # differs (rejected drafts), and it is what the next step starts from if not.
+            state.num_computed_tokens = start + n
         return scheduled
 
     def prepare_inputs(self, scheduled: list[ScheduledRequest],
@@ -226,9 +226,16 @@ class InputBatch:
         ids: list[int] = []
         row_req_ids: list[str] = []
         for s in scheduled:
-            ids += s.state.input_token_ids(s.num_computed_tokens,
-                                           s.num_scheduled_tokens - len(s.draft_token_ids))
-            ids += s.draft_token_ids
+            state, start = s.state, s.num_computed_tokens
+            num_inputs = s.num_scheduled_tokens - len(s.draft_token_ids)
+            outputs = state.output_token_ids
+            past_prompt = start - len(state.prompt_token_ids)
+            if num_inputs == 1 and 0 <= past_prompt < len(outputs):
+                ids.append(outputs[past_prompt])  # a decode: the one token, no list sliced
+            else:
+                ids += state.input_token_ids(start, num_inputs)
+            if s.draft_token_ids:
+                ids += s.draft_token_ids
             if s.num_logits_rows == 1:
                 row_req_ids.append(s.state.req_id)
             elif s.num_logits_rows:

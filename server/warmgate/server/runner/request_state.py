@@ -76,7 +76,11 @@ class ScheduledRequest:
     num_logits_rows: int = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.num_logits_rows = 1 + len(self.draft_token_ids) if self.needs_logits else 0
+        # needs_logits, inline: one is made per scheduled request every step.
+        num_drafts, state = len(self.draft_token_ids), self.state
+        ends = (self.num_computed_tokens + self.num_scheduled_tokens - num_drafts
+                >= len(state.prompt_token_ids) + len(state.output_token_ids))
+        self.num_logits_rows = 1 + num_drafts if ends else 0
 
     @property
     def req_id(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from warmgate.server.config.runner_config import cdiv
@@ -63,11 +64,26 @@ def _check_tokens(req_id: str, what: str, tokens: Iterable[int], vocab_size: int
 _After = dict[str, tuple[int, int, int]]
 
 
+class _Held:
+    """The runner's requests less the step's finished ones, without copying the rest (a step
+    looks up its own requests; a copy of the held ones was one dict entry per request)."""
+
+    def __init__(self, requests: Mapping[str, RequestState], finished: AbstractSet[str]) -> None:
+        self._requests, self._finished = requests, finished
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._requests and rid not in self._finished
+
+    def get(self, rid: str) -> RequestState | None:
+        return None if rid in self._finished else self._requests.get(rid)
+
+
 def validate_scheduler_output(so: SchedulerOutput, requests: Mapping[str, RequestState],
                               limits: StepLimits) -> None:
     """Raise ValueError on the first inconsistency; return None when the step can run."""
     _check_step_size(so, limits)
-    held = {rid: s for rid, s in requests.items() if rid not in so.finished_req_ids}
+    # The requests the runner holds once this step's finished ones are dropped.
+    held = _Held(requests, so.finished_req_ids)
     after: _After = {}
     _check_new_requests(so, held, after, limits)
     _check_cached_requests(so, held, after, limits)
@@ -90,7 +106,7 @@ def _check_step_size(so: SchedulerOutput, limits: StepLimits) -> None:
                          f"= {limits.max_num_tokens}")
 
 
-def _check_new_requests(so: SchedulerOutput, held: Mapping[str, RequestState], after: _After,
+def _check_new_requests(so: SchedulerOutput, held: _Held, after: _After,
                         limits: StepLimits) -> None:
     for new in so.scheduled_new_reqs:
         rid = new.req_id
@@ -135,8 +151,8 @@ def _check_sampling(req_id: str, p: SamplingParams, vocab_size: int) -> None:
                              f"{MAX_ABS_LOGIT_BIAS:g}]")
 
 
-def _check_cached_requests(so: SchedulerOutput, held: Mapping[str, RequestState],
-                           after: _After, limits: StepLimits) -> None:
+def _check_cached_requests(so: SchedulerOutput, held: _Held, after: _After,
+                           limits: StepLimits) -> None:
     cached = so.scheduled_cached_reqs
     if not (len(cached.req_ids) == len(cached.new_block_ids) == len(cached.num_computed_tokens)):
         raise ValueError("scheduled_cached_reqs: req_ids, new_block_ids and "
@@ -149,8 +165,9 @@ def _check_cached_requests(so: SchedulerOutput, held: Mapping[str, RequestState]
                              f"scheduled as new, already finished, or listed twice)")
         if computed < 0:
             raise ValueError(f"cached request {rid!r}: num_computed_tokens is negative")
-        blocks = _check_blocks(rid, new_blocks, limits)
-        after[rid] = (len(state.block_ids) + len(blocks), computed, state.num_tokens)
+        num_new = 0 if new_blocks is None else len(_check_blocks(rid, new_blocks, limits))
+        after[rid] = (len(state.block_ids) + num_new, computed,
+                      len(state.prompt_token_ids) + len(state.output_token_ids))
 
 
 def _check_scheduled_request(so: SchedulerOutput, rid: str, n: int, after: _After,
@@ -161,11 +178,12 @@ def _check_scheduled_request(so: SchedulerOutput, rid: str, n: int, after: _Afte
         raise ValueError(f"request {rid!r} has scheduled tokens but is neither in "
                          f"scheduled_new_reqs nor in scheduled_cached_reqs")
     num_blocks, computed, stream_len = after[rid]
-    drafts = so.scheduled_spec_decode_tokens.get(rid, [])
+    drafts = so.scheduled_spec_decode_tokens.get(rid, ())
     if n < 1 or n <= len(drafts):
         raise ValueError(f"request {rid!r}: {n} tokens scheduled with {len(drafts)} draft "
                          f"tokens; it needs at least one non-draft token")
-    _check_tokens(rid, "draft", drafts, limits.vocab_size)
+    if drafts:
+        _check_tokens(rid, "draft", drafts, limits.vocab_size)
     seq_len = computed + n
     if seq_len > limits.max_model_len:
         raise ValueError(f"request {rid!r}: sequence reaches {seq_len} tokens, over "
