@@ -9,6 +9,7 @@ import torch
 
 from tests.runner_helpers import MiniScheduler, make_runner, prompt, record_uniform_flags
 from warmgate.server.runner.model_runner import ModelRunner
+from warmgate.server.runner.request_state import RequestState
 from warmgate.server.runner.scheduler_output import SamplingParams
 from warmgate.server.warmup.steps import new_request, scheduler_output
 
@@ -134,3 +135,15 @@ def test_warmup_style_over_claimed_positions_run(runner: ModelRunner) -> None:
         computed += decode_len
     assert runner.input_batch.requests["w"].num_tokens < computed  # it did over-claim
     runner.execute_model(scheduler_output(finished={"w"}))
+
+
+def test_a_position_past_the_stream_feeds_its_latest_token() -> None:
+    """The rule the over-claimed steps above run on, for one input token (a decode)."""
+    state = RequestState(req_id="r", prompt_token_ids=[5, 6, 7], sampling_params=None,
+                         block_ids=[1], num_computed_tokens=3)
+    assert [state.input_token(p) for p in (0, 2, 3)] == [5, 7, 7]  # no outputs: the prompt's
+    state.output_token_ids += [8, 9]
+    assert [state.input_token(p) for p in (3, 4, 5, 9)] == [8, 9, 9, 9]
+    assert state.input_token_ids(2, 1) == [7] and state.input_token_ids(2, 3) == [7, 8, 9]
+    with pytest.raises(ValueError, match="holds only 5"):
+        state.input_token_ids(4, 2)  # past the end is a rule for one token only

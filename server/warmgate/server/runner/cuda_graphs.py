@@ -119,7 +119,9 @@ class CudaGraphRunner:
         # Seconds of the last capture by step (CAPTURE_STEPS), for its report.
         self._spent = dict.fromkeys(CAPTURE_STEPS, 0.0)
         self.num_replays = 0
+        # Per shape, the metadata its graph replays with (views are a function of the shape).
         self._metas: dict[StepShape, AttentionMetadata] = {}
+
     @property
     def captured(self) -> bool:
         return bool(self.graphs)
@@ -247,7 +249,7 @@ class CudaGraphRunner:
 
     def _launch(self, shape: StepShape, views: StepViews) -> torch.Tensor:
         meta = self._metas.get(shape)
-        if meta is None:  # views are a function of the shape: so is its metadata
+        if meta is None:
             meta = self._metas[shape] = self.graph_meta(shape, views)
         self.backend.plan(meta)
         if shape.kind == UNIFORM:

@@ -226,14 +226,11 @@ class InputBatch:
         ids: list[int] = []
         row_req_ids: list[str] = []
         for s in scheduled:
-            state, start = s.state, s.num_computed_tokens
             num_inputs = s.num_scheduled_tokens - len(s.draft_token_ids)
-            outputs = state.output_token_ids
-            past_prompt = start - len(state.prompt_token_ids)
-            if num_inputs == 1 and 0 <= past_prompt < len(outputs):
-                ids.append(outputs[past_prompt])  # a decode: the one token, no list sliced
+            if num_inputs == 1:  # a decode: its one token, no list made
+                ids.append(s.state.input_token(s.num_computed_tokens))
             else:
-                ids += state.input_token_ids(start, num_inputs)
+                ids += s.state.input_token_ids(s.num_computed_tokens, num_inputs)
             if s.draft_token_ids:
                 ids += s.draft_token_ids
             if s.num_logits_rows == 1:

@@ -37,26 +37,34 @@ class RequestState:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     def input_token_ids(self, start: int, count: int) -> list[int]:
-        """`count` tokens of the stream from position `start`.
+        """`count` tokens of the stream from position `start` (one: input_token's rule)."""
+        if count == 1:
+            return [self.input_token(start)]
+        n_prompt = len(self.prompt_token_ids)
+        if start + count <= n_prompt:
+            return self.prompt_token_ids[start:start + count]
+        if start >= n_prompt and start + count <= self.num_tokens:  # outputs only
+            return self.output_token_ids[start - n_prompt:start - n_prompt + count]
+        if start + count <= self.num_tokens:
+            stream = self.prompt_token_ids + self.output_token_ids
+            return stream[start:start + count]
+        raise ValueError(f"request {self.req_id!r}: tokens {start}..{start + count - 1} were "
+                         f"scheduled but the runner holds only {self.num_tokens}")
+
+    def input_token(self, position: int) -> int:
+        """The stream's token at `position`: a decode's one input, read without a list.
 
         A single decode token scheduled past the end of the stream happens when the scheduler
         claims positions the runner never produced (warmup advances num_computed_tokens by
         the full decode length without reading outputs, as vLLM's does): feed the latest
         token held, which keeps shapes and positions exactly as scheduled.
         """
-        n_prompt = len(self.prompt_token_ids)
-        if start + count <= n_prompt:
-            return self.prompt_token_ids[start:start + count]
-        if start >= n_prompt and start + count <= self.num_tokens:  # a decode: outputs only
-            return self.output_token_ids[start - n_prompt:start - n_prompt + count]
-        if start + count <= self.num_tokens:
-            stream = self.prompt_token_ids + self.output_token_ids
-            return stream[start:start + count]
-        if count == 1:
-            return [self.output_token_ids[-1] if self.output_token_ids
-                    else self.prompt_token_ids[-1]]
-        raise ValueError(f"request {self.req_id!r}: tokens {start}..{start + count - 1} were "
-                         f"scheduled but the runner holds only {self.num_tokens}")
+        past_prompt = position - len(self.prompt_token_ids)
+        if past_prompt < 0:
+            return self.prompt_token_ids[position]
+        if past_prompt < len(self.output_token_ids):
+            return self.output_token_ids[past_prompt]
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__, and a
@@ -76,10 +84,12 @@ class ScheduledRequest:
     num_logits_rows: int = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        # needs_logits, inline: one is made per scheduled request every step.
-        num_drafts, state = len(self.draft_token_ids), self.state
+        # Whether this step reaches the end of the token stream the runner holds (the
+        # prompt, or prompt + outputs for a request resumed after preemption): mid-prefill
+        # chunks sample nothing. Worked out once here: one is made per request every step.
+        num_drafts = len(self.draft_token_ids)
         ends = (self.num_computed_tokens + self.num_scheduled_tokens - num_drafts
-                >= len(state.prompt_token_ids) + len(state.output_token_ids))
+                >= self.state.num_tokens)
         self.num_logits_rows = 1 + num_drafts if ends else 0
 
     @property
@@ -96,8 +106,6 @@ class ScheduledRequest:
 
     @property
     def needs_logits(self) -> bool:
-        """Whether this step reaches the end of the token stream the runner holds (the
-        prompt, or prompt + outputs for a request resumed after preemption): mid-prefill
-        chunks sample nothing."""
-        num_inputs = self.num_scheduled_tokens - self.num_draft_tokens
-        return self.num_computed_tokens + num_inputs >= self.state.num_tokens
+        """Whether this step reaches the end of the request's token stream (see
+        __post_init__): it has logits rows."""
+        return self.num_logits_rows > 0

@@ -166,8 +166,7 @@ def _check_cached_requests(so: SchedulerOutput, held: _Held, after: _After,
         if computed < 0:
             raise ValueError(f"cached request {rid!r}: num_computed_tokens is negative")
         num_new = 0 if new_blocks is None else len(_check_blocks(rid, new_blocks, limits))
-        after[rid] = (len(state.block_ids) + num_new, computed,
-                      len(state.prompt_token_ids) + len(state.output_token_ids))
+        after[rid] = (len(state.block_ids) + num_new, computed, state.num_tokens)
 
 
 def _check_scheduled_request(so: SchedulerOutput, rid: str, n: int, after: _After,
