@@ -54,13 +54,24 @@ def metadata(computed: list[int], query: list[int], tables: list[list[int]],
                                             decode_query_len, any_prefill=False))
 
 
+def _einsum_form_not_called(*args: object) -> None:
+    raise AssertionError("the fused form was asked for; the einsum form ran")
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["einsum", "fused"])
 @pytest.mark.parametrize("decode_query_len", [1, 3])
-def test_paged_steps_match_dense_attention(decode_query_len: int) -> None:
+def test_paged_steps_match_dense_attention(decode_query_len: int, fused: bool) -> None:
     """Requests of different lengths: a ragged prefill, then uniform decode steps, then a
-    mixed step; every step's output equals dense causal attention over the whole sequence."""
+    mixed step (a chunk of 6 after earlier tokens: its mask ends at the sequence's end);
+    every step's output equals dense causal attention over the whole sequence. Both forms
+    of the ragged loop: the CPU's einsums and CUDA's fused kernel (torch's SDPA here too)."""
     torch.manual_seed(0)
     rng = random.Random(decode_query_len)
     backend = create_backend("torch", spec())
+    assert not backend.fused_requests  # the CPU's default
+    if fused:
+        backend.fused_requests = True
+        backend._attend = _einsum_form_not_called  # type: ignore[method-assign]
     cache = torch.zeros(2, NUM_BLOCKS, BS, HK, D)
     lengths = [5, 9, 1, 14]
     total = [n + 3 * decode_query_len + 6 for n in lengths]

@@ -5,6 +5,14 @@ tensors and host ints fixed by the batch shape, so it never syncs and can be cap
 CUDA graph. Everything else (prefill, mixed, ragged) loops over requests using the metadata's
 host copies, which is simple and exact for any query and sequence length.
 Scores and softmax are float32 whatever the cache dtype.
+
+On CUDA a request of that loop attends in one fused kernel (torch's scaled_dot_product_attention
+in float32, its causal mask aligned to the sequence's end). Written as two einsums it ran two
+cuBLAS GEMMs whose shapes follow the prompt's length, and a GEMM shape's first call pays for
+cuBLAS's kernel choice and loading (milliseconds each): every prompt length that had not come
+before was slow once, which no warmup can cover for every length. The fused kernel is one for
+all lengths. The CPU and --deterministic keep the einsum form, whose reductions the
+batch-invariance tests pin.
 """
 
 from __future__ import annotations
@@ -12,11 +20,14 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from warmgate.server.config.runner_config import cdiv
 from warmgate.server.runner.attention.base import (
     AttentionBackend,
     AttentionMetadata,
+    AttentionSpec,
     RopeInput,
 )
 
@@ -26,6 +37,11 @@ _MASKED = torch.finfo(torch.float32).min
 
 class TorchAttentionBackend(AttentionBackend):
     name: ClassVar[str] = "torch"
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__(spec)
+        # Where a request of the ragged loop attends in one fused kernel (module docstring).
+        self.fused_requests = spec.device.type == "cuda" and not spec.deterministic
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata,
@@ -92,9 +108,40 @@ class TorchAttentionBackend(AttentionBackend):
             # GEMM and softmax shapes depend on its position only (runner.deterministic_ops).
             pieces = ([(start + j, start + j + 1, seq_len - n + j + 1) for j in range(n)]
                       if spec.deterministic else [(start, end, seq_len)] if n else [])
+            attend = self._attend_fused if self.fused_requests else self._attend
             for piece in pieces:
-                self._attend(q, out, kv_cache, meta.block_table[i], *piece)
+                attend(q, out, kv_cache, meta.block_table[i], *piece)
         return out
+
+    def _request_kv(self, kv_cache: torch.Tensor, table_row: torch.Tensor, seq_len: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A request's first seq_len keys and values, [seq_len, Hk, D] each, from its blocks."""
+        spec = self.spec
+        blocks = table_row[:cdiv(seq_len, spec.block_size)]
+        keys = kv_cache[0][blocks].reshape(-1, spec.num_kv_heads, spec.head_dim)[:seq_len]
+        values = kv_cache[1][blocks].reshape(-1, spec.num_kv_heads, spec.head_dim)[:seq_len]
+        return keys, values
+
+    def _attend_fused(self, q: torch.Tensor, out: torch.Tensor, kv_cache: torch.Tensor,
+                      table_row: torch.Tensor, start: int, end: int, seq_len: int) -> None:
+        """_attend's result in one fused attention kernel, float32 as there."""
+        spec = self.spec
+        group = spec.num_heads // spec.num_kv_heads
+        keys, values = self._request_kv(kv_cache, table_row, seq_len)
+
+        def heads(x: torch.Tensor) -> torch.Tensor:
+            # [S, Hk, D] -> [1, Hq, S, D] float32, each kv head once per query head of its
+            # group (query head h reads kv head h // group, as _attend's reshape does).
+            rows = x.shape[0]
+            x = x[:, :, None].expand(rows, spec.num_kv_heads, group, spec.head_dim).float()
+            return x.reshape(rows, spec.num_heads, spec.head_dim).transpose(0, 1)[None]
+
+        qh = q[start:end].float().transpose(0, 1)[None]  # [1, Hq, n, D]
+        # The n queries are the sequence's last n tokens: query j sees keys 0..seq_len-n+j.
+        o = F.scaled_dot_product_attention(qh, heads(keys), heads(values),
+                                           attn_mask=causal_lower_right(end - start, seq_len),
+                                           scale=spec.scale)
+        out[start:end] = o[0].transpose(0, 1).to(q.dtype)
 
     def _attend(self, q: torch.Tensor, out: torch.Tensor, kv_cache: torch.Tensor,
                 table_row: torch.Tensor, start: int, end: int, seq_len: int) -> None:
@@ -102,10 +149,7 @@ class TorchAttentionBackend(AttentionBackend):
         spec = self.spec
         group = spec.num_heads // spec.num_kv_heads
         n = end - start
-        blocks = table_row[:cdiv(seq_len, spec.block_size)]
-        keys = kv_cache[0][blocks].reshape(-1, spec.num_kv_heads, spec.head_dim)[:seq_len]
-        values = kv_cache[1][blocks].reshape(-1, spec.num_kv_heads,
-                                             spec.head_dim)[:seq_len]
+        keys, values = self._request_kv(kv_cache, table_row, seq_len)
         qi = q[start:end].reshape(n, spec.num_kv_heads, group, spec.head_dim).float()
         scores = torch.einsum("qhgd,khd->hgqk", qi, keys.float()) * spec.scale
         q_pos = torch.arange(seq_len - n, seq_len, device=q.device)  # [n]
