@@ -520,3 +520,21 @@ def test_the_sm_clock_is_read_through_nvidia_smi_without_nvml(
     assert clock.sm_clock_reader(0)() is None  # the tool failed
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
     assert clock.sm_clock_reader(3)() is None
+
+
+def test_a_stop_cuts_the_runs_going_keeps_their_rows_and_starts_no_more(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--stop-s: the run still going is stopped with a row that says so, the one still queued
+    is left (its row says why), and _run_all returns instead of waiting for either."""
+    sleeper = tmp_path / "served_forever.py"  # stands in for bench/warm.py served
+    sleeper.write_text("import time\ntime.sleep(120)\n")
+    monkeypatch.setattr(sys.modules["smoke_run"], "WARM", str(sleeper))
+    args = smoke._parser(None).parse_args(
+        ["--device", "cpu", "--parallel", "1", "--stop-s", "1", "--config-timeout-s", "100"])
+    queue = [SmokeConfig("tiny", "torch", 0), SmokeConfig("tiny", "torch", 3)]
+    started = time.monotonic()
+    done, left = smoke._run_all(list(queue), dict.fromkeys(queue), "cpu", 64 * GIB, args,
+                                tmp_path)
+    assert time.monotonic() - started < 30  # not the sleeper's 120 s, nor the 100 s timeout
+    assert [r.config for r in done] == queue[:1] and left == queue[1:]
+    assert done[0].note == "cut at --stop-s 1" and done[0].exit_code != 0

@@ -21,7 +21,8 @@ stopped, and none starts meanwhile (bench/lib/smoke_quiet.py); a row's ready tim
 seconds it was stopped, and its progress line says how many. A preset the card cannot hold,
 or a backend with no kernels for its head size, gets a row that says so instead of a run. No
 configuration starts after --deadline-s, and those left get a row that says so: rerun them
-with --configs.
+with --configs. A run still going at --stop-s is stopped there and its row says so, and the
+table follows: a call with a time limit of its own keeps the rows and logs it has.
 
 Each row gives the device memory its processes held at most (peak GiB, sampled from
 nvidia-smi about once a second; "-" without it) beside the estimate the packing used (est
@@ -53,7 +54,7 @@ import time
 from pathlib import Path
 
 from smoke_jit import PREBUILD_BYTES, JitKey, Prebuild, jit_key
-from smoke_memory import sampler_for, summary
+from smoke_memory import GIB, sampler_for, summary
 from smoke_plan import (
     HEADER,
     MEMORY_SHARE,
@@ -68,22 +69,14 @@ from smoke_plan import (
     why_not,
 )
 from smoke_quiet import QuietWindow
+from smoke_replay import replay
 from smoke_run import Run, log_stem
-from smoke_schedule import (
-    Gates,
-    Scheduler,
-    alone_backends,
-    format_plan,
-    read_seconds,
-    simulate,
-)
+from smoke_schedule import Gates, Scheduler, alone_backends
 
 from warmgate.server.config.attention_backends import backend_available, backend_names
 from warmgate.server.devtools.gpu_card import detect
 
-GIB = 2**30
 TAIL = 25  # log lines printed for a run that failed
-PLAN_CAPABILITY = (9, 0)  # --plan's card: an H100's compute capability (FP8 presets allowed)
 
 
 def _parser(prog: str | None) -> argparse.ArgumentParser:
@@ -111,6 +104,10 @@ def _parser(prog: str | None) -> argparse.ArgumentParser:
                    help="no configuration starts after this many seconds")
     p.add_argument("--config-timeout-s", type=float, default=300.0,
                    help="a run (or a JIT prebuild) still going after this is stopped")
+    p.add_argument("--stop-s", type=float, default=None,
+                   help="at this many seconds every run still going is stopped, its row says "
+                        "so, and the table is printed: under a time limit of its own, the "
+                        "smoke ends before it with the rows it has (default: no such stop)")
     p.add_argument("--logs", default=None, help="each run's output here (default: a temp dir)")
     p.add_argument("--plan", default=None, metavar="FILE",
                    help="run nothing: print the order and predicted length of a run on a "
@@ -175,6 +172,8 @@ def _run_all(queue: list[SmokeConfig], keys: dict[SmokeConfig, JitKey | None], d
     builds = _prebuilds(keys, device, logs)
     try:
         while queue or running:
+            cut = (f"cut at --stop-s {args.stop_s:.0f}" if args.stop_s is not None
+                   and time.monotonic() - start >= args.stop_s else None)
             for build in [b for b in builds if b.poll(args.config_timeout_s)]:
                 builds.remove(build)
                 print(f"[+{time.monotonic() - start:4.0f} s] FlashInfer JIT prebuild "
@@ -187,7 +186,7 @@ def _run_all(queue: list[SmokeConfig], keys: dict[SmokeConfig, JitKey | None], d
                     done.append(SmokeRow(config, note=f"not run: {build.note}"))
             configs = [r.row.config for r in running]  # grows as runs start: the gates see them
             may_start = functools.partial(gates.may_start, running=configs)
-            while (queue and not quiet.open
+            while (queue and not quiet.open and not cut
                    and time.monotonic() - start < args.deadline_s):
                 config = scheduler.pick(queue, configs, may_start,
                                         held=PREBUILD_BYTES * len(builds))
@@ -203,13 +202,15 @@ def _run_all(queue: list[SmokeConfig], keys: dict[SmokeConfig, JitKey | None], d
             for run in running:
                 if not run.warming:  # ready: its backend's cold compile is in the caches
                     gates.compiled(run.row.config.backend)
-            for run in [r for r in running if r.poll(args.config_timeout_s)]:
+            for run in [r for r in running if r.poll(args.config_timeout_s, cut)]:
                 running.remove(run)
                 gates.compiled(run.row.config.backend)
                 run.row.peak_bytes = memory.peak(run.session)
                 done.append(run.row)
                 print(f"[+{time.monotonic() - start:4.0f} s, ran {run.row.wall_s:3.0f} s, "
                       f"stopped {run.paused_s:3.0f} s] {format_row(run.row)}", flush=True)
+            if cut:
+                break
             quiet.step(running, builds)
             time.sleep(0.2)
     finally:
@@ -240,36 +241,13 @@ def _report(rows: dict[SmokeConfig, SmokeRow], logs: Path) -> int:
     return 1 if dirty or left else 0
 
 
-def _plan(args: argparse.Namespace, configs: list[SmokeConfig], prog: str | None) -> int:
-    """--plan: the scheduler's decisions on the given seconds, nothing run."""
-    try:
-        seconds = read_seconds(Path(args.plan).read_text())
-    except (OSError, ValueError) as exc:
-        _parser(prog).error(f"--plan {args.plan}: {exc}")
-    total = int(args.plan_gib * GIB)
-    runnable = [c for c in configs if why_not(c, total, args.memory_share) is None]
-    missing = [c.name for c in runnable if c.name not in seconds]
-    if missing:
-        _parser(prog).error(f"--plan {args.plan}: no seconds for {', '.join(missing)}")
-    keys = {c: jit_key(c, "cuda", PLAN_CAPABILITY) for c in runnable}
-    queue = run_order(runnable, alone_backends(keys))
-    done, left = simulate(queue, keys, {c: seconds[c.name] for c in runnable},
-                          {k: args.plan_jit_s for k in keys.values() if k is not None},
-                          int(args.memory_share * total), args.parallel, args.deadline_s)
-    print(f"{len(runnable)} of {len(configs)} configurations run on {args.plan_gib:.0f} GiB, "
-          f"up to {args.parallel} servers at once, FlashInfer prebuilds of "
-          f"{args.plan_jit_s:.0f} s")
-    print("\n".join(format_plan(done, left, args.deadline_s)))
-    return 0
-
-
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     import torch
 
     args = _parser(prog).parse_args(argv)
     configs, backends = _select(args, prog)
     if args.plan:
-        return _plan(args, configs, prog)
+        return replay(args, configs, _parser(prog).error)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     card = detect(device)
     if device.startswith("cuda"):
@@ -289,8 +267,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                           keys, device, total, args, logs)
     for row in done:
         rows[row.config] = row
+    stopped = args.stop_s is not None and time.monotonic() - start >= args.stop_s
     for config in left:
-        rows[config].note = f"not run: past --deadline-s {args.deadline_s:.0f}"
+        rows[config].note = (f"not run: cut at --stop-s {args.stop_s:.0f}" if stopped
+                             else f"not run: past --deadline-s {args.deadline_s:.0f}")
     print(f"\nsmoke, {device}, {time.monotonic() - start:.0f} s")
     return _report(rows, logs)
 

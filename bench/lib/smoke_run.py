@@ -86,14 +86,14 @@ class Run:
             signal_session(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
-    def poll(self, timeout_s: float) -> bool:
+    def poll(self, timeout_s: float, cut: str | None = None) -> bool:
         """Whether the run has ended (stopped now if past its time, the seconds others' TTFT
-        kept it stopped not counted)."""
+        kept it stopped not counted, or if `cut` says why the smoke stops it now)."""
         if self.proc.poll() is None:
-            if time.monotonic() - self.started - self.paused_s < timeout_s:
+            if cut is None and time.monotonic() - self.started - self.paused_s < timeout_s:
                 return False
             self._stop()
-            self.row.note = f"timed out after {timeout_s:.0f} s"
+            self.row.note = cut or f"timed out after {timeout_s:.0f} s"
         self._out.close()
         self.row.wall_s = time.monotonic() - self.started
         self.row.exit_code = self.proc.returncode
