@@ -11,8 +11,8 @@ in float32, its causal mask aligned to the sequence's end). Written as two einsu
 cuBLAS GEMMs whose shapes follow the prompt's length, and a GEMM shape's first call pays for
 cuBLAS's kernel choice and loading (milliseconds each): every prompt length that had not come
 before was slow once, which no warmup can cover for every length. The fused kernel is one for
-all lengths. The CPU and --deterministic keep the einsum form, whose reductions the
-batch-invariance tests pin.
+all lengths. The CPU keeps the einsum form (no such first call there, and its tests pin its
+roundings), and so does --deterministic, whose per-token pieces the batch-invariance tests pin.
 """
 
 from __future__ import annotations
