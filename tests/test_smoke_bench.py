@@ -533,8 +533,9 @@ def test_a_stop_cuts_the_runs_going_keeps_their_rows_and_starts_no_more(
         ["--device", "cpu", "--parallel", "1", "--stop-s", "1", "--config-timeout-s", "100"])
     queue = [SmokeConfig("tiny", "torch", 0), SmokeConfig("tiny", "torch", 3)]
     started = time.monotonic()
-    done, left = smoke._run_all(list(queue), dict.fromkeys(queue), "cpu", 64 * GIB, args,
+    done, left, why_left = smoke._run_all(list(queue), dict.fromkeys(queue), "cpu", 64 * GIB, args,
                                 tmp_path)
     assert time.monotonic() - started < 30  # not the sleeper's 120 s, nor the 100 s timeout
     assert [r.config for r in done] == queue[:1] and left == queue[1:]
     assert done[0].note == "cut at --stop-s 1" and done[0].exit_code != 0
+    assert why_left == "not run: cut at --stop-s 1"

@@ -160,9 +160,10 @@ def _prebuilds(keys: dict[SmokeConfig, JitKey | None], device: str, logs: Path
 
 def _run_all(queue: list[SmokeConfig], keys: dict[SmokeConfig, JitKey | None], device: str,
              total: int, args: argparse.Namespace, logs: Path
-             ) -> tuple[list[SmokeRow], list[SmokeConfig]]:
+             ) -> tuple[list[SmokeRow], list[SmokeConfig], str]:
     """Run the queue (see the module's docstring); the rows of the runs and of those a failed
-    prebuild kept from running, and the configurations the deadline left."""
+    prebuild kept from running, the configurations left, and why they were (the deadline or
+    --stop-s)."""
     gates = Gates(keys)
     scheduler = Scheduler(int(args.memory_share * total), args.parallel)
     running: list[Run] = []
@@ -210,14 +211,14 @@ def _run_all(queue: list[SmokeConfig], keys: dict[SmokeConfig, JitKey | None], d
                 print(f"[+{time.monotonic() - start:4.0f} s, ran {run.row.wall_s:3.0f} s, "
                       f"stopped {run.paused_s:3.0f} s] {format_row(run.row)}", flush=True)
             if cut:
-                break
+                return done, queue, f"not run: {cut}"
             quiet.step(running, builds)
             time.sleep(0.2)
     finally:
         quiet.close()  # nothing left stopped, whatever ended the loop
         for build in builds:
             build.kill()
-    return done, queue
+    return done, queue, f"not run: past --deadline-s {args.deadline_s:.0f}"
 
 
 def _report(rows: dict[SmokeConfig, SmokeRow], logs: Path) -> int:
@@ -263,14 +264,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     runnable = [c for c in configs if not rows[c].note]
     keys = {c: jit_key(c, device) for c in runnable}
     start = time.monotonic()
-    done, left = _run_all(run_order(runnable, alone_backends(keys)),
+    done, left, why_left = _run_all(run_order(runnable, alone_backends(keys)),
                           keys, device, total, args, logs)
     for row in done:
         rows[row.config] = row
-    stopped = args.stop_s is not None and time.monotonic() - start >= args.stop_s
     for config in left:
-        rows[config].note = (f"not run: cut at --stop-s {args.stop_s:.0f}" if stopped
-                             else f"not run: past --deadline-s {args.deadline_s:.0f}")
+        rows[config].note = why_left
     print(f"\nsmoke, {device}, {time.monotonic() - start:.0f} s")
     return _report(rows, logs)
 

@@ -8,7 +8,12 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from warmgate.server.runner.attention import AttentionMetadata, AttentionSpec, create_backend
+from warmgate.server.runner.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    AttentionSpec,
+    create_backend,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -63,14 +68,14 @@ def test_fused_requests_give_the_einsum_form(dtype: torch.dtype) -> None:
     torch.testing.assert_close(fused, einsum, atol=tol, rtol=tol)
 
 
-def _kernels(backend: object, length: int) -> set[str]:
+def _kernels(backend: AttentionBackend, length: int) -> set[str]:
     """The kernels one prompt of `length` tokens launches in the ragged loop."""
     meta, tokens = _step([0], [length])
     q = torch.randn(tokens, HQ, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(tokens, HK, D, device="cuda", dtype=torch.bfloat16)
     cache = torch.zeros(2, NUM_BLOCKS, BS, HK, D, device="cuda", dtype=torch.bfloat16)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        backend.forward(0, q, k, k, cache, meta)  # type: ignore[attr-defined]
+        backend.forward(0, q, k, k, cache, meta)
         torch.cuda.synchronize()
     return {e.name for e in prof.events() if e.device_type.name == "CUDA"}
 

@@ -101,6 +101,7 @@ class TorchAttentionBackend(AttentionBackend):
         starts = meta.query_start_loc_cpu.tolist()
         seq_lens = meta.seq_lens_cpu.tolist()
         out = q.new_zeros(q.shape)
+        attend = self._attend_fused if self.fused_requests else self._attend
         for i in range(meta.num_reqs):
             start, end, seq_len = starts[i], starts[i + 1], seq_lens[i]
             n = end - start
@@ -108,7 +109,6 @@ class TorchAttentionBackend(AttentionBackend):
             # GEMM and softmax shapes depend on its position only (runner.deterministic_ops).
             pieces = ([(start + j, start + j + 1, seq_len - n + j + 1) for j in range(n)]
                       if spec.deterministic else [(start, end, seq_len)] if n else [])
-            attend = self._attend_fused if self.fused_requests else self._attend
             for piece in pieces:
                 attend(q, out, kv_cache, meta.block_table[i], *piece)
         return out
